@@ -1,0 +1,105 @@
+// MoeConfig: the whole description of an MoE layer as plain, printable data.
+// validate() returns the first bad field by name.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "moekit/dtype.h"
+#include "moekit/status.h"
+
+namespace moekit {
+
+// Routing methods of the versioned routing spec (docs/routing.md, DESIGN.md §3).
+enum class RoutingMethod : uint8_t {
+  kSoftmaxTopk,       // p = softmax(logits); ids = topk(p); w = p[ids]
+  kRenormalize,       // ids = topk(logits); w = softmax(logits[ids])
+  kRenormalizeNaive,  // p = softmax(logits); ids = topk(p); w = p[ids] / sum
+  kTopk,              // ids = topk(logits); w = logits[ids]
+  kSigmoid,           // s = sigmoid(logits); ids = topk(s); w = s[ids]
+  kSigmoidRenorm,     // as kSigmoid, w divided by its sum
+  kLlama4,            // ids = topk(logits); w = sigmoid(logits[ids])
+  kDeepseekV3,        // grouped, biased selection; w = s[ids]/sum * scaling
+  kCustom,            // ids/weights supplied by the caller (modular kernels only)
+};
+inline constexpr int kRoutingSpecVersion = 1;
+
+const char* routing_method_name(RoutingMethod m);  // "softmax_topk", ...
+std::optional<RoutingMethod> parse_routing_method(std::string_view name);
+
+struct RoutingConfig {
+  RoutingMethod method = RoutingMethod::kSoftmaxTopk;
+  int top_k = 1;
+  // deepseek_v3 only:
+  int num_groups = 1;                  // experts split into this many equal groups
+  int topk_groups = 1;                 // groups kept
+  float routed_scaling_factor = 1.0f;  // multiplies the renormalized weights
+  bool has_score_bias = false;         // e_score_correction_bias [E] given (selection only)
+
+  Status validate(int num_experts) const;
+  std::string to_string() const;
+};
+
+enum class Activation : uint8_t {
+  kSiluGated,   // silu(gate) * up
+  kGeluGated,   // gelu_tanh(gate) * up
+  kSwigluOai,   // gpt-oss: interleaved gate/up rows, clamp, alpha, (up + 1)
+  kRelu2,       // relu(x)^2, not gated: w13 has I rows, not 2I
+};
+const char* activation_name(Activation a);
+std::optional<Activation> parse_activation(std::string_view name);
+
+struct ActivationConfig {
+  Activation kind = Activation::kSiluGated;
+  float swiglu_limit = 7.0f;    // kSwigluOai: gate clamped to (-inf, limit], up to [-limit, limit]
+  float swiglu_alpha = 1.702f;  // kSwigluOai: gate * sigmoid(alpha * gate)
+
+  bool gated() const { return kind != Activation::kRelu2; }
+  std::string to_string() const;
+};
+
+// Unquantized schemes only for now: the dtypes of weights and activations.
+struct QuantScheme {
+  DType weight_dtype = DType::kBF16;  // f32 | bf16
+  DType act_dtype = DType::kBF16;     // f32 | bf16 (hidden and out)
+  std::string to_string() const;
+};
+
+enum class All2AllBackend : uint8_t { kNone, kNccl, kAllgatherReducescatter };
+const char* all2all_name(All2AllBackend b);
+
+struct ParallelConfig {
+  int tp_size = 1, tp_rank = 0;
+  int ep_size = 1, ep_rank = 0;
+  int dp_size = 1, dp_rank = 0;
+  All2AllBackend all2all = All2AllBackend::kNone;
+  bool enable_eplb = false;
+
+  bool use_all2all() const { return dp_size > 1 && ep_size > 1; }
+  Status validate() const;
+  std::string to_string() const;
+};
+
+struct MoeConfig {
+  int64_t num_experts = 0;     // E (logical)
+  int64_t hidden = 0;          // H
+  int64_t intermediate = 0;    // I (per expert; w13 has 2I rows when gated)
+  int64_t max_num_tokens = 0;  // M upper bound per call; sizes workspaces and capture rows
+  DType logits_dtype = DType::kF32;  // f32 | bf16
+  QuantScheme quant;
+  ActivationConfig activation;
+  RoutingConfig routing;  // routing.top_k is the layer's k
+  ParallelConfig parallel;
+  std::string backend = "auto";  // "auto" or a backend name ("cpu", "cuda_sm90")
+  // What the caller needs from the kernel (checked last by supports()):
+  bool needs_capture = false;  // routed-expert ids written out (routing_replay_out)
+  bool needs_replay = false;   // forced ids accepted
+
+  int top_k() const { return routing.top_k; }
+  Status validate() const;
+  std::string to_string() const;
+};
+
+}  // namespace moekit

@@ -1,0 +1,91 @@
+// The kernel interface every MoE kernel class implements (DESIGN.md §2.2):
+// supports -> workspace_size -> prepare_weights (once) -> run(stream).
+// run() neither allocates nor synchronizes with the host, so a forward can be
+// captured in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moekit/config.h"
+#include "moekit/platform.h"
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+// supports(): ok, or the first failing reason in the fixed order
+// device/arch -> dtypes/quant -> activation -> routing method -> logits dtype ->
+// parallel config -> shape/alignment -> capture/replay needs.
+struct Support {
+  bool ok = true;
+  std::string reason;  // empty when ok
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+};
+
+struct ProblemSize {
+  int64_t num_experts = 0;  // E
+  int64_t num_tokens = 0;   // M
+  int64_t n = 0;            // GEMM1 output columns: 2I (gated) or I
+  int64_t k = 0;            // GEMM1 reduction: H
+  int64_t top_k = 0;
+  std::string to_string() const;
+};
+
+// Weights as the checkpoint holds them (host or device views).
+struct MoeWeights {
+  TensorView w13;         // [E, 2I, H] (gated; gate rows first, or interleaved for swiglu_oai) or [E, I, H] (relu2)
+  TensorView w2;          // [E, H, I]
+  TensorView score_bias;  // [E] f32, optional (deepseek_v3 e_score_correction_bias)
+};
+
+struct MoeRunArgs {
+  TensorView hidden;  // [M, H] act dtype
+  TensorView out;     // [M, H] act dtype; every element overwritten
+  // Monolithic kernels (routing inside):
+  TensorView router_logits;       // [M, E] f32|bf16
+  TensorView forced_ids;          // [M, k] i32, optional: replay
+  TensorView routing_replay_out;  // [>=M, k] i16, optional: capture target, rows [0, M)
+  TensorView expert_counts;       // [E] i32, optional: tokens per expert
+  // Modular kernels (routing done by the caller):
+  TensorView topk_ids;      // [M, k] i32
+  TensorView topk_weights;  // [M, k] f32
+};
+
+// Caller-owned scratch memory on the kernel's device, >= workspace_size(M) bytes.
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+class MoeKernel {
+ public:
+  explicit MoeKernel(MoeConfig config) : config_(std::move(config)) {}
+  virtual ~MoeKernel() = default;
+  MoeKernel(const MoeKernel&) = delete;
+  MoeKernel& operator=(const MoeKernel&) = delete;
+
+  virtual const char* name() const = 0;
+  virtual bool is_monolithic() const = 0;
+  // Monolithic kernels that write the selected ids into routing_replay_out.
+  virtual bool supports_routing_replay_capture() const { return false; }
+  virtual Device device() const = 0;
+
+  // Understands every weight layout this kernel prepares.
+  virtual StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13,
+                                             const TensorView& w2, const TensorView& topk_ids) const = 0;
+  virtual size_t workspace_size(int64_t num_tokens) const = 0;
+  // Once, before run(); may copy and re-lay-out the weights.
+  virtual Status prepare_weights(const MoeWeights& weights) = 0;
+  virtual Status run(const MoeRunArgs& args, Workspace workspace, Stream stream) = 0;
+
+  const MoeConfig& config() const { return config_; }
+
+ protected:
+  MoeConfig config_;
+};
+
+}  // namespace moekit

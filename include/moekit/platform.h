@@ -1,0 +1,34 @@
+// Platform: what this process can run on, probed once, fakeable in tests.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace moekit {
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int sm_count = 0;
+  size_t l2_bytes = 0;
+  size_t smem_per_block_optin = 0;
+  size_t total_memory = 0;
+};
+
+struct Platform {
+  int cpu_threads = 1;
+  bool cuda_built = false;       // this build contains CUDA kernels
+  bool sm90a_built = false;      // ... compiled for sm_90a (wgmma, TMA)
+  std::vector<CudaDeviceInfo> cuda_devices;  // empty when none is usable
+
+  // Probes the real machine (CPU threads, CUDA devices). Cheap after the first call.
+  static const Platform& probe();
+  // A machine with CPUs only (for tests and forced CPU runs).
+  static Platform cpu_only(int threads = 1);
+  bool has_sm90() const;  // a device with compute capability 9.0 is present and sm_90a kernels are built
+  std::string to_string() const;
+};
+
+}  // namespace moekit

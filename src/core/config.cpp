@@ -1,0 +1,188 @@
+#include "moekit/config.h"
+
+#include <sstream>
+
+namespace moekit {
+
+namespace {
+template <typename Enum, size_t N>
+std::optional<Enum> parse_by_name(std::string_view name, const Enum (&all)[N],
+                                  const char* (*name_of)(Enum)) {
+  for (Enum e : all) {
+    if (name == name_of(e)) return e;
+  }
+  return std::nullopt;
+}
+std::string field(std::string_view f, const std::string& what) { return std::string(f) + ": " + what; }
+}  // namespace
+
+const char* routing_method_name(RoutingMethod m) {
+  switch (m) {
+    case RoutingMethod::kSoftmaxTopk: return "softmax_topk";
+    case RoutingMethod::kRenormalize: return "renormalize";
+    case RoutingMethod::kRenormalizeNaive: return "renormalize_naive";
+    case RoutingMethod::kTopk: return "topk";
+    case RoutingMethod::kSigmoid: return "sigmoid";
+    case RoutingMethod::kSigmoidRenorm: return "sigmoid_renorm";
+    case RoutingMethod::kLlama4: return "llama4";
+    case RoutingMethod::kDeepseekV3: return "deepseek_v3";
+    case RoutingMethod::kCustom: return "custom";
+  }
+  return "?";
+}
+
+std::optional<RoutingMethod> parse_routing_method(std::string_view name) {
+  static constexpr RoutingMethod kAll[] = {
+      RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
+      RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
+      RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3,  RoutingMethod::kCustom};
+  return parse_by_name(name, kAll, routing_method_name);
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::kSiluGated: return "silu";
+    case Activation::kGeluGated: return "gelu";
+    case Activation::kSwigluOai: return "swiglu_oai";
+    case Activation::kRelu2: return "relu2";
+  }
+  return "?";
+}
+
+std::optional<Activation> parse_activation(std::string_view name) {
+  static constexpr Activation kAll[] = {Activation::kSiluGated, Activation::kGeluGated,
+                                        Activation::kSwigluOai, Activation::kRelu2};
+  return parse_by_name(name, kAll, activation_name);
+}
+
+const char* all2all_name(All2AllBackend b) {
+  switch (b) {
+    case All2AllBackend::kNone: return "none";
+    case All2AllBackend::kNccl: return "nccl";
+    case All2AllBackend::kAllgatherReducescatter: return "allgather_reducescatter";
+  }
+  return "?";
+}
+
+Status RoutingConfig::validate(int num_experts) const {
+  if (num_experts < 1) return InvalidArgument(field("num_experts", "must be >= 1, got " + std::to_string(num_experts)));
+  if (top_k < 1) return InvalidArgument(field("routing.top_k", "must be >= 1, got " + std::to_string(top_k)));
+  if (top_k > num_experts) {
+    return InvalidArgument(field("routing.top_k", "(" + std::to_string(top_k) + ") must be <= num_experts (" +
+                                                      std::to_string(num_experts) + ")"));
+  }
+  if (num_experts > 32767) {
+    return InvalidArgument(field("num_experts", "must be <= 32767 (ids are captured as int16)"));
+  }
+  if (method == RoutingMethod::kDeepseekV3) {
+    if (num_groups < 1) return InvalidArgument(field("routing.num_groups", "must be >= 1"));
+    if (num_experts % num_groups != 0) {
+      return InvalidArgument(field("routing.num_groups", "num_experts (" + std::to_string(num_experts) +
+                                                             ") is not divisible by num_groups (" +
+                                                             std::to_string(num_groups) + ")"));
+    }
+    if (topk_groups < 1 || topk_groups > num_groups) {
+      return InvalidArgument(field("routing.topk_groups", "(" + std::to_string(topk_groups) +
+                                                              ") must be in [1, num_groups=" +
+                                                              std::to_string(num_groups) + "]"));
+    }
+    const int per_group = num_experts / num_groups;
+    if (num_groups > 1 && per_group < 2) {
+      return InvalidArgument(field("routing.num_groups", "each group needs >= 2 experts (group score is a top-2 sum)"));
+    }
+    if (top_k > topk_groups * per_group) {
+      return InvalidArgument(field("routing.top_k", "(" + std::to_string(top_k) + ") exceeds the experts in the kept groups (" +
+                                                        std::to_string(topk_groups * per_group) + ")"));
+    }
+    if (!(routed_scaling_factor > 0.0f)) {
+      return InvalidArgument(field("routing.routed_scaling_factor", "must be > 0"));
+    }
+  } else if (has_score_bias) {
+    return InvalidArgument(field("routing.has_score_bias", "a score bias is only used by deepseek_v3"));
+  }
+  return Status::Ok();
+}
+
+std::string RoutingConfig::to_string() const {
+  std::ostringstream os;
+  os << "{method=" << routing_method_name(method) << ", top_k=" << top_k;
+  if (method == RoutingMethod::kDeepseekV3) {
+    os << ", num_groups=" << num_groups << ", topk_groups=" << topk_groups
+       << ", routed_scaling_factor=" << routed_scaling_factor << ", bias=" << (has_score_bias ? "yes" : "no");
+  }
+  os << "}";
+  return os.str();
+}
+
+std::string ActivationConfig::to_string() const {
+  std::ostringstream os;
+  os << "{kind=" << activation_name(kind);
+  if (kind == Activation::kSwigluOai) os << ", limit=" << swiglu_limit << ", alpha=" << swiglu_alpha;
+  os << "}";
+  return os.str();
+}
+
+std::string QuantScheme::to_string() const {
+  return std::string("{weights=") + dtype_name(weight_dtype) + ", acts=" + dtype_name(act_dtype) + "}";
+}
+
+Status ParallelConfig::validate() const {
+  auto check = [](const char* name, int size, int rank) -> Status {
+    if (size < 1) return InvalidArgument(std::string("parallel.") + name + "_size: must be >= 1");
+    if (rank < 0 || rank >= size) {
+      return InvalidArgument(std::string("parallel.") + name + "_rank: " + std::to_string(rank) +
+                             " not in [0, " + std::to_string(size) + ")");
+    }
+    return Status::Ok();
+  };
+  MOEKIT_RETURN_IF_ERROR(check("tp", tp_size, tp_rank));
+  MOEKIT_RETURN_IF_ERROR(check("ep", ep_size, ep_rank));
+  MOEKIT_RETURN_IF_ERROR(check("dp", dp_size, dp_rank));
+  if (use_all2all() && all2all == All2AllBackend::kNone) {
+    return InvalidArgument("parallel.all2all: dp > 1 and ep > 1 need an all-to-all backend");
+  }
+  return Status::Ok();
+}
+
+std::string ParallelConfig::to_string() const {
+  std::ostringstream os;
+  os << "{tp=" << tp_size << ", ep=" << ep_size << ", dp=" << dp_size << ", all2all=" << all2all_name(all2all)
+     << ", eplb=" << (enable_eplb ? "on" : "off") << "}";
+  return os.str();
+}
+
+Status MoeConfig::validate() const {
+  if (num_experts < 1) return InvalidArgument(field("num_experts", "must be >= 1, got " + std::to_string(num_experts)));
+  if (hidden < 1) return InvalidArgument(field("hidden", "must be >= 1, got " + std::to_string(hidden)));
+  if (intermediate < 1) return InvalidArgument(field("intermediate", "must be >= 1, got " + std::to_string(intermediate)));
+  if (max_num_tokens < 1) return InvalidArgument(field("max_num_tokens", "must be >= 1, got " + std::to_string(max_num_tokens)));
+  if (logits_dtype != DType::kF32 && logits_dtype != DType::kBF16) {
+    return InvalidArgument(field("logits_dtype", std::string("must be f32 or bf16, got ") + dtype_name(logits_dtype)));
+  }
+  for (auto [name, d] : {std::pair{"quant.weight_dtype", quant.weight_dtype}, std::pair{"quant.act_dtype", quant.act_dtype}}) {
+    if (d != DType::kF32 && d != DType::kBF16) {
+      return InvalidArgument(field(name, std::string("must be f32 or bf16, got ") + dtype_name(d)));
+    }
+  }
+  if (activation.kind == Activation::kSwigluOai && !(activation.swiglu_limit > 0.0f)) {
+    return InvalidArgument(field("activation.swiglu_limit", "must be > 0"));
+  }
+  MOEKIT_RETURN_IF_ERROR(routing.validate(static_cast<int>(num_experts)));
+  MOEKIT_RETURN_IF_ERROR(parallel.validate());
+  if (needs_replay && routing.method == RoutingMethod::kCustom) {
+    return InvalidArgument(field("needs_replay", "custom routing supplies its own ids; replay does not apply"));
+  }
+  return Status::Ok();
+}
+
+std::string MoeConfig::to_string() const {
+  std::ostringstream os;
+  os << "MoeConfig{E=" << num_experts << ", k=" << routing.top_k << ", H=" << hidden << ", I=" << intermediate
+     << ", max_tokens=" << max_num_tokens << ", logits=" << dtype_name(logits_dtype) << ", quant=" << quant.to_string()
+     << ", activation=" << activation.to_string() << ", routing=" << routing.to_string()
+     << ", parallel=" << parallel.to_string() << ", backend=" << backend
+     << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no") << "}";
+  return os.str();
+}
+
+}  // namespace moekit
