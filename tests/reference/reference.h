@@ -1,0 +1,46 @@
+// Independent fp64 truth for routing and the whole MoE layer. Shares no code
+// with any moekit backend: plain std::vector<double>, its own names, its own
+// loops. Every backend is checked against it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moekit_ref {
+
+struct RoutingParams {
+  std::string method;  // softmax_topk | renormalize | renormalize_naive | topk | sigmoid |
+                       // sigmoid_renorm | llama4 | deepseek_v3
+  int top_k = 1;
+  int num_groups = 1;     // deepseek_v3
+  int topk_groups = 1;    // deepseek_v3
+  double scaling = 1.0;   // deepseek_v3 routed_scaling_factor
+  std::vector<double> bias;  // deepseek_v3 e_score_correction_bias [E], empty = none
+};
+
+struct RoutingResult {
+  std::vector<int32_t> ids;     // [M, k], spec order
+  std::vector<double> weights;  // [M, k]
+  std::vector<int32_t> counts;  // [E] tokens routed to each expert
+};
+
+// logits: [M, E] row-major (already the fp32 values the backend sees, widened).
+// forced_ids: empty, or [M, k]: selection skipped, weights computed for these ids.
+RoutingResult route(const RoutingParams& p, const std::vector<double>& logits, int64_t M, int64_t E,
+                    const std::vector<int32_t>& forced_ids = {});
+
+struct LayerParams {
+  std::string activation;  // silu | gelu | swiglu_oai | relu2
+  double swiglu_limit = 7.0;
+  double swiglu_alpha = 1.702;
+  int64_t E = 0, H = 0, I = 0;
+};
+
+// hidden [M, H]; w13 [E, 2I, H] (relu2: [E, I, H]); w2 [E, H, I]; ids/weights [M, k].
+// Returns out [M, H] = sum_j w[t,j] * W2[e] act(W13[e] x_t), all in fp64.
+std::vector<double> moe_layer(const LayerParams& p, const std::vector<double>& hidden, int64_t M,
+                              const std::vector<double>& w13, const std::vector<double>& w2,
+                              const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k);
+
+}  // namespace moekit_ref
