@@ -1,0 +1,127 @@
+// Tensor files: NumPy .npy and safetensors, read and written on the host.
+// Formats and conventions (bf16 in .npy, what is rejected): docs/io.md.
+//
+// Every reader validates the whole file before returning anything; every
+// writer validates its inputs, writes a temporary file next to the target and
+// renames it, so a failed write never leaves a half-written file behind.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+
+namespace moekit::io {
+
+// ---------------------------------------------------------------- .npy
+
+// How a bf16 tensor is stored in a .npy file (NumPy has no bfloat16).
+enum class Bf16Storage : uint8_t {
+  kAsF32,  // '<f4': exact widening, readable by any NumPy (the default)
+  kRaw,    // '<u2': the raw bf16 bits (half the size; reads back as bf16)
+};
+
+struct NpyWriteOptions {
+  Bf16Storage bf16 = Bf16Storage::kAsF32;
+};
+
+// Reads a C-order .npy (format 1.0, 2.0 or 3.0). dtypes: '<f4' -> f32,
+// '<f2' -> f16, '<i4' -> i32, '<i2' -> i16, '|u1' -> u8, and the raw bf16
+// forms '<u2' / '|V2' -> bf16. Rank <= kMaxRank.
+StatusOr<HostTensor> read_npy(const std::string& path);
+// The same from bytes in memory; `name` labels error messages.
+StatusOr<HostTensor> parse_npy(const void* bytes, size_t size, std::string_view name);
+
+// Writes a contiguous host tensor (f32, f16, bf16, i32, i16, u8; f8_e4m3 is
+// widened to '<f4'). Atomic: nothing is left at `path` on failure.
+Status write_npy(const std::string& path, const TensorView& t, const NpyWriteOptions& opts = {});
+// The complete file contents write_npy would write.
+StatusOr<std::vector<uint8_t>> encode_npy(const TensorView& t, const NpyWriteOptions& opts = {});
+
+// ---------------------------------------------------------------- safetensors
+
+// One tensor entry of a safetensors header, validated against the file.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype_name;      // as in the file: "BF16", "F32", ...
+  std::optional<DType> dtype;  // empty: a valid safetensors dtype moekit does not load (F64, I64, ...)
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // bytes from the start of the data section
+  uint64_t nbytes = 0;
+};
+
+// A safetensors file, memory-mapped and validated on open: header length,
+// JSON, every entry's dtype, shape and offsets (in range, size = numel x
+// element size, no two tensors overlapping). Move-only; views returned by
+// view() live as long as this object.
+class SafetensorsFile {
+ public:
+  static StatusOr<SafetensorsFile> open(const std::string& path);
+  // The same over bytes in memory (copied); `name` labels error messages.
+  static StatusOr<SafetensorsFile> parse(const void* bytes, size_t size, std::string_view name);
+
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
+  // The "__metadata__" string map (empty when the file has none).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Entries in data-offset order.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  const SafetensorsEntry* find(std::string_view name) const;
+
+  // A zero-copy view into the file. Fails when the tensor is missing, has a
+  // dtype moekit does not load, rank > kMaxRank, or its data is not aligned to
+  // its element size in memory (then use read()).
+  StatusOr<TensorView> view(std::string_view name) const;
+  // An aligned copy; same checks as view() except alignment.
+  StatusOr<HostTensor> read(std::string_view name) const;
+
+ private:
+  struct Mapping;
+  SafetensorsFile() = default;
+  static StatusOr<SafetensorsFile> from_mapping(std::unique_ptr<Mapping> mapping, std::string path);
+  StatusOr<const SafetensorsEntry*> loadable(std::string_view name) const;
+
+  std::string path_;
+  std::unique_ptr<Mapping> mapping_;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  std::map<std::string, std::string> metadata_;
+  std::vector<SafetensorsEntry> entries_;
+};
+
+struct NamedTensor {
+  std::string name;
+  TensorView tensor;  // contiguous, host
+};
+
+// Writes tensors (f32, f16, bf16, f8_e4m3, i32, i16, u8) in the given order,
+// with an optional "__metadata__" map. Names must be unique, non-empty and not
+// "__metadata__". Atomic like write_npy.
+Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
+                                                  const std::map<std::string, std::string>& metadata = {});
+
+// ---------------------------------------------------------------- shared helpers
+
+// Writes bytes to `path` through a temporary file and a rename.
+Status write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Writes several files so that either all of them appear or none does (as far
+// as the OS allows): every temporary is written first, then all are renamed.
+Status write_files_atomic(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files);
+
+// A host copy of `t` converted to `dtype` (float types among themselves, exact
+// when widening; ints among themselves when the values fit).
+StatusOr<HostTensor> convert(const TensorView& t, DType dtype);
+
+}  // namespace moekit::io

@@ -1,0 +1,52 @@
+// File plumbing shared by the tensor-file readers and writers: opening with
+// errors that name the path, read-only mappings, atomic writes.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/status.h"
+
+namespace moekit::io {
+
+// The Status for a failed OS call on `path` (NotFound for a missing file,
+// IoError otherwise), with strerror(err) in the message.
+Status os_error(const std::string& path, const char* what, int err);
+
+// A regular file opened for reading, with its size.
+struct InputFile {
+  std::FILE* file = nullptr;
+  uint64_t size = 0;
+  InputFile() = default;
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile();
+};
+Status open_input(const std::string& path, InputFile* out);
+// Reads exactly n bytes at the current position.
+Status read_exact(InputFile& f, void* dst, uint64_t n, const std::string& path);
+
+// Read-only bytes of a whole file: an mmap of it, or an owned copy (parse()).
+class ByteSource {
+ public:
+  static StatusOr<std::unique_ptr<ByteSource>> map_file(const std::string& path);
+  static std::unique_ptr<ByteSource> copy_of(const void* bytes, size_t size);
+  ~ByteSource();
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  ByteSource() = default;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  void* mapped_ = nullptr;      // mmap base, or nullptr
+  std::vector<uint8_t> owned_;  // used when not mapped
+};
+
+}  // namespace moekit::io

@@ -1,0 +1,296 @@
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "io/file_util.h"
+#include "moekit/io.h"
+
+namespace moekit::io {
+namespace safetensors {
+
+std::optional<DtypeInfo> dtype_info(std::string_view name) {
+  struct Row {
+    const char* name;
+    std::optional<DType> dtype;
+    uint64_t bytes;
+  };
+  static const Row kRows[] = {
+      {"F32", DType::kF32, 4},      {"F16", DType::kF16, 2},   {"BF16", DType::kBF16, 2},
+      {"F8_E4M3", DType::kF8E4M3, 1}, {"I32", DType::kI32, 4}, {"I16", DType::kI16, 2},
+      {"U8", DType::kU8, 1},
+      // Defined by the format, not loaded by moekit (an entry of these is
+      // still validated; reading it is refused).
+      {"F64", std::nullopt, 8},     {"I64", std::nullopt, 8},  {"U64", std::nullopt, 8},
+      {"U32", std::nullopt, 4},     {"U16", std::nullopt, 2},  {"I8", std::nullopt, 1},
+      {"BOOL", std::nullopt, 1},    {"F8_E5M2", std::nullopt, 1}, {"F8_E8M0", std::nullopt, 1},
+  };
+  for (const Row& r : kRows) {
+    if (name == r.name) return DtypeInfo{r.dtype, r.bytes};
+  }
+  return std::nullopt;
+}
+
+const char* dtype_to_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kI32: return "I32";
+    case DType::kI16: return "I16";
+    case DType::kU8: return "U8";
+  }
+  return "?";
+}
+
+}  // namespace safetensors
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Parses one tensor entry of the header; `data_size` is the data section's length.
+StatusOr<SafetensorsEntry> parse_entry(const std::string& file, const std::string& name, const Json& v,
+                                       uint64_t data_size) {
+  const std::string where = file + ": tensor '" + name + "': ";
+  if (!v.is_object()) return InvalidArgument(where + "header entry is not an object");
+  const auto dt = v.find("dtype");
+  const auto sh = v.find("shape");
+  const auto off = v.find("data_offsets");
+  if (dt == v.end() || !dt->is_string()) return InvalidArgument(where + "missing string 'dtype'");
+  if (sh == v.end() || !sh->is_array()) return InvalidArgument(where + "missing array 'shape'");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned()) {
+    return InvalidArgument(where + "'data_offsets' must be two non-negative integers");
+  }
+  SafetensorsEntry e;
+  e.name = name;
+  e.dtype_name = dt->get<std::string>();
+  const auto info = safetensors::dtype_info(e.dtype_name);
+  if (!info) return InvalidArgument(where + "unknown dtype '" + e.dtype_name + "'");
+  e.dtype = info->dtype;
+  uint64_t need = info->element_bytes;
+  bool overflow = false;
+  for (const Json& d : *sh) {
+    if (!d.is_number_unsigned()) return InvalidArgument(where + "shape entries must be non-negative integers");
+    const uint64_t n = d.get<uint64_t>();
+    if (n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+    if (n != 0 && need > std::numeric_limits<uint64_t>::max() / n) overflow = true;
+    need *= n;
+    e.shape.push_back(static_cast<int64_t>(n));
+  }
+  if (overflow) return DataLoss(where + "shape " + shape_str(e.shape) + " is too large");
+  const uint64_t begin = (*off)[0].get<uint64_t>();
+  const uint64_t end = (*off)[1].get<uint64_t>();
+  const std::string range = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  if (end < begin) return DataLoss(where + range + " ends before it begins");
+  if (end - begin != need) {
+    return DataLoss(where + range + " holds " + std::to_string(end - begin) + " bytes, but " + e.dtype_name +
+                    " x " + shape_str(e.shape) + " needs " + std::to_string(need));
+  }
+  if (end > data_size) {
+    return DataLoss(where + range + " extends past the data section (" + std::to_string(data_size) +
+                    " bytes; truncated file?)");
+  }
+  e.offset = begin;
+  e.nbytes = need;
+  return e;
+}
+
+}  // namespace
+
+struct SafetensorsFile::Mapping {
+  std::unique_ptr<ByteSource> bytes;
+};
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
+StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> bytes, ByteSource::map_file(path));
+  auto m = std::make_unique<Mapping>();
+  m->bytes = std::move(bytes);
+  return from_mapping(std::move(m), path);
+}
+
+StatusOr<SafetensorsFile> SafetensorsFile::parse(const void* bytes, size_t size, std::string_view name) {
+  auto m = std::make_unique<Mapping>();
+  m->bytes = ByteSource::copy_of(bytes, size);
+  return from_mapping(std::move(m), std::string(name));
+}
+
+StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping> mapping, std::string path) {
+  const uint8_t* b = mapping->bytes->data();
+  const uint64_t size = mapping->bytes->size();
+  if (size < 8) {
+    return DataLoss(path + ": " + std::to_string(size) + " bytes is too short for a safetensors file (the "
+                    "header length alone takes 8)");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | b[i];
+  if (header_len > size - 8) {
+    return DataLoss(path + ": header length " + std::to_string(header_len) + " exceeds the " +
+                    std::to_string(size - 8) + " bytes after the length field (truncated or not safetensors)");
+  }
+  if (header_len > safetensors::kMaxHeaderBytes) {
+    return DataLoss(path + ": header length " + std::to_string(header_len) + " exceeds the format's limit of " +
+                    std::to_string(safetensors::kMaxHeaderBytes));
+  }
+  const char* text = reinterpret_cast<const char*>(b + 8);
+  const Json header = Json::parse(text, text + header_len, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) return DataLoss(path + ": header is not valid JSON");
+  if (!header.is_object()) return DataLoss(path + ": header is not a JSON object");
+
+  SafetensorsFile f;
+  f.path_ = std::move(path);
+  const uint64_t data_size = size - 8 - header_len;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) return InvalidArgument(f.path_ + ": '__metadata__' must be an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) {
+          return InvalidArgument(f.path_ + ": '__metadata__' value of '" + m.key() + "' must be a string");
+        }
+        f.metadata_[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    MOEKIT_ASSIGN_OR_RETURN(SafetensorsEntry e, parse_entry(f.path_, it.key(), *it, data_size));
+    f.entries_.push_back(std::move(e));
+  }
+  std::stable_sort(f.entries_.begin(), f.entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& c) {
+    return a.offset != c.offset ? a.offset < c.offset : a.nbytes < c.nbytes;
+  });
+  // Sorted by offset, two tensors overlap exactly when one starts before the
+  // previous non-empty one ends.
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry& e : f.entries_) {
+    if (e.nbytes == 0) continue;
+    if (prev && e.offset < prev->offset + prev->nbytes) {
+      return DataLoss(f.path_ + ": tensor '" + e.name + "' (bytes [" + std::to_string(e.offset) + ", " +
+                      std::to_string(e.offset + e.nbytes) + ")) overlaps tensor '" + prev->name + "' (bytes [" +
+                      std::to_string(prev->offset) + ", " + std::to_string(prev->offset + prev->nbytes) + "))");
+    }
+    prev = &e;
+  }
+  f.mapping_ = std::move(mapping);
+  f.data_ = b + 8 + header_len;
+  return f;
+}
+
+const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
+  for (const SafetensorsEntry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+StatusOr<const SafetensorsEntry*> SafetensorsFile::loadable(std::string_view name) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) return NotFound(path_ + ": no tensor named '" + std::string(name) + "'");
+  if (!e->dtype) {
+    return Unsupported(path_ + ": tensor '" + e->name + "' has dtype " + e->dtype_name +
+                       ", which moekit does not load (F32, F16, BF16, F8_E4M3, I32, I16, U8)");
+  }
+  if (static_cast<int>(e->shape.size()) > kMaxRank) {
+    return Unsupported(path_ + ": tensor '" + e->name + "' has rank " + std::to_string(e->shape.size()) +
+                       " (at most " + std::to_string(kMaxRank) + ")");
+  }
+  return e;
+}
+
+StatusOr<TensorView> SafetensorsFile::view(std::string_view name) const {
+  MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, loadable(name));
+  const uint8_t* p = data_ + e->offset;
+  if (reinterpret_cast<uintptr_t>(p) % dtype_size(*e->dtype) != 0) {
+    return FailedPrecondition(path_ + ": tensor '" + e->name + "' is not aligned to its element size in the "
+                              "file; read() it instead");
+  }
+  // Views are read-only by contract: the mapping is PROT_READ.
+  return TensorView::contiguous(const_cast<uint8_t*>(p), *e->dtype, e->shape);
+}
+
+StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
+  MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, loadable(name));
+  HostTensor t(*e->dtype, e->shape);
+  if (e->nbytes) std::memcpy(t.data<uint8_t>(), data_ + e->offset, e->nbytes);
+  return t;
+}
+
+StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
+                                                  const std::map<std::string, std::string>& metadata) {
+  // Validate everything first.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const NamedTensor& nt = tensors[i];
+    const std::string where = "safetensors: tensor '" + nt.name + "': ";
+    if (nt.name.empty()) return InvalidArgument("safetensors: tensor " + std::to_string(i) + " has an empty name");
+    if (nt.name == "__metadata__") return InvalidArgument("safetensors: '__metadata__' is reserved");
+    for (size_t j = 0; j < i; ++j) {
+      if (tensors[j].name == nt.name) return InvalidArgument(where + "name used twice");
+    }
+    const TensorView& t = nt.tensor;
+    if (!t.defined() && t.numel() != 0) return InvalidArgument(where + "no data");
+    if (t.device.type != DeviceType::kCpu) return InvalidArgument(where + "must be on the host");
+    if (!t.is_contiguous()) return InvalidArgument(where + "must be contiguous");
+    for (int d = 0; d < t.rank; ++d) {
+      if (t.shape[d] < 0) return InvalidArgument(where + "negative dimension in " + t.shape_string());
+    }
+  }
+  // Wider elements first, so every tensor stays aligned to its element size
+  // (the data section starts 8-aligned); ties keep the caller's order.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors[a].tensor.dtype) > dtype_size(tensors[b].tensor.dtype);
+  });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    const TensorView& t = tensors[i].tensor;
+    const uint64_t n = t.nbytes();
+    nlohmann::ordered_json e;
+    e["dtype"] = safetensors::dtype_to_name(t.dtype);
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.rank);
+    e["shape"] = shape;
+    e["data_offsets"] = {offset, offset + n};
+    header[tensors[i].name] = std::move(e);
+    offset += n;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception&) {
+    return InvalidArgument("safetensors: tensor names and metadata must be valid UTF-8");
+  }
+  text.append((safetensors::kHeaderAlign - text.size() % safetensors::kHeaderAlign) % safetensors::kHeaderAlign, ' ');
+  std::vector<uint8_t> out;
+  out.reserve(8 + text.size() + offset);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i)));
+  out.insert(out.end(), text.begin(), text.end());
+  for (size_t i : order) {
+    const TensorView& t = tensors[i].tensor;
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    if (t.nbytes()) out.insert(out.end(), p, p + t.nbytes());
+  }
+  return out;
+}
+
+Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  auto bytes = encode_safetensors(tensors, metadata);
+  if (!bytes.ok()) return Status(bytes.status().code(), path + ": " + bytes.status().message());
+  return write_file_atomic(path, *bytes);
+}
+
+}  // namespace moekit::io
