@@ -1,0 +1,512 @@
+// The GPU MoE layer benchmark (see gpu_moe_bench.h).
+//
+// Per case (shape, M): num_sets input sets (hidden, logits) drawn on the device
+// from recorded seeds (gpu_fill.h), one CUDA graph per set holding one whole
+// MoeLayer::forward (routing included); the graphs are launched round-robin and
+// every launch is timed between two events. The case time is the median launch.
+//
+// Floor of a case = max(bytes / read bandwidth, flops / matmul rate), with
+//   bytes = distinct experts touched (mean over the sets, from the CPU routing of
+//           the same logits) x weight bytes per expert + hidden in + out,
+//   flops = 2 * M * k * (rows of W13 + rows of W2) * ... = 2·M·k·(N13·H + H·I).
+#include "gpu_moe_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "gpu_ceilings.h"
+#include "gpu_fill.h"
+#include "moekit/config.h"
+#include "moekit/layer.h"
+#include "moekit/routing.h"
+
+namespace moekit::bench {
+namespace {
+
+using nlohmann::json;
+
+#define BENCH_CUDA_RETURN(expr)                                                                        \
+  do {                                                                                                 \
+    cudaError_t e_ = (expr);                                                                           \
+    if (e_ != cudaSuccess) return Internal(std::string(#expr) + ": " + cudaGetErrorString(e_));        \
+  } while (0)
+
+// Tensor kinds in the seed recipe (NOTE: peer_torch.py reads the seeds from the JSON).
+enum class TensorKind : uint32_t { kW13 = 1, kW2 = 2, kBias = 3, kHidden = 4, kLogits = 5 };
+
+struct ShapeSpec {
+  std::string name;
+  MoeConfig config;  // max_num_tokens set per run
+};
+
+// A device allocation freed on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr; }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  Status allocate(size_t n) {
+    bytes = n;
+    const cudaError_t e = cudaMalloc(&ptr, n == 0 ? 16 : n);
+    if (e != cudaSuccess) {
+      ptr = nullptr;
+      return ResourceExhausted("cudaMalloc of " + std::to_string(n) + " bytes: " + cudaGetErrorString(e));
+    }
+    return Status::Ok();
+  }
+};
+
+uint32_t seed_of(uint32_t base, int shape_index, TensorKind kind, int set, int64_t m) {
+  return base + 1000003u * static_cast<uint32_t>(shape_index) + 10007u * static_cast<uint32_t>(kind) +
+         101u * static_cast<uint32_t>(set) + 7919u * static_cast<uint32_t>(m);
+}
+
+// Weights scaled so that every pre-activation is O(1) on uniform [-1, 1) inputs.
+int weight_scale_log2(int64_t reduction) {
+  return static_cast<int>(std::floor(std::log2(2.0 / std::sqrt(static_cast<double>(reduction)))));
+}
+constexpr int kHiddenScaleLog2 = 0;   // hidden in [-1, 1)
+constexpr int kLogitsScaleLog2 = 2;   // logits in [-4, 4)
+constexpr int kBiasScaleLog2 = -3;    // score bias in [-1/8, 1/8)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+StatusOr<std::vector<ShapeSpec>> load_shapes(const std::string& path, std::vector<int64_t>* m_list) {
+  std::ifstream in(path);
+  if (!in) return NotFound("shape list " + path + ": cannot open");
+  json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    return InvalidArgument("shape list " + path + ": " + e.what());
+  }
+  std::vector<ShapeSpec> shapes;
+  try {
+    if (m_list->empty()) *m_list = j.at("m").get<std::vector<int64_t>>();
+    for (const json& s : j.at("shapes")) {
+      ShapeSpec spec;
+      spec.name = s.at("name").get<std::string>();
+      MoeConfig& c = spec.config;
+      c.num_experts = s.at("experts").get<int64_t>();
+      c.hidden = s.at("hidden").get<int64_t>();
+      c.intermediate = s.at("intermediate").get<int64_t>();
+      c.routing.top_k = s.at("top_k").get<int>();
+      const auto method = parse_routing_method(s.at("routing").get<std::string>());
+      if (!method) return InvalidArgument("shape " + spec.name + ": unknown routing " + s.at("routing").dump());
+      c.routing.method = *method;
+      c.routing.num_groups = s.value("num_groups", 1);
+      c.routing.topk_groups = s.value("topk_groups", 1);
+      c.routing.routed_scaling_factor = s.value("routed_scaling_factor", 1.0f);
+      c.routing.has_score_bias = s.value("score_bias", false);
+      const auto act = parse_activation(s.value("activation", std::string("silu")));
+      if (!act) return InvalidArgument("shape " + spec.name + ": unknown activation " + s.at("activation").dump());
+      c.activation.kind = *act;
+      c.logits_dtype = DType::kF32;
+      c.quant.weight_dtype = DType::kBF16;
+      c.quant.act_dtype = DType::kBF16;
+      shapes.push_back(std::move(spec));
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument("shape list " + path + ": " + e.what());
+  }
+  if (m_list->empty()) return InvalidArgument("shape list " + path + ": no M values");
+  return shapes;
+}
+
+struct CaseResult {
+  std::string shape;
+  int64_t m = 0;
+  std::string backend, kernel;
+  double time_s = 0, time_min_s = 0, time_max_s = 0;
+  double touched_experts = 0;  // mean over the sets
+  double weight_bytes = 0, act_bytes = 0, flops = 0;
+  double floor_s = 0;
+  bool floor_is_memory = true;
+  size_t workspace_bytes = 0;
+  int launches = 0;
+  std::vector<uint32_t> hidden_seeds, logits_seeds;
+  std::string dump_file;  // empty when not dumped
+};
+
+Status write_npy_u16(const std::string& path, const std::vector<uint16_t>& data, int64_t rows, int64_t cols) {
+  std::ostringstream header;
+  header << "{'descr': '<u2', 'fortran_order': False, 'shape': (" << rows << ", " << cols << "), }";
+  std::string h = header.str();
+  const size_t total = 10 + h.size() + 1;
+  h.append((64 - total % 64) % 64, ' ');
+  h.push_back('\n');
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return IoError(path + ": cannot open for writing");
+  const char magic[] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  out.write(magic, 8);
+  const uint16_t hlen = static_cast<uint16_t>(h.size());
+  out.write(reinterpret_cast<const char*>(&hlen), 2);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * 2));
+  if (!out) return IoError(path + ": write failed");
+  return Status::Ok();
+}
+
+// Distinct experts the CPU routing picks for `logits` (host [M, E] f32).
+StatusOr<int64_t> touched_experts(const RoutingConfig& routing, int64_t num_experts, const std::vector<float>& logits,
+                                  const std::vector<float>& bias, int64_t m) {
+  HostTensor ids(DType::kI32, {m, routing.top_k});
+  HostTensor weights(DType::kF32, {m, routing.top_k});
+  HostTensor counts(DType::kI32, {num_experts});
+  RoutingArgs args;
+  args.logits = TensorView::contiguous(const_cast<float*>(logits.data()), DType::kF32, {m, num_experts});
+  if (routing.has_score_bias) {
+    args.score_bias = TensorView::contiguous(const_cast<float*>(bias.data()), DType::kF32, {num_experts});
+  }
+  args.topk_ids = ids.view();
+  args.topk_weights = weights.view();
+  args.expert_counts = counts.view();
+  MOEKIT_RETURN_IF_ERROR(route_cpu(routing, args));
+  int64_t touched = 0;
+  for (int64_t e = 0; e < num_experts; ++e) touched += counts.data<int32_t>()[e] > 0 ? 1 : 0;
+  return touched;
+}
+
+class ShapeRunner {
+ public:
+  ShapeRunner(const GpuBenchOptions& opt, const Ceilings& ceil, int shape_index, const ShapeSpec& spec,
+              int64_t max_m, std::ostream& log)
+      : opt_(opt), ceil_(ceil), shape_index_(shape_index), spec_(spec), max_m_(max_m), log_(log) {}
+
+  Status setup() {
+    MoeConfig& c = config_;
+    c = spec_.config;
+    c.max_num_tokens = max_m_;
+    c.backend = opt_.backend;
+    MOEKIT_RETURN_IF_ERROR(c.validate());
+    const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
+    n13_ = c.activation.gated() ? 2 * I : I;
+    // Weights exist only until the layer has prepared its own copy.
+    DeviceBuffer w13, w2, bias;
+    MOEKIT_RETURN_IF_ERROR(w13.allocate(static_cast<size_t>(E * n13_ * H) * 2));  // [E, N13, H] bf16
+    MOEKIT_RETURN_IF_ERROR(w2.allocate(static_cast<size_t>(E * H * I) * 2));      // [E, H, I] bf16
+    BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(w13.ptr), E * n13_ * H,
+                                        seed_of(opt_.seed, shape_index_, TensorKind::kW13, 0, 0),
+                                        weight_scale_log2(H), nullptr));
+    BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(w2.ptr), E * H * I,
+                                        seed_of(opt_.seed, shape_index_, TensorKind::kW2, 0, 0),
+                                        weight_scale_log2(I), nullptr));
+    MoeWeights weights;
+    weights.w13 = TensorView::contiguous(w13.ptr, DType::kBF16, {E, n13_, H}, Device::cuda(0));
+    weights.w2 = TensorView::contiguous(w2.ptr, DType::kBF16, {E, H, I}, Device::cuda(0));
+    if (c.routing.has_score_bias) {
+      MOEKIT_RETURN_IF_ERROR(bias.allocate(static_cast<size_t>(E) * 4));  // [E] f32
+      BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(bias.ptr), E,
+                                         seed_of(opt_.seed, shape_index_, TensorKind::kBias, 0, 0), kBiasScaleLog2,
+                                         nullptr));
+      weights.score_bias = TensorView::contiguous(bias.ptr, DType::kF32, {E}, Device::cuda(0));
+      host_bias_.resize(E);
+      BENCH_CUDA_RETURN(cudaMemcpy(host_bias_.data(), bias.ptr, E * 4, cudaMemcpyDeviceToHost));
+    }
+    BENCH_CUDA_RETURN(cudaDeviceSynchronize());
+    auto layer = MoeLayer::create(c, weights);
+    if (!layer.ok()) return layer.status();
+    layer_ = std::move(*layer);
+    BENCH_CUDA_RETURN(cudaDeviceSynchronize());
+    log_ << "  " << spec_.name << ": backend " << layer_->backend() << ", kernel " << layer_->kernel().name()
+         << ", workspace " << layer_->workspace_bytes() / (1024.0 * 1024.0) << " MiB at M=" << max_m_ << "\n";
+    return Status::Ok();
+  }
+
+  StatusOr<CaseResult> run_case(int64_t m) {
+    const MoeConfig& c = config_;
+    const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate, k = c.top_k();
+    const int sets = std::max(1, opt_.num_sets);
+    CaseResult r;
+    r.shape = spec_.name;
+    r.m = m;
+    r.backend = layer_->backend();
+    r.kernel = layer_->kernel().name();
+    r.workspace_bytes = layer_->workspace_bytes();
+
+    std::vector<DeviceBuffer> hidden(sets), logits(sets), out(sets);
+    double touched_sum = 0;
+    for (int s = 0; s < sets; ++s) {
+      MOEKIT_RETURN_IF_ERROR(hidden[s].allocate(static_cast<size_t>(m * H) * 2));  // [M, H] bf16
+      MOEKIT_RETURN_IF_ERROR(logits[s].allocate(static_cast<size_t>(m * E) * 4));  // [M, E] f32
+      MOEKIT_RETURN_IF_ERROR(out[s].allocate(static_cast<size_t>(m * H) * 2));     // [M, H] bf16
+      const uint32_t hs = seed_of(opt_.seed, shape_index_, TensorKind::kHidden, s, m);
+      const uint32_t ls = seed_of(opt_.seed, shape_index_, TensorKind::kLogits, s, m);
+      r.hidden_seeds.push_back(hs);
+      r.logits_seeds.push_back(ls);
+      BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(hidden[s].ptr), m * H, hs, kHiddenScaleLog2, nullptr));
+      BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(logits[s].ptr), m * E, ls, kLogitsScaleLog2, nullptr));
+      std::vector<float> host_logits(static_cast<size_t>(m * E));
+      BENCH_CUDA_RETURN(cudaMemcpy(host_logits.data(), logits[s].ptr, m * E * 4, cudaMemcpyDeviceToHost));
+      auto touched = touched_experts(c.routing, E, host_logits, host_bias_, m);
+      if (!touched.ok()) return touched.status();
+      touched_sum += static_cast<double>(*touched);
+    }
+    r.touched_experts = touched_sum / sets;
+    r.weight_bytes = r.touched_experts * static_cast<double>(n13_ * H + H * I) * 2.0;
+    r.act_bytes = 2.0 * static_cast<double>(m * H) * 2.0;
+    r.flops = 2.0 * static_cast<double>(m * k) * static_cast<double>(n13_ * H + H * I);
+    const double t_mem = (r.weight_bytes + r.act_bytes) / ceil_.read_bytes_per_s;
+    const double t_math = r.flops / ceil_.matmul_flops_per_s;
+    r.floor_s = std::max(t_mem, t_math);
+    r.floor_is_memory = t_mem >= t_math;
+
+    cudaStream_t stream;
+    BENCH_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    std::vector<cudaGraphExec_t> graphs(sets, nullptr);
+    Status status = capture_and_time(m, sets, hidden, logits, out, stream, &graphs, &r);
+    for (cudaGraphExec_t g : graphs) {
+      if (g) cudaGraphExecDestroy(g);
+    }
+    cudaStreamDestroy(stream);
+    MOEKIT_RETURN_IF_ERROR(status);
+    return r;
+  }
+
+ private:
+  Status capture_and_time(int64_t m, int sets, std::vector<DeviceBuffer>& hidden, std::vector<DeviceBuffer>& logits,
+                          std::vector<DeviceBuffer>& out, cudaStream_t stream, std::vector<cudaGraphExec_t>* graphs,
+                          CaseResult* r) {
+    const int64_t E = config_.num_experts, H = config_.hidden;
+    for (int s = 0; s < sets; ++s) {
+      LayerForwardArgs args;
+      args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
+      args.router_logits = TensorView::contiguous(logits[s].ptr, DType::kF32, {m, E}, Device::cuda(0));
+      args.out = TensorView::contiguous(out[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
+      // One eager forward first: errors surface outside capture, and lazy setup happens here.
+      MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
+      BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+      cudaGraph_t graph;
+      BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status fwd = layer_->forward(args, stream);
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+      MOEKIT_RETURN_IF_ERROR(fwd);
+      BENCH_CUDA_RETURN(end);
+      BENCH_CUDA_RETURN(cudaGraphInstantiate(&(*graphs)[s], graph, 0));
+      cudaGraphDestroy(graph);
+    }
+    // Warm-up, and a first estimate of one launch to size the timed loop.
+    cudaEvent_t t0, t1;
+    BENCH_CUDA_RETURN(cudaEventCreate(&t0));
+    BENCH_CUDA_RETURN(cudaEventCreate(&t1));
+    BENCH_CUDA_RETURN(cudaEventRecord(t0, stream));
+    for (int w = 0; w < 2; ++w) {
+      for (int s = 0; s < sets; ++s) BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[s], stream));
+    }
+    BENCH_CUDA_RETURN(cudaEventRecord(t1, stream));
+    BENCH_CUDA_RETURN(cudaEventSynchronize(t1));
+    float warm_ms = 0;
+    BENCH_CUDA_RETURN(cudaEventElapsedTime(&warm_ms, t0, t1));
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    const double est = std::max(1e-6, warm_ms * 1e-3 / (2.0 * sets));
+    const int reps = std::clamp(static_cast<int>(opt_.seconds_per_case / (est * sets)), opt_.min_reps, 500);
+
+    // Timed: events between consecutive launches, graphs round-robin over the sets.
+    const int launches = reps * sets;
+    std::vector<cudaEvent_t> ev(launches + 1);
+    for (auto& e : ev) BENCH_CUDA_RETURN(cudaEventCreate(&e));
+    BENCH_CUDA_RETURN(cudaEventRecord(ev[0], stream));
+    for (int i = 0; i < launches; ++i) {
+      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[i % sets], stream));
+      BENCH_CUDA_RETURN(cudaEventRecord(ev[i + 1], stream));
+    }
+    BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+    std::vector<double> secs;
+    for (int i = 0; i < launches; ++i) {
+      float ms = 0;
+      BENCH_CUDA_RETURN(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+      secs.push_back(ms * 1e-3);
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    r->time_s = median(secs);
+    r->time_min_s = *std::min_element(secs.begin(), secs.end());
+    r->time_max_s = *std::max_element(secs.begin(), secs.end());
+    r->launches = launches;
+
+    if (!opt_.dump_dir.empty() && std::find(opt_.dump_m.begin(), opt_.dump_m.end(), m) != opt_.dump_m.end()) {
+      // The output of set 0, from its graph (the timed path), for the peer check.
+      BENCH_CUDA_RETURN(cudaMemset(out[0].ptr, 0xff, out[0].bytes));  // NaN poison: unwritten rows show
+      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[0], stream));
+      BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> host(static_cast<size_t>(m * H));
+      BENCH_CUDA_RETURN(cudaMemcpy(host.data(), out[0].ptr, host.size() * 2, cudaMemcpyDeviceToHost));
+      r->dump_file = spec_.name + "_m" + std::to_string(m) + "_set0.npy";
+      MOEKIT_RETURN_IF_ERROR(write_npy_u16(opt_.dump_dir + "/" + r->dump_file, host, m, H));
+    }
+    return Status::Ok();
+  }
+
+  const GpuBenchOptions& opt_;
+  const Ceilings& ceil_;
+  int shape_index_;
+  const ShapeSpec& spec_;
+  int64_t max_m_;
+  std::ostream& log_;
+  MoeConfig config_;
+  int64_t n13_ = 0;
+  std::vector<float> host_bias_;  // [E] f32 (deepseek_v3 only)
+  std::unique_ptr<MoeLayer> layer_;
+};
+
+json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed) {
+  const MoeConfig& c = s.config;
+  json j = {{"name", s.name},
+            {"experts", c.num_experts},
+            {"top_k", c.top_k()},
+            {"hidden", c.hidden},
+            {"intermediate", c.intermediate},
+            {"routing", routing_method_name(c.routing.method)},
+            {"num_groups", c.routing.num_groups},
+            {"topk_groups", c.routing.topk_groups},
+            {"routed_scaling_factor", c.routing.routed_scaling_factor},
+            {"score_bias", c.routing.has_score_bias},
+            {"activation", activation_name(c.activation.kind)},
+            {"swiglu_limit", c.activation.swiglu_limit},
+            {"swiglu_alpha", c.activation.swiglu_alpha},
+            {"w13_seed", seed_of(base_seed, shape_index, TensorKind::kW13, 0, 0)},
+            {"w13_scale_log2", weight_scale_log2(c.hidden)},
+            {"w2_seed", seed_of(base_seed, shape_index, TensorKind::kW2, 0, 0)},
+            {"w2_scale_log2", weight_scale_log2(c.intermediate)}};
+  if (c.routing.has_score_bias) {
+    j["bias_seed"] = seed_of(base_seed, shape_index, TensorKind::kBias, 0, 0);
+    j["bias_scale_log2"] = kBiasScaleLog2;
+  }
+  return j;
+}
+
+json case_json(const CaseResult& r) {
+  return {{"shape", r.shape},
+          {"m", r.m},
+          {"backend", r.backend},
+          {"kernel", r.kernel},
+          {"time_us", r.time_s * 1e6},
+          {"time_us_min", r.time_min_s * 1e6},
+          {"time_us_max", r.time_max_s * 1e6},
+          {"launches", r.launches},
+          {"tflops", r.flops / r.time_s * 1e-12},
+          {"weight_gbps", r.weight_bytes / r.time_s * 1e-9},
+          {"touched_experts", r.touched_experts},
+          {"weight_bytes", r.weight_bytes},
+          {"act_bytes", r.act_bytes},
+          {"flops", r.flops},
+          {"floor_us", r.floor_s * 1e6},
+          {"floor_bound", r.floor_is_memory ? "memory" : "math"},
+          {"frac_floor", r.floor_s / r.time_s},
+          {"workspace_bytes", r.workspace_bytes},
+          {"hidden_seeds", r.hidden_seeds},
+          {"logits_seeds", r.logits_seeds},
+          {"hidden_scale_log2", kHiddenScaleLog2},
+          {"logits_scale_log2", kLogitsScaleLog2},
+          {"dump", r.dump_file.empty() ? json(nullptr) : json(r.dump_file)}};
+}
+
+void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, std::ostream& os) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "ceilings on %s: HBM read %.0f GB/s (%.1f GiB), bf16 matmul %.0f TFLOP/s (n=%d)\n",
+                ceil.device_name.c_str(), ceil.read_bytes_per_s * 1e-9, ceil.read_gib, ceil.matmul_flops_per_s * 1e-12,
+                ceil.matmul_n);
+  os << line;
+  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %10s %4s %7s %8s\n", "shape", "M", "time_us", "TFLOP/s",
+                "wGB/s", "exp", "floor_us", "bnd", "%floor", "ws_MiB");
+  os << line;
+  for (const CaseResult& r : results) {
+    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %10.1f %4s %6.1f%% %8.1f\n", r.shape.c_str(),
+                  static_cast<long long>(r.m), r.time_s * 1e6, r.flops / r.time_s * 1e-12,
+                  r.weight_bytes / r.time_s * 1e-9, r.touched_experts, r.floor_s * 1e6,
+                  r.floor_is_memory ? "mem" : "mma", 100.0 * r.floor_s / r.time_s, r.workspace_bytes / 1048576.0);
+    os << line;
+  }
+}
+
+}  // namespace
+
+Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    return Unsupported("gpu bench: no CUDA device is visible");
+  }
+  std::vector<int64_t> m_list = opt.m_list;
+  auto shapes_or = load_shapes(opt.shapes_path, &m_list);
+  if (!shapes_or.ok()) return shapes_or.status();
+  std::vector<ShapeSpec> shapes = std::move(*shapes_or);
+  const int64_t max_m = *std::max_element(m_list.begin(), m_list.end());
+
+  Ceilings ceil;
+  std::string error;
+  if (!measure_ceilings(opt.read_gib, opt.matmul_n, opt.ceiling_repeats, &ceil, &error)) {
+    return Internal("gpu bench: ceilings: " + error);
+  }
+  log << std::fixed << std::setprecision(1) << "ceilings: HBM read " << ceil.read_bytes_per_s * 1e-9
+      << " GB/s, bf16 matmul " << ceil.matmul_flops_per_s * 1e-12 << " TFLOP/s\n";
+
+  json j_shapes = json::array(), j_cases = json::array();
+  std::vector<CaseResult> results;
+  std::vector<std::string> failures;
+  for (int si = 0; si < static_cast<int>(shapes.size()); ++si) {
+    const ShapeSpec& spec = shapes[si];
+    if (!opt.only.empty() && std::find(opt.only.begin(), opt.only.end(), spec.name) == opt.only.end()) continue;
+    j_shapes.push_back(shape_json(spec, si, opt.seed));
+    ShapeRunner runner(opt, ceil, si, spec, max_m, log);
+    Status st = runner.setup();
+    if (!st.ok()) {
+      failures.push_back(spec.name + ": " + st.to_string());
+      log << "  " << failures.back() << "\n";
+      continue;
+    }
+    for (int64_t m : m_list) {
+      auto r = runner.run_case(m);
+      if (!r.ok()) {
+        failures.push_back(spec.name + " M=" + std::to_string(m) + ": " + r.status().to_string());
+        log << "  " << failures.back() << "\n";
+        continue;
+      }
+      log << "  " << spec.name << " M=" << m << ": " << r->time_s * 1e6 << " us, "
+          << 100.0 * r->floor_s / r->time_s << "% of floor\n";
+      j_cases.push_back(case_json(*r));
+      results.push_back(std::move(*r));
+    }
+  }
+
+  if (!opt.json_path.empty()) {
+    json j = {{"device", ceil.device_name},
+              {"ceilings",
+               {{"read_bytes_per_s", ceil.read_bytes_per_s},
+                {"read_gib", ceil.read_gib},
+                {"matmul_flops_per_s", ceil.matmul_flops_per_s},
+                {"matmul_n", ceil.matmul_n}}},
+              {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
+              {"num_sets", opt.num_sets},
+              {"shapes", j_shapes},
+              {"cases", j_cases},
+              {"failures", failures}};
+    std::ofstream out(opt.json_path);
+    if (!out) return IoError(opt.json_path + ": cannot open for writing");
+    out << j.dump(1) << "\n";
+  }
+  print_table(ceil, results, log);
+  if (!failures.empty()) {
+    std::string msg = "gpu bench: " + std::to_string(failures.size()) + " case(s) failed:";
+    for (const auto& f : failures) msg += "\n  " + f;
+    return Internal(msg);
+  }
+  return Status::Ok();
+}
+
+}  // namespace moekit::bench

@@ -1,0 +1,36 @@
+// The GPU MoE layer benchmark: the two hardware ceilings, then every
+// (shape, M) case of a shape list timed as a whole layer (routing included)
+// under a CUDA graph, against its floor. Writes JSON and prints a table last.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "moekit/status.h"
+
+namespace moekit::bench {
+
+struct GpuBenchOptions {
+  std::string shapes_path = "bench/shapes/moe_layers.json";  // shape list (see that file)
+  std::vector<int64_t> m_list;    // empty: the list in the shape file
+  std::vector<std::string> only;  // shape names to run; empty: all
+  std::string backend = "cuda_sm90";  // MoeConfig::backend ("auto" lets the oracle choose)
+  std::string json_path;          // where results go; empty: not written
+  std::string dump_dir;           // where outputs of dump cases go (.npy); empty: none
+  std::vector<int64_t> dump_m = {1, 64};  // M values whose set-0 output is dumped for the peer check
+  int num_sets = 4;               // rotating input sets (different experts touched each time)
+  double seconds_per_case = 0.25; // timed seconds per case, split over the sets
+  int min_reps = 3;               // timed launches per set, at least
+  double read_gib = 4.0;          // HBM read ceiling: bytes read per repeat
+  int matmul_n = 8192;            // matmul ceiling: n x n x n bf16
+  int ceiling_repeats = 10;
+  uint32_t seed = 20261129u;
+};
+
+// Runs the benchmark on the current CUDA device; progress goes to `log`, the
+// table last. Fails (nothing written) when no CUDA device or no backend serves.
+Status run_gpu_moe_bench(const GpuBenchOptions& options, std::ostream& log);
+
+}  // namespace moekit::bench
