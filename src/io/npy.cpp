@@ -314,11 +314,13 @@ StatusOr<HostTensor> parse_npy(const void* bytes, size_t size, std::string_view 
 StatusOr<HostTensor> read_npy(const std::string& path) {
   InputFile f;
   MOEKIT_RETURN_IF_ERROR(open_input(path, &f));
-  uint8_t first[12] = {};
-  const size_t n_first = static_cast<size_t>(std::min<uint64_t>(f.size, sizeof(first)));
+  // Magic and version, then the 2- or 4-byte dict length they imply.
+  uint8_t first[12] = {};  // preamble: magic(6) version(2) length(2|4)
+  const size_t n_first = static_cast<size_t>(std::min<uint64_t>(f.size, 8));
   MOEKIT_RETURN_IF_ERROR(read_exact(f, first, n_first, path));
   MOEKIT_ASSIGN_OR_RETURN(const size_t pre, npy::preamble_size(first, n_first, path));
-  if (n_first < pre) return DataLoss(path + ": truncated .npy header (" + std::to_string(f.size) + " bytes)");
+  if (f.size < pre) return DataLoss(path + ": truncated .npy header (" + std::to_string(f.size) + " bytes)");
+  MOEKIT_RETURN_IF_ERROR(read_exact(f, first + 8, pre - 8, path));
   uint64_t dict_len = 0;
   for (size_t i = pre; i-- > 8;) dict_len = (dict_len << 8) | first[i];
   if (pre + dict_len > f.size) {
