@@ -1,0 +1,178 @@
+// Routed-expert capture (record) and replay (force), DESIGN.md §2.3-§2.4 and
+// docs/capture.md.
+//
+// Record:  capturer = RoutedExpertsCapturer::create(...); bind(model, *capturer);
+//          per request add_request(); per step begin_step(layout) -> run every
+//          layer -> end_step(); then routed_experts(request) or snapshot().
+// Replay:  replayer = RoutedExpertsReplayer::create(captures, model); per step
+//          begin_step(layout) (validates every forced id first) -> each layer's
+//          forward() with forced_ids = replayer.forced_ids(layer).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/config.h"
+#include "moekit/layer.h"
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+inline constexpr int16_t kUnwrittenExpertId = -1;  // sentinel of a capture row before the kernel writes it
+inline constexpr int kCaptureFormatVersion = 1;
+
+// One contiguous run of rows of a step's batch that belongs to one request: a
+// prefill chunk, or one decode token.
+struct StepSegment {
+  std::string request;
+  int64_t num_rows = 0;
+};
+
+// The rows of one step, segments in batch order: rows [0, M) of every layer's
+// input, M = the sum of num_rows. A request appears at most once per step.
+struct StepLayout {
+  std::vector<StepSegment> segments;
+  int64_t num_rows() const;
+};
+
+// What a capture describes, beyond the ids: everything needed to interpret them.
+struct CaptureInfo {
+  int format_version = kCaptureFormatVersion;
+  int routing_spec_version = kRoutingSpecVersion;
+  RoutingConfig routing;         // method and parameters (top_k = k)
+  int64_t num_experts = 0;       // E (logical)
+  std::vector<int> model_layers;  // model-layer index of each MoE layer, [num_moe_layers]
+  // Ids are logical (before any expert-parallel remap) and in the routing
+  // spec's order: higher score first, equal scores -> lower expert id first.
+  std::string id_space = "logical";
+  std::string id_order = "score_desc_index_asc";
+
+  int num_moe_layers() const { return static_cast<int>(model_layers.size()); }
+  int top_k() const { return routing.top_k; }
+};
+
+// The captured ids of one request.
+struct RequestCapture {
+  std::string request;
+  int64_t first_token = 0;  // tokens skipped at the start (skip_prompt_tokens)
+  HostTensor ids;           // [num_tokens, num_moe_layers, top_k] i16, logical ids of tokens first_token..
+  int64_t num_tokens() const { return ids.shape().empty() ? 0 : ids.shape()[0]; }
+};
+
+// A capture: what the file holds.
+struct CaptureSet {
+  CaptureInfo info;
+  std::vector<RequestCapture> requests;  // in the order requests were added
+  const RequestCapture* find(const std::string& request) const;
+};
+
+class RoutedExpertsCapturer {
+ public:
+  // A disabled capturer allocates nothing, ever (allocated_bytes() == 0): bind()
+  // then clears every layer's capture target and the step calls do nothing.
+  // An enabled one allocates its buffer [num_moe_layers, max_num_tokens, top_k]
+  // i16 on `device` here, once (plus pinned host staging for a CUDA device).
+  static StatusOr<std::unique_ptr<RoutedExpertsCapturer>> create(int num_moe_layers, int64_t max_num_tokens,
+                                                                 int top_k, Device device = Device::cpu(),
+                                                                 bool enabled = true);
+  ~RoutedExpertsCapturer();
+
+  bool enabled() const { return enabled_; }
+  int num_moe_layers() const { return num_layers_; }
+  int64_t max_num_tokens() const { return max_tokens_; }
+  int top_k() const { return top_k_; }
+  Device device() const { return device_; }
+  size_t allocated_bytes() const;   // device buffer + host staging
+  const void* buffer_data() const;  // the device buffer; nullptr when disabled
+  // Layer `layer`'s slice buffer[layer]: [max_num_tokens, top_k] i16 (empty view when disabled).
+  TensorView layer_target(int layer) const;
+  bool bound() const { return bound_; }
+  const CaptureInfo& info() const { return info_; }
+
+  // A request whose rows will appear in later steps. The first
+  // skip_prompt_tokens of its tokens are not kept (a multi-turn request that
+  // re-sends earlier turns).
+  Status add_request(const std::string& request, int64_t skip_prompt_tokens = 0);
+  // Checks the layout (known requests, each once, rows in [1, max_num_tokens]
+  // in total) and fills rows [0, M) of every layer with the sentinel -1.
+  Status begin_step(const StepLayout& layout, Stream stream = nullptr);
+  // Copies rows [0, M) of every layer to the host (asynchronously on a CUDA
+  // device, then waits for them), checks that every row was written with an id
+  // in [0, E), and appends each request's rows. On error nothing is appended.
+  Status end_step(Stream stream = nullptr);
+
+  // [num_tokens, num_moe_layers, top_k] i16 for one request, tokens in order.
+  StatusOr<HostTensor> routed_experts(const std::string& request) const;
+  // Forgets a finished request and returns its capture.
+  StatusOr<RequestCapture> finish_request(const std::string& request);
+  // Every request so far, with the info of the bound model.
+  StatusOr<CaptureSet> snapshot() const;
+
+ private:
+  friend Status bind(Model& model, RoutedExpertsCapturer& capturer);
+  struct Request;
+  struct Impl;
+  RoutedExpertsCapturer() = default;
+  Status require_bound(const char* what) const;
+
+  bool enabled_ = false;
+  bool bound_ = false;
+  int num_layers_ = 0;
+  int64_t max_tokens_ = 0;
+  int top_k_ = 0;
+  Device device_ = Device::cpu();
+  CaptureInfo info_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Gives every MoE layer of `model` its capture target, buffer[layer]. Modular
+// kernels: the router writes the ids. Monolithic kernels: the kernel writes
+// them through routing_replay_out, so a monolithic kernel without
+// supports_routing_replay_capture() is an error naming it. Also an error: a
+// model without MoE layers, a layer count, top_k or device that differs from
+// the capturer's, a layer whose max_num_tokens exceeds the buffer's rows, and
+// layers that disagree on E or routing. All checked before any layer changes.
+Status bind(Model& model, RoutedExpertsCapturer& capturer);
+
+// Replays a capture: per step, the forced ids of every layer.
+class RoutedExpertsReplayer {
+ public:
+  // Checks that `captures` fits `model` (layer count, model-layer map, E, k,
+  // routing method) and that every stored id is in [0, E) and not repeated
+  // within a row.
+  static StatusOr<std::unique_ptr<RoutedExpertsReplayer>> create(CaptureSet captures, const Model& model);
+
+  // Takes each segment's next rows from its request's capture (a request
+  // starts at its first captured token, first_token, unless start_token()
+  // moved it) and builds the
+  // forced ids [M, k] i32 of every layer. Validates everything (known
+  // requests, captured tokens available, ids) before it changes any state.
+  Status begin_step(const StepLayout& layout);
+  // Layer `layer`'s forced ids of the current step: [M, k] i32, host.
+  TensorView forced_ids(int layer) const;
+  // Sets where a request's next step starts (token index in the request).
+  Status start_token(const std::string& request, int64_t token);
+
+  const CaptureSet& captures() const { return captures_; }
+
+ private:
+  RoutedExpertsReplayer() = default;
+  CaptureSet captures_;
+  std::map<std::string, int64_t> cursor_;  // next token of each request
+  std::vector<int32_t> forced_;            // [num_moe_layers, M, k] i32 of the current step
+  int64_t step_rows_ = 0;
+};
+
+// The capture file (docs/capture.md): safetensors, one tensor per request
+// ("routed_experts.<i>", [num_tokens, num_moe_layers, top_k], u8 when E <= 256,
+// else i16) and a "__metadata__" map that describes the ids. Atomic write.
+Status write_capture_file(const std::string& path, const CaptureSet& captures);
+// Reads and validates a capture file (format, version, metadata, shapes,
+// dtypes, ids in range); the ids come back as i16.
+StatusOr<CaptureSet> read_capture_file(const std::string& path);
+
+}  // namespace moekit

@@ -1,0 +1,96 @@
+// MoeLayer: one MoE layer ready to run. It owns the kernel the oracle chose,
+// the kernel's prepared weights, the kernel's workspace and (for modular
+// kernels) the routing outputs; forward() routes (modular kernels) and runs the
+// kernel. A capture target (bind(), capture.h) makes the ids of every forward
+// land in the capturer's buffer; forced ids replay a capture.
+//
+// Model: the MoE layers of one model, each with its index among the model's
+// layers (dense layers in between are the caller's).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moekit/config.h"
+#include "moekit/kernel.h"
+#include "moekit/oracle.h"
+#include "moekit/platform.h"
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+// The tensors of one forward. M = hidden.dim(0) <= config.max_num_tokens.
+struct LayerForwardArgs {
+  TensorView hidden;         // [M, H] act dtype, on the layer's device
+  TensorView router_logits;  // [M, E] logits dtype; required unless routing is custom
+  TensorView out;            // [M, H] act dtype; every element overwritten
+  TensorView forced_ids;     // [M, k] i32, optional: replay (the routing method computes the weights)
+  TensorView topk_ids;       // [M, k] i32, custom routing only: the caller's ids
+  TensorView topk_weights;   // [M, k] f32, custom routing only: the caller's weights
+  TensorView expert_counts;  // [E] i32, optional: tokens routed to each expert
+};
+
+class MoeLayer {
+ public:
+  // Chooses the kernel with select_backend(config, platform), builds it and
+  // prepares `weights` (copied or re-laid-out; the caller may free them after).
+  static StatusOr<std::unique_ptr<MoeLayer>> create(const MoeConfig& config, const MoeWeights& weights,
+                                                    const Platform& platform = Platform::probe());
+  // The same with a given kernel class (its supports() must accept the config).
+  static StatusOr<std::unique_ptr<MoeLayer>> create_with(const MoeConfig& config, const MoeWeights& weights,
+                                                         const KernelClass& kernel_class,
+                                                         const Platform& platform = Platform::probe());
+  ~MoeLayer();
+
+  // Validates every argument (forced ids: range, duplicates, sentinel) before
+  // anything is written; then routes (modular) and runs the kernel on `stream`.
+  Status forward(const LayerForwardArgs& args, Stream stream = nullptr);
+
+  // Where forward() writes the selected ids: [>= max_num_tokens, k] i16 on the
+  // layer's device, rows [0, M) per forward. An empty view turns capture off.
+  // Normally set by bind() (capture.h), which checks the kernel can write it.
+  Status set_capture_target(const TensorView& target);
+  const TensorView& capture_target() const { return capture_target_; }
+
+  const MoeConfig& config() const { return config_; }
+  const MoeKernel& kernel() const { return *kernel_; }
+  const std::string& backend() const { return backend_; }
+  // The oracle's report when create() chose the kernel (empty for create_with()).
+  const std::vector<CandidateReport>& selection_report() const { return report_; }
+  Device device() const { return kernel_->device(); }
+  size_t workspace_bytes() const;
+
+ private:
+  struct Buffers;
+  MoeLayer() = default;
+  Status validate(const LayerForwardArgs& args) const;
+  Status route(const LayerForwardArgs& args, int64_t num_tokens, Stream stream);
+
+  MoeConfig config_;
+  std::string backend_;
+  std::vector<CandidateReport> report_;
+  std::unique_ptr<MoeKernel> kernel_;
+  std::unique_ptr<Buffers> buffers_;
+  TensorView score_bias_;      // [E] f32 on the layer's device (deepseek_v3 with a bias), else empty
+  TensorView capture_target_;  // [>= max_num_tokens, k] i16, optional
+};
+
+class Model {
+ public:
+  // Appends an MoE layer; model_layer_index is its index among all layers of the
+  // model and must increase from one MoE layer to the next.
+  Status add_layer(std::unique_ptr<MoeLayer> layer, int model_layer_index);
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  MoeLayer& layer(int i) { return *layers_[i]; }
+  const MoeLayer& layer(int i) const { return *layers_[i]; }
+  int model_layer_index(int i) const { return model_layers_[i]; }
+  const std::vector<int>& model_layer_indices() const { return model_layers_; }
+
+ private:
+  std::vector<std::unique_ptr<MoeLayer>> layers_;
+  std::vector<int> model_layers_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,70 @@
+// The backend oracle (DESIGN.md §2.2, docs/oracle.md): a registry of backends,
+// each listing its kernel classes in priority order, and select_backend(), which
+// walks them and returns the first class whose supports() says yes, with a
+// report of every candidate and its reason. Selection is pure and deterministic:
+// the same config and platform give the same answer on every rank.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/config.h"
+#include "moekit/kernel.h"
+#include "moekit/platform.h"
+#include "moekit/status.h"
+
+namespace moekit {
+
+// One kernel class: its name, its kind, and the two functions the oracle needs.
+struct KernelClass {
+  std::string name;         // "CpuMonolithic"
+  bool monolithic = false;  // routing inside the kernel (router logits in)
+  // ok, or the first failing reason in the order of DESIGN.md §2.2.
+  Support (*supports)(const MoeConfig& config, const Platform& platform) = nullptr;
+  // Builds the kernel for a config that supports() accepted.
+  StatusOr<std::unique_ptr<MoeKernel>> (*create)(const MoeConfig& config, const Platform& platform) = nullptr;
+};
+
+// A family of kernels on one kind of device, candidates in priority order.
+struct Backend {
+  std::string name;                     // "cpu", "cuda_sm90"
+  std::vector<KernelClass> candidates;  // tried first to last
+};
+
+// The backends of this build and platform, in priority order (CUDA backends
+// before "cpu" when present; "cpu" always last).
+std::vector<Backend> backend_registry(const Platform& platform);
+
+// One line of the resolution report.
+struct CandidateReport {
+  std::string backend;
+  std::string kernel;
+  bool monolithic = false;
+  bool supported = false;  // supports() said yes
+  bool chosen = false;
+  std::string reason;      // why it was rejected, or why it lost while supported
+};
+
+struct Resolution {
+  std::string backend;                  // chosen backend
+  KernelClass kernel;                   // chosen kernel class
+  std::vector<CandidateReport> report;  // every candidate considered, in walk order
+  std::string report_string() const;    // the printable report (docs/oracle.md)
+};
+
+// Walks `registry` (backends in order x their candidates in order); the first
+// supported class wins. config.backend == "auto" considers every backend; any
+// other name considers only that backend and never falls back. Fails with
+// kInvalidArgument when the config is invalid, kNotFound for an unknown backend
+// name, and kUnsupported (listing every rejection) when nothing fits.
+StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform,
+                                    const std::vector<Backend>& registry);
+// The same over backend_registry(platform).
+StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform);
+
+// The report when selection fails: every candidate with its reason (what the
+// error message of select_backend lists), for tools that print it.
+std::string format_report(const std::vector<CandidateReport>& report);
+
+}  // namespace moekit

@@ -1,0 +1,223 @@
+// The capture file: safetensors with a self-describing "__metadata__" map
+// (docs/capture.md). Ids are stored u8 when E <= 256, else i16.
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moekit/capture.h"
+#include "moekit/io.h"
+
+namespace moekit {
+
+namespace {
+
+constexpr const char* kFormatName = "moekit.routed_experts";
+constexpr int64_t kMaxU8Experts = 256;
+
+using Json = nlohmann::json;
+
+std::string tensor_name(size_t i) { return "routed_experts." + std::to_string(i); }
+
+DType stored_dtype(int64_t num_experts) { return num_experts <= kMaxU8Experts ? DType::kU8 : DType::kI16; }
+
+Json routing_json(const RoutingConfig& r) {
+  return Json{{"method", routing_method_name(r.method)},
+              {"top_k", r.top_k},
+              {"num_groups", r.num_groups},
+              {"topk_groups", r.topk_groups},
+              {"routed_scaling_factor", r.routed_scaling_factor},
+              {"score_bias", r.has_score_bias}};
+}
+
+// Parses a metadata value as JSON, naming the key on failure.
+StatusOr<Json> parse_value(const std::map<std::string, std::string>& meta, const std::string& key,
+                           const std::string& file) {
+  auto it = meta.find(key);
+  if (it == meta.end()) return DataLoss(file + ": capture metadata lacks \"" + key + "\"");
+  Json j = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return DataLoss(file + ": capture metadata \"" + key + "\" is not valid JSON");
+  return j;
+}
+
+StatusOr<std::string> string_value(const std::map<std::string, std::string>& meta, const std::string& key,
+                                   const std::string& file) {
+  auto it = meta.find(key);
+  if (it == meta.end()) return DataLoss(file + ": capture metadata lacks \"" + key + "\"");
+  return it->second;
+}
+
+template <typename T>
+StatusOr<T> json_field(const Json& j, const char* key, const std::string& what) {
+  if (!j.is_object() || !j.contains(key)) return DataLoss(what + ": missing field \"" + key + "\"");
+  const Json& v = j.at(key);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return DataLoss(what + ": field \"" + key + "\" must be a boolean");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) return DataLoss(what + ": field \"" + key + "\" must be an integer");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) return DataLoss(what + ": field \"" + key + "\" must be a number");
+  } else {
+    if (!v.is_string()) return DataLoss(what + ": field \"" + key + "\" must be a string");
+  }
+  return v.get<T>();
+}
+
+StatusOr<RoutingConfig> parse_routing(const Json& j, const std::string& what) {
+  RoutingConfig r;
+  MOEKIT_ASSIGN_OR_RETURN(std::string method, json_field<std::string>(j, "method", what));
+  auto m = parse_routing_method(method);
+  if (!m) return DataLoss(what + ": unknown routing method \"" + method + "\"");
+  r.method = *m;
+  MOEKIT_ASSIGN_OR_RETURN(r.top_k, json_field<int>(j, "top_k", what));
+  MOEKIT_ASSIGN_OR_RETURN(r.num_groups, json_field<int>(j, "num_groups", what));
+  MOEKIT_ASSIGN_OR_RETURN(r.topk_groups, json_field<int>(j, "topk_groups", what));
+  MOEKIT_ASSIGN_OR_RETURN(r.routed_scaling_factor, json_field<float>(j, "routed_scaling_factor", what));
+  MOEKIT_ASSIGN_OR_RETURN(r.has_score_bias, json_field<bool>(j, "score_bias", what));
+  return r;
+}
+
+Status check_info(const CaptureInfo& info, const std::string& what) {
+  if (info.num_moe_layers() < 1) return InvalidArgument(what + ": a capture needs >= 1 MoE layer");
+  MOEKIT_RETURN_IF_ERROR(info.routing.validate(static_cast<int>(info.num_experts)));
+  for (size_t l = 1; l < info.model_layers.size(); ++l) {
+    if (info.model_layers[l] <= info.model_layers[l - 1]) {
+      return InvalidArgument(what + ": model_layers must increase, got " +
+                             Json(info.model_layers).dump());
+    }
+  }
+  if (info.id_space != "logical") return InvalidArgument(what + ": id_space must be \"logical\", got \"" + info.id_space + "\"");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status write_capture_file(const std::string& path, const CaptureSet& captures) {
+  const CaptureInfo& info = captures.info;
+  MOEKIT_RETURN_IF_ERROR(check_info(info, "write_capture_file(" + path + ")"));
+  const DType dtype = stored_dtype(info.num_experts);
+  std::vector<io::NamedTensor> tensors;
+  std::vector<HostTensor> converted;  // keeps the stored copies alive until written
+  converted.reserve(captures.requests.size());
+  Json requests = Json::array();
+  std::set<std::string> names;
+  for (size_t i = 0; i < captures.requests.size(); ++i) {
+    const RequestCapture& r = captures.requests[i];
+    const std::vector<int64_t>& shape = r.ids.shape();
+    if (!names.insert(r.request).second) {
+      return InvalidArgument("write_capture_file: request '" + r.request + "' appears twice");
+    }
+    if (r.ids.dtype() != DType::kI16 || shape.size() != 3 || shape[1] != info.num_moe_layers() ||
+        shape[2] != info.top_k()) {
+      return InvalidArgument("write_capture_file: request '" + r.request + "': ids must be i16 [tokens, " +
+                             std::to_string(info.num_moe_layers()) + ", " + std::to_string(info.top_k()) +
+                             "], got " + dtype_name(r.ids.dtype()) + " " + r.ids.view().shape_string());
+    }
+    const int16_t* ids = r.ids.data<int16_t>();
+    for (int64_t e = 0; e < r.ids.numel(); ++e) {
+      if (ids[e] < 0 || ids[e] >= info.num_experts) {
+        return OutOfRange("write_capture_file: request '" + r.request + "' holds id " + std::to_string(ids[e]) +
+                          " outside [0, " + std::to_string(info.num_experts) + ")");
+      }
+    }
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor stored, io::convert(r.ids.view(), dtype));
+    converted.push_back(std::move(stored));
+    tensors.push_back({tensor_name(i), converted.back().view()});
+    requests.push_back({{"request", r.request},
+                        {"tensor", tensor_name(i)},
+                        {"first_token", r.first_token},
+                        {"num_tokens", r.num_tokens()}});
+  }
+  const std::map<std::string, std::string> meta = {
+      {"format", kFormatName},
+      {"format_version", std::to_string(info.format_version)},
+      {"routing_spec_version", std::to_string(info.routing_spec_version)},
+      {"routing", routing_json(info.routing).dump()},
+      {"num_experts", std::to_string(info.num_experts)},
+      {"top_k", std::to_string(info.top_k())},
+      {"num_moe_layers", std::to_string(info.num_moe_layers())},
+      {"model_layers", Json(info.model_layers).dump()},
+      {"id_space", info.id_space},
+      {"id_order", info.id_order},
+      {"id_dtype", dtype_name(dtype)},
+      {"layout", "[num_tokens, num_moe_layers, top_k]"},
+      {"requests", requests.dump()},
+  };
+  return io::write_safetensors(path, tensors, meta);
+}
+
+StatusOr<CaptureSet> read_capture_file(const std::string& path) {
+  MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::SafetensorsFile::open(path));
+  const auto& meta = file.metadata();
+  MOEKIT_ASSIGN_OR_RETURN(std::string format, string_value(meta, "format", path));
+  if (format != kFormatName) {
+    return InvalidArgument(path + ": not a moekit capture file (format \"" + format + "\", expected \"" +
+                           kFormatName + "\")");
+  }
+  CaptureSet set;
+  CaptureInfo& info = set.info;
+  MOEKIT_ASSIGN_OR_RETURN(Json version, parse_value(meta, "format_version", path));
+  if (!version.is_number_integer() || version.get<int>() != kCaptureFormatVersion) {
+    return Unsupported(path + ": capture format version " + meta.at("format_version") + " (this build reads " +
+                       std::to_string(kCaptureFormatVersion) + ")");
+  }
+  MOEKIT_ASSIGN_OR_RETURN(Json spec, parse_value(meta, "routing_spec_version", path));
+  if (!spec.is_number_integer()) return DataLoss(path + ": routing_spec_version must be an integer");
+  info.routing_spec_version = spec.get<int>();
+  MOEKIT_ASSIGN_OR_RETURN(Json routing, parse_value(meta, "routing", path));
+  MOEKIT_ASSIGN_OR_RETURN(info.routing, parse_routing(routing, path + ": capture metadata \"routing\""));
+  MOEKIT_ASSIGN_OR_RETURN(Json experts, parse_value(meta, "num_experts", path));
+  MOEKIT_ASSIGN_OR_RETURN(Json top_k, parse_value(meta, "top_k", path));
+  MOEKIT_ASSIGN_OR_RETURN(Json layers, parse_value(meta, "model_layers", path));
+  if (!experts.is_number_integer()) return DataLoss(path + ": num_experts must be an integer");
+  info.num_experts = experts.get<int64_t>();
+  if (!top_k.is_number_integer() || top_k.get<int>() != info.routing.top_k) {
+    return DataLoss(path + ": top_k (" + meta.at("top_k") + ") disagrees with the routing's top_k");
+  }
+  if (!layers.is_array()) return DataLoss(path + ": model_layers must be a JSON array of integers");
+  for (const Json& l : layers) {
+    if (!l.is_number_integer()) return DataLoss(path + ": model_layers must be a JSON array of integers");
+    info.model_layers.push_back(l.get<int>());
+  }
+  MOEKIT_ASSIGN_OR_RETURN(info.id_space, string_value(meta, "id_space", path));
+  MOEKIT_ASSIGN_OR_RETURN(info.id_order, string_value(meta, "id_order", path));
+  if (info.id_order != "score_desc_index_asc") {
+    return Unsupported(path + ": id order \"" + info.id_order + "\" (this build reads score_desc_index_asc)");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_info(info, path));
+  const DType dtype = stored_dtype(info.num_experts);
+
+  MOEKIT_ASSIGN_OR_RETURN(Json requests, parse_value(meta, "requests", path));
+  if (!requests.is_array()) return DataLoss(path + ": \"requests\" must be a JSON array");
+  std::set<std::string> names;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::string what = path + ": requests[" + std::to_string(i) + "]";
+    RequestCapture r;
+    MOEKIT_ASSIGN_OR_RETURN(r.request, json_field<std::string>(requests[i], "request", what));
+    MOEKIT_ASSIGN_OR_RETURN(std::string tensor, json_field<std::string>(requests[i], "tensor", what));
+    MOEKIT_ASSIGN_OR_RETURN(r.first_token, json_field<int64_t>(requests[i], "first_token", what));
+    MOEKIT_ASSIGN_OR_RETURN(int64_t tokens, json_field<int64_t>(requests[i], "num_tokens", what));
+    if (!names.insert(r.request).second) return DataLoss(what + ": request '" + r.request + "' appears twice");
+    if (r.first_token < 0) return DataLoss(what + ": first_token must be >= 0");
+    const io::SafetensorsEntry* entry = file.find(tensor);
+    if (entry == nullptr) return DataLoss(what + ": tensor \"" + tensor + "\" is not in the file");
+    const std::vector<int64_t> want = {tokens, info.num_moe_layers(), info.top_k()};
+    if (entry->dtype != dtype || entry->shape != want) {
+      return DataLoss(what + ": tensor \"" + tensor + "\" must be " + dtype_name(dtype) + " " +
+                      Json(want).dump() + ", got " + entry->dtype_name + " " + Json(entry->shape).dump());
+    }
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor stored, file.read(tensor));
+    MOEKIT_ASSIGN_OR_RETURN(r.ids, io::convert(stored.view(), DType::kI16));
+    const int16_t* ids = r.ids.data<int16_t>();
+    for (int64_t e = 0; e < r.ids.numel(); ++e) {
+      if (ids[e] < 0 || ids[e] >= info.num_experts) {
+        return DataLoss(what + ": id " + std::to_string(ids[e]) + " outside [0, " +
+                        std::to_string(info.num_experts) + ")");
+      }
+    }
+    set.requests.push_back(std::move(r));
+  }
+  return set;
+}
+
+}  // namespace moekit

@@ -1,0 +1,210 @@
+// MoeLayer and Model: a chosen kernel with its prepared weights, workspace and
+// routing outputs, run as one call per forward.
+#include <cstring>
+#include <string>
+
+#include "core/device_buffer.h"
+#include "moekit/layer.h"
+#include "moekit/routing.h"
+
+#ifdef MOEKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "oracle/cuda_hooks.h"
+#endif
+
+namespace moekit {
+
+struct MoeLayer::Buffers {
+  DeviceBuffer workspace;     // kernel workspace: workspace_size(max_num_tokens) bytes, uninitialised
+  DeviceBuffer topk_ids;      // [max_num_tokens, k] i32, modular kernels: the router's ids
+  DeviceBuffer topk_weights;  // [max_num_tokens, k] f32, modular kernels: the router's weights
+  DeviceBuffer forced_ids;    // [max_num_tokens, k] i32, CUDA layers only: forced ids copied from the host
+  DeviceBuffer score_bias;    // [E] f32, deepseek_v3 with a bias only
+};
+
+MoeLayer::~MoeLayer() = default;
+
+StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create(const MoeConfig& config, const MoeWeights& weights,
+                                                     const Platform& platform) {
+  MOEKIT_ASSIGN_OR_RETURN(Resolution res, select_backend(config, platform));
+  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, create_with(config, weights, res.kernel, platform));
+  layer->backend_ = res.backend;
+  layer->report_ = std::move(res.report);
+  return layer;
+}
+
+StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& config, const MoeWeights& weights,
+                                                          const KernelClass& kernel_class,
+                                                          const Platform& platform) {
+  MOEKIT_RETURN_IF_ERROR(config.validate());
+  if (kernel_class.supports == nullptr || kernel_class.create == nullptr) {
+    return InvalidArgument("layer: kernel class '" + kernel_class.name + "' has no supports()/create()");
+  }
+  const Support s = kernel_class.supports(config, platform);
+  if (!s.ok) return Unsupported("layer: " + kernel_class.name + " cannot serve this configuration: " + s.reason);
+  if (weights.score_bias.defined() != config.routing.has_score_bias) {
+    return InvalidArgument(config.routing.has_score_bias
+                               ? "weights.score_bias: routing.has_score_bias is set but no bias was given"
+                               : "weights.score_bias: a bias was given but routing.has_score_bias is not set");
+  }
+
+  std::unique_ptr<MoeLayer> layer(new MoeLayer());
+  layer->config_ = config;
+  layer->buffers_ = std::make_unique<Buffers>();
+  MOEKIT_ASSIGN_OR_RETURN(layer->kernel_, kernel_class.create(config, platform));
+  MOEKIT_RETURN_IF_ERROR(layer->kernel_->prepare_weights(weights));
+  Buffers& b = *layer->buffers_;
+  const Device device = layer->kernel_->device();
+  const int64_t rows = config.max_num_tokens, k = config.top_k();
+  MOEKIT_ASSIGN_OR_RETURN(b.workspace, DeviceBuffer::allocate(device, layer->kernel_->workspace_size(rows)));
+  if (!layer->kernel_->is_monolithic()) {
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, DeviceBuffer::allocate(device, rows * k * sizeof(float)));
+  }
+  if (device.type == DeviceType::kCuda && config.routing.method != RoutingMethod::kCustom) {
+    MOEKIT_ASSIGN_OR_RETURN(b.forced_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
+  }
+  if (config.routing.has_score_bias) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32},
+                                        {config.num_experts}, weights.score_bias.device));
+    MOEKIT_ASSIGN_OR_RETURN(b.score_bias, DeviceBuffer::copy_of(device, weights.score_bias));
+    layer->score_bias_ = TensorView::contiguous(b.score_bias.data(), DType::kF32, {config.num_experts}, device);
+  }
+  return layer;
+}
+
+size_t MoeLayer::workspace_bytes() const { return buffers_->workspace.bytes(); }
+
+Status MoeLayer::set_capture_target(const TensorView& target) {
+  if (!target.defined()) {
+    capture_target_ = {};
+    return Status::Ok();
+  }
+  if (kernel_->is_monolithic() && !kernel_->supports_routing_replay_capture()) {
+    return Unsupported(std::string("capture target: the monolithic kernel ") + kernel_->name() +
+                       " cannot write routed expert ids (no routing_replay_out support)");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, device()));
+  if (target.dim(0) < config_.max_num_tokens) {
+    return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
+                           " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
+  }
+  if (config_.routing.method == RoutingMethod::kCustom && device().type != DeviceType::kCpu) {
+    return Unsupported("capture target: capturing caller-supplied (custom) ids is only implemented on the CPU");
+  }
+  capture_target_ = target;
+  return Status::Ok();
+}
+
+Status MoeLayer::validate(const LayerForwardArgs& args) const {
+  const Device dev = device();
+  const int64_t H = config_.hidden, E = config_.num_experts, k = config_.top_k();
+  MOEKIT_RETURN_IF_ERROR(check_tensor(args.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, dev));
+  const int64_t m = args.hidden.dim(0);
+  if (m < 1 || m > config_.max_num_tokens) {
+    return InvalidArgument("hidden: " + std::to_string(m) + " tokens; must be in [1, max_num_tokens = " +
+                           std::to_string(config_.max_num_tokens) + "]");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_tensor(args.out, "out", {config_.quant.act_dtype}, {m, H}, dev));
+  if (args.expert_counts.defined()) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
+  }
+  if (config_.routing.method == RoutingMethod::kCustom) {
+    if (args.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.topk_ids, "topk_ids", {DType::kI32}, {m, k}, dev));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.topk_weights, "topk_weights", {DType::kF32}, {m, k}, dev));
+    if (dev.type == DeviceType::kCpu) MOEKIT_RETURN_IF_ERROR(check_forced_ids(args.topk_ids, E));
+    return Status::Ok();
+  }
+  if (args.topk_ids.defined() || args.topk_weights.defined()) {
+    return InvalidArgument(std::string("topk_ids/topk_weights: only custom routing takes them; this layer routes with ") +
+                           routing_method_name(config_.routing.method));
+  }
+  MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, dev));
+  if (args.forced_ids.defined()) {
+    // Forced ids are validated on the host (range, duplicates, sentinel) before anything runs.
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.forced_ids, "forced_ids", {DType::kI32}, {m, k}, Device::cpu()));
+    MOEKIT_RETURN_IF_ERROR(check_forced_ids(args.forced_ids, E));
+  }
+  return Status::Ok();
+}
+
+Status MoeLayer::route(const LayerForwardArgs& args, int64_t m, Stream stream) {
+  const int64_t k = config_.top_k();
+  RoutingArgs r;
+  r.logits = args.router_logits;
+  r.score_bias = score_bias_;
+  r.forced_ids = args.forced_ids;
+  r.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
+  r.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
+  r.expert_counts = args.expert_counts;
+  r.replay_out = capture_target_;
+  switch (device().type) {
+    case DeviceType::kCpu: return route_cpu(config_.routing, r);
+    case DeviceType::kCuda:
+#ifdef MOEKIT_WITH_CUDA
+      return cuda::route(config_.routing, r, stream);
+#else
+      return Unsupported("routing on " + device().to_string() + ": this build has no CUDA support");
+#endif
+  }
+  return Internal("unknown device type");
+}
+
+Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
+  MOEKIT_RETURN_IF_ERROR(validate(args));
+  const int64_t m = args.hidden.dim(0), k = config_.top_k();
+  TensorView forced = args.forced_ids;
+  if (forced.defined() && device().type == DeviceType::kCuda) {
+#ifdef MOEKIT_WITH_CUDA
+    const cudaError_t err = cudaMemcpyAsync(buffers_->forced_ids.data(), forced.data, forced.nbytes(),
+                                            cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return Internal(std::string("forced_ids: upload failed: ") + cudaGetErrorString(err));
+    forced = TensorView::contiguous(buffers_->forced_ids.data(), DType::kI32, {m, k}, device());
+#endif
+  }
+  LayerForwardArgs routed = args;
+  routed.forced_ids = forced;
+
+  MoeRunArgs run;
+  run.hidden = args.hidden;
+  run.out = args.out;
+  if (kernel_->is_monolithic()) {
+    run.router_logits = args.router_logits;
+    run.forced_ids = forced;
+    run.routing_replay_out = capture_target_;
+    run.expert_counts = args.expert_counts;
+  } else if (config_.routing.method == RoutingMethod::kCustom) {
+    run.topk_ids = args.topk_ids;
+    run.topk_weights = args.topk_weights;
+    if (capture_target_.defined()) {
+      // Caller-supplied ids are captured as given (CPU only; see set_capture_target).
+      const int32_t* ids = args.topk_ids.ptr<int32_t>();
+      int16_t* dst = capture_target_.ptr<int16_t>();
+      for (int64_t i = 0; i < m * k; ++i) dst[i] = static_cast<int16_t>(ids[i]);
+    }
+  } else {
+    MOEKIT_RETURN_IF_ERROR(route(routed, m, stream));
+    run.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
+    run.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
+  }
+  Workspace ws{buffers_->workspace.data(), buffers_->workspace.bytes()};
+  return kernel_->run(run, ws, stream);
+}
+
+Status Model::add_layer(std::unique_ptr<MoeLayer> layer, int model_layer_index) {
+  if (layer == nullptr) return InvalidArgument("model.add_layer: null layer");
+  if (model_layer_index < 0) {
+    return InvalidArgument("model.add_layer: model_layer_index must be >= 0, got " + std::to_string(model_layer_index));
+  }
+  if (!model_layers_.empty() && model_layer_index <= model_layers_.back()) {
+    return InvalidArgument("model.add_layer: model_layer_index " + std::to_string(model_layer_index) +
+                           " must be greater than the previous MoE layer's " + std::to_string(model_layers_.back()));
+  }
+  layers_.push_back(std::move(layer));
+  model_layers_.push_back(model_layer_index);
+  return Status::Ok();
+}
+
+}  // namespace moekit

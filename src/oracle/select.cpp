@@ -1,0 +1,103 @@
+// select_backend: walk backends x candidates in priority order, first supported
+// class wins; every candidate is evaluated so the report can say why each lost.
+#include <algorithm>
+#include <optional>
+#include <sstream>
+
+#include "moekit/oracle.h"
+
+namespace moekit {
+
+namespace {
+
+std::string known_backends(const std::vector<Backend>& registry) {
+  std::string names;
+  for (const Backend& b : registry) names += (names.empty() ? "" : ", ") + b.name;
+  return names.empty() ? "none" : names;
+}
+
+Support evaluate(const KernelClass& kernel, const MoeConfig& config, const Platform& platform) {
+  if (kernel.supports == nullptr || kernel.create == nullptr) {
+    return Support::no("kernel class is registered without supports()/create()");
+  }
+  return kernel.supports(config, platform);
+}
+
+}  // namespace
+
+std::string format_report(const std::vector<CandidateReport>& report) {
+  size_t backend_w = 7, kernel_w = 6;
+  for (const CandidateReport& c : report) {
+    backend_w = std::max(backend_w, c.backend.size());
+    kernel_w = std::max(kernel_w, c.kernel.size());
+  }
+  std::ostringstream os;
+  auto pad = [](const std::string& s, size_t w) { return s + std::string(w - s.size(), ' '); };
+  os << "  " << pad("backend", backend_w) << "  " << pad("kernel", kernel_w) << "  kind        verdict\n";
+  for (const CandidateReport& c : report) {
+    os << (c.chosen ? "* " : "  ") << pad(c.backend, backend_w) << "  " << pad(c.kernel, kernel_w) << "  "
+       << pad(c.monolithic ? "monolithic" : "modular", 10) << "  ";
+    if (c.chosen) {
+      os << "chosen";
+    } else if (c.supported) {
+      os << "supported, not chosen: " << c.reason;
+    } else {
+      os << "rejected: " << c.reason;
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::string Resolution::report_string() const {
+  return format_report(report) + "resolved: " + backend + " / " + kernel.name + "\n";
+}
+
+StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform,
+                                    const std::vector<Backend>& registry) {
+  MOEKIT_RETURN_IF_ERROR(config.validate());
+  const bool forced = config.backend != "auto";
+  if (forced) {
+    const bool known = std::any_of(registry.begin(), registry.end(),
+                                   [&](const Backend& b) { return b.name == config.backend; });
+    if (!known) {
+      return NotFound("backend '" + config.backend + "' is not available in this build on this platform (available: " +
+                      known_backends(registry) + ")");
+    }
+  }
+
+  Resolution res;
+  std::optional<size_t> winner;  // index into res.report
+  for (const Backend& backend : registry) {
+    if (forced && backend.name != config.backend) continue;
+    for (const KernelClass& kernel : backend.candidates) {
+      const Support s = evaluate(kernel, config, platform);
+      CandidateReport c{backend.name, kernel.name, kernel.monolithic, s.ok, false, s.reason};
+      if (s.ok && !winner) {
+        c.chosen = true;
+        winner = res.report.size();
+        res.backend = backend.name;
+        res.kernel = kernel;
+      }
+      res.report.push_back(std::move(c));
+    }
+  }
+  if (!winner) {
+    std::string what = forced ? "backend '" + config.backend + "' (forced) cannot serve this configuration"
+                              : "no backend can serve this configuration";
+    if (res.report.empty()) return Unsupported(what + ": no kernel class is registered");
+    return Unsupported(what + "; every candidate was rejected:\n" + format_report(res.report));
+  }
+  const CandidateReport& w = res.report[*winner];
+  const std::string lost = "lower priority than " + w.backend + "/" + w.kernel;
+  for (CandidateReport& c : res.report) {
+    if (c.supported && !c.chosen) c.reason = lost;
+  }
+  return res;
+}
+
+StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform) {
+  return select_backend(config, platform, backend_registry(platform));
+}
+
+}  // namespace moekit

@@ -1,0 +1,292 @@
+// The backend oracle: priority order, fallback from monolithic to modular,
+// forced backends that never fall back, capture needs, the report, and errors
+// that list every rejection. The real "cpu" registry plus a fake registry and
+// fake platforms for what the CPU kernels cannot show.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "moekit/oracle.h"
+
+namespace moekit {
+namespace {
+
+MoeConfig small_config(RoutingMethod method = RoutingMethod::kSoftmaxTopk) {
+  MoeConfig c;
+  c.num_experts = 16;
+  c.hidden = 64;
+  c.intermediate = 32;
+  c.max_num_tokens = 8;
+  c.routing.method = method;
+  c.routing.top_k = 2;
+  if (method == RoutingMethod::kDeepseekV3) {
+    c.routing.num_groups = 4;
+    c.routing.topk_groups = 2;
+  }
+  return c;
+}
+
+const CandidateReport* find(const Resolution& r, const std::string& kernel) {
+  for (const CandidateReport& c : r.report) {
+    if (c.kernel == kernel) return &c;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- the real cpu registry
+
+TEST(Oracle, CpuRegistryListsMonolithicThenModular) {
+  const std::vector<Backend> reg = backend_registry(Platform::cpu_only());
+  ASSERT_FALSE(reg.empty());
+  const Backend& cpu = reg.back();
+  EXPECT_EQ(cpu.name, "cpu");
+  ASSERT_EQ(cpu.candidates.size(), 2u);
+  EXPECT_EQ(cpu.candidates[0].name, "CpuMonolithic");
+  EXPECT_TRUE(cpu.candidates[0].monolithic);
+  EXPECT_EQ(cpu.candidates[1].name, "CpuModular");
+  EXPECT_FALSE(cpu.candidates[1].monolithic);
+}
+
+TEST(Oracle, MonolithicChosenWhenItFits) {
+  for (RoutingMethod m : {RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kDeepseekV3}) {
+    auto r = select_backend(small_config(m), Platform::cpu_only());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->backend, "cpu");
+    EXPECT_EQ(r->kernel.name, "CpuMonolithic") << routing_method_name(m);
+    ASSERT_EQ(r->report.size(), 2u);
+    EXPECT_TRUE(r->report[0].chosen);
+    EXPECT_TRUE(r->report[1].supported);
+    EXPECT_FALSE(r->report[1].chosen);
+    EXPECT_NE(r->report[1].reason.find("lower priority than cpu/CpuMonolithic"), std::string::npos);
+  }
+}
+
+TEST(Oracle, CustomRoutingFallsBackToModular) {
+  auto r = select_backend(small_config(RoutingMethod::kCustom), Platform::cpu_only());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "CpuModular");
+  const CandidateReport* mono = find(*r, "CpuMonolithic");
+  ASSERT_NE(mono, nullptr);
+  EXPECT_FALSE(mono->supported);
+  EXPECT_NE(mono->reason.find("custom"), std::string::npos) << mono->reason;
+}
+
+TEST(Oracle, AllToAllParallelConfigFallsBackToModular) {
+  MoeConfig c = small_config();
+  c.parallel.dp_size = 2;
+  c.parallel.ep_size = 2;
+  c.parallel.all2all = All2AllBackend::kNccl;
+  ASSERT_TRUE(c.parallel.use_all2all());
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "CpuModular");
+  EXPECT_NE(find(*r, "CpuMonolithic")->reason.find("all-to-all"), std::string::npos);
+}
+
+TEST(Oracle, EplbFallsBackToModular) {
+  MoeConfig c = small_config();
+  c.parallel.enable_eplb = true;
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "CpuModular");
+  EXPECT_NE(find(*r, "CpuMonolithic")->reason.find("EPLB"), std::string::npos);
+}
+
+TEST(Oracle, CaptureAndReplayKeepTheCapableMonolithic) {
+  // The CPU monolithic kernel writes routing_replay_out and accepts forced ids.
+  MoeConfig c = small_config();
+  c.needs_capture = true;
+  c.needs_replay = true;
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "CpuMonolithic");
+}
+
+TEST(Oracle, ForcedCpuBackendIsUsed) {
+  MoeConfig c = small_config();
+  c.backend = "cpu";
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "cpu");
+}
+
+TEST(Oracle, ForcedUnknownBackendIsNotFound) {
+  MoeConfig c = small_config();
+  c.backend = "tpu_v9";
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("tpu_v9"), std::string::npos);
+  EXPECT_NE(r.status().message().find("available: cpu"), std::string::npos) << r.status().message();
+}
+
+TEST(Oracle, InvalidConfigIsRejectedBeforeAnyCandidate) {
+  MoeConfig c = small_config();
+  c.routing.top_k = 17;  // > E
+  auto r = select_backend(c, Platform::cpu_only());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("routing.top_k"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- a fake GPU backend
+
+// FakeMono: a monolithic GPU kernel that knows renormalize and deepseek_v3 only
+// and cannot write routed ids. FakeModular: any routing, capture capable. Both
+// need a compute capability 9.0 device.
+Support fake_device(const Platform& p) {
+  for (const auto& d : p.cuda_devices) {
+    if (d.cc_major == 9 && d.cc_minor == 0) return Support::yes();
+  }
+  return Support::no("needs a device with compute capability 9.0");
+}
+Support fake_mono_supports(const MoeConfig& c, const Platform& p) {
+  if (Support s = fake_device(p); !s.ok) return s;
+  if (c.routing.method != RoutingMethod::kRenormalize && c.routing.method != RoutingMethod::kDeepseekV3) {
+    return Support::no(std::string("routing method ") + routing_method_name(c.routing.method) + " not built in");
+  }
+  if (c.parallel.use_all2all()) return Support::no("no all-to-all dispatch");
+  if (c.needs_capture) return Support::no("cannot write routed expert ids (capture)");
+  return Support::yes();
+}
+Support fake_modular_supports(const MoeConfig& c, const Platform& p) { return fake_device(p); }
+Support never_supports(const MoeConfig&, const Platform&) { return Support::no("never fits (test)"); }
+StatusOr<std::unique_ptr<MoeKernel>> no_create(const MoeConfig&, const Platform&) {
+  return Unsupported("test kernels are never built");
+}
+
+std::vector<Backend> fake_registry() {
+  std::vector<Backend> reg;
+  reg.push_back({"fake_gpu",
+                 {KernelClass{"FakeMono", true, &fake_mono_supports, &no_create},
+                  KernelClass{"FakeModular", false, &fake_modular_supports, &no_create}}});
+  for (Backend& b : backend_registry(Platform::cpu_only())) reg.push_back(std::move(b));
+  return reg;
+}
+
+Platform fake_gpu_platform(int cc_major = 9) {
+  Platform p = Platform::cpu_only(4);
+  p.cuda_built = true;
+  p.sm90a_built = true;
+  CudaDeviceInfo d;
+  d.name = "Fake";
+  d.cc_major = cc_major;
+  d.cc_minor = 0;
+  d.sm_count = 132;
+  p.cuda_devices.push_back(d);
+  return p;
+}
+
+TEST(OracleFake, MonolithicFirstWhenItFits) {
+  auto r = select_backend(small_config(RoutingMethod::kRenormalize), fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "fake_gpu");
+  EXPECT_EQ(r->kernel.name, "FakeMono");
+  // Every candidate of every backend is in the report, in walk order.
+  ASSERT_EQ(r->report.size(), 4u);
+  EXPECT_EQ(r->report[0].kernel, "FakeMono");
+  EXPECT_EQ(r->report[1].kernel, "FakeModular");
+  EXPECT_EQ(r->report[2].kernel, "CpuMonolithic");
+  EXPECT_EQ(r->report[3].kernel, "CpuModular");
+}
+
+TEST(OracleFake, RoutingMethodTheMonolithicLacksFallsBackToModular) {
+  auto r = select_backend(small_config(RoutingMethod::kSigmoid), fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "fake_gpu");
+  EXPECT_EQ(r->kernel.name, "FakeModular");
+  EXPECT_NE(find(*r, "FakeMono")->reason.find("routing method sigmoid"), std::string::npos);
+}
+
+TEST(OracleFake, AllToAllFallsBackToModular) {
+  MoeConfig c = small_config(RoutingMethod::kRenormalize);
+  c.parallel.dp_size = 2;
+  c.parallel.ep_size = 4;
+  c.parallel.all2all = All2AllBackend::kNccl;
+  auto r = select_backend(c, fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "FakeModular");
+}
+
+TEST(OracleFake, CaptureRequestedChoosesACapableClass) {
+  MoeConfig c = small_config(RoutingMethod::kRenormalize);
+  c.needs_capture = true;
+  auto r = select_backend(c, fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kernel.name, "FakeModular");
+  EXPECT_NE(find(*r, "FakeMono")->reason.find("capture"), std::string::npos);
+}
+
+TEST(OracleFake, AutoSkipsABackendWithoutItsDevice) {
+  auto r = select_backend(small_config(RoutingMethod::kRenormalize), fake_gpu_platform(/*cc_major=*/8),
+                          fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "cpu");
+  EXPECT_EQ(r->kernel.name, "CpuMonolithic");
+  EXPECT_NE(find(*r, "FakeMono")->reason.find("compute capability 9.0"), std::string::npos);
+}
+
+TEST(OracleFake, ForcedBackendThatCannotServeNeverFallsBack) {
+  MoeConfig c = small_config(RoutingMethod::kRenormalize);
+  c.backend = "fake_gpu";
+  auto r = select_backend(c, fake_gpu_platform(/*cc_major=*/8), fake_registry());
+  ASSERT_FALSE(r.ok());  // cpu could serve it, but the user forced fake_gpu
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  const std::string msg = r.status().message();
+  EXPECT_NE(msg.find("'fake_gpu' (forced)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("FakeMono"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("FakeModular"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("compute capability 9.0"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("CpuMonolithic"), std::string::npos) << "a forced backend considers only itself: " << msg;
+}
+
+TEST(OracleFake, ForcedBackendIsUsedEvenWhenAnEarlierOneFits) {
+  MoeConfig c = small_config(RoutingMethod::kRenormalize);
+  c.backend = "cpu";
+  auto r = select_backend(c, fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "cpu");
+  EXPECT_EQ(r->report.size(), 2u);
+}
+
+TEST(OracleFake, NothingFitsListsEveryRejection) {
+  std::vector<Backend> reg = {
+      {"a", {KernelClass{"A1", true, &never_supports, &no_create}, KernelClass{"A2", false, &fake_modular_supports, &no_create}}},
+      {"b", {KernelClass{"B1", false, &never_supports, &no_create}}},
+  };
+  auto r = select_backend(small_config(), Platform::cpu_only(), reg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  const std::string msg = r.status().message();
+  for (const char* want : {"A1", "A2", "B1", "never fits (test)", "compute capability 9.0"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << want << " missing from: " << msg;
+  }
+}
+
+TEST(OracleFake, EmptyRegistryIsAnError) {
+  auto r = select_backend(small_config(), Platform::cpu_only(), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+}
+
+TEST(OracleFake, SelectionIsDeterministic) {
+  MoeConfig c = small_config(RoutingMethod::kSigmoid);
+  auto a = select_backend(c, fake_gpu_platform(), fake_registry());
+  auto b = select_backend(c, fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->report_string(), b->report_string());
+  EXPECT_EQ(a->kernel.name, b->kernel.name);
+}
+
+TEST(OracleFake, ReportNamesEveryCandidateAndTheChoice) {
+  auto r = select_backend(small_config(RoutingMethod::kSigmoid), fake_gpu_platform(), fake_registry());
+  ASSERT_TRUE(r.ok());
+  const std::string s = r->report_string();
+  EXPECT_NE(s.find("* fake_gpu"), std::string::npos) << s;
+  EXPECT_NE(s.find("rejected: routing method sigmoid not built in"), std::string::npos) << s;
+  EXPECT_NE(s.find("supported, not chosen: lower priority than fake_gpu/FakeModular"), std::string::npos) << s;
+  EXPECT_NE(s.find("resolved: fake_gpu / FakeModular"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace moekit
