@@ -1,0 +1,88 @@
+#include "experts/cpu/cpu_experts.h"
+
+#include "core/parallel_for.h"
+#include "experts/cpu/activations.h"
+#include "experts/cpu/permute.h"
+
+namespace moekit::cpu {
+
+Status CpuExperts::prepare(const MoeConfig& config, const TensorView& w13, const TensorView& w2) {
+  const int64_t E = config.num_experts, H = config.hidden, I = config.intermediate;
+  const int64_t n1 = gemm1_width(config.activation.kind, I);
+  const DType wt = config.quant.weight_dtype;
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, H}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, I}, Device::cpu()));
+  num_experts_ = E;
+  hidden_ = H;
+  intermediate_ = I;
+  top_k_ = config.top_k();
+  activation_ = config.activation;
+  w13_.assign(w13);
+  w2_.assign(w2);
+  return Status::Ok();
+}
+
+CpuExperts::Buffers CpuExperts::take_buffers(const MoeConfig& config, int64_t num_tokens, ScratchLayout& layout) {
+  const int64_t pairs = num_tokens * config.top_k();
+  const int64_t n1 = gemm1_width(config.activation.kind, config.intermediate);
+  Buffers b;
+  b.expert_offsets = layout.take<int32_t>(config.num_experts + 1);
+  b.row_to_pair = layout.take<int32_t>(pairs);
+  b.pair_to_row = layout.take<int32_t>(pairs);
+  b.x_perm = layout.take<float>(pairs * config.hidden);
+  b.h = layout.take<float>(pairs * n1);
+  b.y_perm = layout.take<float>(pairs * config.hidden);
+  return b;
+}
+
+void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_weights, int64_t num_tokens, float* y,
+                       const Buffers& b) const {
+  const int64_t E = num_experts_, H = hidden_, I = intermediate_, k = top_k_;
+  const int64_t n1 = gemm1_width(activation_.kind, I);
+  const int64_t pairs = num_tokens * k;
+  if (pairs == 0) return;
+
+  build_permutation(ids, num_tokens, k, E, {b.expert_offsets, b.row_to_pair, b.pair_to_row});
+
+  // Gather each pair's token row into its expert's block.
+  parallel_for(pairs, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* src = x + (b.row_to_pair[r] / k) * H;
+      float* dst = b.x_perm + r * H;
+      for (int64_t c = 0; c < H; ++c) dst[c] = src[c];
+    }
+  });
+
+  // NOTE: the GEMMs run expert by expert, each on OpenBLAS's threads; the
+  // calls (and so the results) depend only on the permutation, never on timing.
+  const float* w13 = w13_.data();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    gemm_abt(b.x_perm + r0 * H, H, w13 + e * n1 * H, H, b.h + r0 * n1, n1, rows, n1, H);
+  }
+
+  apply_activation(activation_, b.h, pairs, I);
+
+  const float* w2 = w2_.data();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    gemm_abt(b.h + r0 * n1, n1, w2 + e * H * I, I, b.y_perm + r0 * H, H, rows, H, I);
+  }
+
+  // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
+  parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* out = y + t * H;
+      for (int64_t c = 0; c < H; ++c) out[c] = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = topk_weights[t * k + j];
+        const float* src = b.y_perm + static_cast<int64_t>(b.pair_to_row[t * k + j]) * H;
+        for (int64_t c = 0; c < H; ++c) out[c] += w * src[c];
+      }
+    }
+  });
+}
+
+}  // namespace moekit::cpu

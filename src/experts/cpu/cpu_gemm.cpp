@@ -1,0 +1,45 @@
+#include "experts/cpu/cpu_gemm.h"
+
+#include <cblas.h>
+
+#include "core/parallel_for.h"
+
+namespace moekit::cpu {
+
+void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
+              int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), 0.0f, c,
+              static_cast<blasint>(ldc));
+}
+
+void ExpertWeightsF32::assign(const TensorView& src) {
+  const int64_t n = src.numel();
+  data_.assign(static_cast<size_t>(n), 0.0f);
+  float* dst = data_.data();
+  switch (src.dtype) {
+    case DType::kF32: {
+      const float* s = src.ptr<const float>();
+      parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dst[i] = s[i];
+      });
+      return;
+    }
+    case DType::kBF16: {
+      const uint16_t* s = src.ptr<const uint16_t>();
+      parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dst[i] = bf16_bits_to_f32(s[i]);
+      });
+      return;
+    }
+    case DType::kF16:
+    case DType::kF8E4M3:
+    case DType::kI32:
+    case DType::kI16:
+    case DType::kU8:
+      return;  // rejected by the kernel's prepare_weights before we get here
+  }
+}
+
+}  // namespace moekit::cpu

@@ -1,0 +1,119 @@
+#include "experts/cpu/cpu_monolithic.h"
+
+#include "dispatch/local_prepare_finalize.h"
+#include "experts/cpu/cpu_kernel_checks.h"
+#include "moekit/routing.h"
+
+namespace moekit::cpu {
+
+// Workspace layout of one run() over M tokens.
+struct CpuMonolithic::Scratch {
+  float* x = nullptr;              // [M, H] f32, prepared activations (only when acts are bf16)
+  float* y = nullptr;              // [M, H] f32, layer output before finalize (only when acts are bf16)
+  int32_t* topk_ids = nullptr;     // [M, k] i32, routing output
+  float* topk_weights = nullptr;   // [M, k] f32, routing output
+  CpuExperts::Buffers experts;
+
+  Scratch(const MoeConfig& c, int64_t M, ScratchLayout& layout) {
+    const int64_t act_rows = c.quant.act_dtype == DType::kF32 ? 0 : M;
+    x = layout.take<float>(act_rows * c.hidden);
+    y = layout.take<float>(act_rows * c.hidden);
+    topk_ids = layout.take<int32_t>(M * c.top_k());
+    topk_weights = layout.take<float>(M * c.top_k());
+    experts = CpuExperts::take_buffers(c, M, layout);
+  }
+};
+
+Support CpuMonolithic::supports(const MoeConfig& config, const Platform& platform) {
+  Support s = supports_common(config, platform);
+  if (!s.ok) return s;
+  switch (config.routing.method) {
+    case RoutingMethod::kSoftmaxTopk:
+    case RoutingMethod::kRenormalize:
+    case RoutingMethod::kRenormalizeNaive:
+    case RoutingMethod::kTopk:
+    case RoutingMethod::kSigmoid:
+    case RoutingMethod::kSigmoidRenorm:
+    case RoutingMethod::kLlama4:
+    case RoutingMethod::kDeepseekV3: break;
+    case RoutingMethod::kCustom: return Support::no("custom routing needs a modular kernel");
+  }
+  if (config.logits_dtype != DType::kF32 && config.logits_dtype != DType::kBF16) {
+    return Support::no(std::string("router logits dtype ") + dtype_name(config.logits_dtype) +
+                       " not supported (f32 or bf16)");
+  }
+  if (config.parallel.use_all2all()) {
+    return Support::no("monolithic kernels cannot dispatch tokens across ranks (all-to-all)");
+  }
+  if (config.parallel.enable_eplb) {
+    return Support::no("monolithic kernels do not remap logical experts to EPLB replicas");
+  }
+  // Capture: ids written into routing_replay_out. Replay: forced_ids accepted.
+  return Support::yes();
+}
+
+StatusOr<ProblemSize> CpuMonolithic::problem_size(const TensorView& hidden, const TensorView& w13,
+                                                  const TensorView& w2, const TensorView& topk_ids) const {
+  return cpu_problem_size(config_, hidden, w13, w2, topk_ids);
+}
+
+size_t CpuMonolithic::workspace_size(int64_t num_tokens) const {
+  ScratchLayout layout(nullptr);
+  Scratch(config_, num_tokens, layout);
+  return layout.bytes_needed();
+}
+
+Status CpuMonolithic::prepare_weights(const MoeWeights& weights) {
+  MOEKIT_RETURN_IF_ERROR(config_.validate());
+  const Support s = supports(config_, Platform::cpu_only());
+  if (!s.ok) return Unsupported(std::string(name()) + ": " + s.reason);
+  if (config_.routing.has_score_bias) {
+    MOEKIT_RETURN_IF_ERROR(
+        check_tensor(weights.score_bias, "score_bias", {DType::kF32}, {config_.num_experts}, Device::cpu()));
+  } else if (weights.score_bias.defined()) {
+    return InvalidArgument("score_bias: given, but routing.has_score_bias is false");
+  }
+  MOEKIT_RETURN_IF_ERROR(experts_.prepare(config_, weights.w13, weights.w2));
+  if (config_.routing.has_score_bias) {
+    const float* b = weights.score_bias.ptr<const float>();
+    score_bias_.assign(b, b + config_.num_experts);
+  } else {
+    score_bias_.clear();
+  }
+  return Status::Ok();
+}
+
+Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*stream: CPU runs inline*/) {
+  if (!experts_.prepared()) return FailedPrecondition(std::string(name()) + ": run() before prepare_weights()");
+  int64_t M = 0;
+  MOEKIT_RETURN_IF_ERROR(check_hidden_and_out(config_, args, &M));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_logits, "router_logits", {config_.logits_dtype},
+                                      {M, config_.num_experts}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_workspace(workspace, workspace_size(M)));
+
+  ScratchLayout layout(ScratchLayout::aligned(workspace.data));
+  const Scratch s(config_, M, layout);
+  const int64_t k = config_.top_k();
+  RoutingArgs routing;
+  routing.logits = args.router_logits;
+  if (!score_bias_.empty()) {
+    routing.score_bias = TensorView::contiguous(score_bias_.data(), DType::kF32, {config_.num_experts});
+  }
+  routing.forced_ids = args.forced_ids;
+  routing.topk_ids = TensorView::contiguous(s.topk_ids, DType::kI32, {M, k});
+  routing.topk_weights = TensorView::contiguous(s.topk_weights, DType::kF32, {M, k});
+  routing.expert_counts = args.expert_counts;
+  routing.replay_out = args.routing_replay_out;
+  // route_cpu validates logits values, forced ids, counts and replay_out before
+  // writing anything; on error nothing user-visible has been written.
+  MOEKIT_RETURN_IF_ERROR(validate_routing_args(config_.routing, routing, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(route_cpu(config_.routing, routing));
+
+  const float* x = dispatch::local_prepare(args.hidden, s.x);
+  float* y = dispatch::local_output_buffer(args.out, s.y);
+  experts_.apply(x, s.topk_ids, s.topk_weights, M, y, s.experts);
+  dispatch::local_finalize(y, args.out);
+  return Status::Ok();
+}
+
+}  // namespace moekit::cpu
