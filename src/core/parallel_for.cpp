@@ -1,0 +1,150 @@
+#include "core/parallel_for.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace moekit {
+namespace {
+
+// One parallel_for call in flight. Lives on the caller's stack; the caller
+// waits until no worker touches it any more.
+struct Job {
+  detail::ChunkFn fn = nullptr;
+  void* ctx = nullptr;
+  int64_t n = 0;
+  int64_t chunk = 0;
+  int64_t num_chunks = 0;
+  std::atomic<int64_t> next{0};  // next chunk to hand out
+  std::atomic<int64_t> done{0};  // chunks finished
+  int workers_in = 0;            // workers holding a pointer to this job (guarded by Pool::mu_)
+};
+
+// True on pool workers and on a caller while its parallel_for runs: a nested
+// call then runs inline.
+thread_local bool t_in_parallel = false;
+
+int threads_from_env() {
+  if (const char* s = std::getenv("MOEKIT_NUM_THREADS")) {
+    const int v = std::atoi(s);
+    if (v >= 1) return v;
+  }
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+class Pool {
+ public:
+  explicit Pool(int num_threads) : num_threads_(num_threads) {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  int num_threads() const { return num_threads_; }
+
+  void run(Job& job) {
+    std::lock_guard<std::mutex> turn(caller_mu_);  // one job at a time
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = &job;
+      ++generation_;
+    }
+    work_cv_.notify_all();
+    run_chunks(job);
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return job.done.load() == job.num_chunks && job.workers_in == 0; });
+    job_ = nullptr;  // late-waking workers find nothing to do
+  }
+
+ private:
+  static void run_chunks(Job& job) {
+    for (int64_t c = job.next.fetch_add(1); c < job.num_chunks; c = job.next.fetch_add(1)) {
+      const int64_t begin = c * job.chunk;
+      const int64_t end = std::min(job.n, begin + job.chunk);
+      job.fn(job.ctx, begin, end);
+      job.done.fetch_add(1);
+    }
+  }
+
+  void worker_loop() {
+    t_in_parallel = true;
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        work_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+        if (job == nullptr) continue;
+        ++job->workers_in;
+      }
+      run_chunks(*job);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        --job->workers_in;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  const int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex caller_mu_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;  // bumped per job (guarded by mu_)
+  Job* job_ = nullptr;       // guarded by mu_
+  bool stop_ = false;        // guarded by mu_
+};
+
+Pool& pool() {
+  static Pool p(threads_from_env());
+  return p;
+}
+
+}  // namespace
+
+int parallel_num_threads() { return pool().num_threads(); }
+
+namespace detail {
+
+void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
+  if (n <= grain || t_in_parallel) {
+    fn(ctx, 0, n);
+    return;
+  }
+  Pool& p = pool();
+  if (p.num_threads() == 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  // A few chunks per thread balance uneven rows; never below `grain`.
+  const int64_t target_chunks = static_cast<int64_t>(p.num_threads()) * 4;
+  const int64_t chunk = std::max(grain, (n + target_chunks - 1) / target_chunks);
+  Job job;
+  job.fn = fn;
+  job.ctx = ctx;
+  job.n = n;
+  job.chunk = chunk;
+  job.num_chunks = (n + chunk - 1) / chunk;
+  t_in_parallel = true;
+  p.run(job);
+  t_in_parallel = false;
+}
+
+}  // namespace detail
+}  // namespace moekit
