@@ -16,6 +16,11 @@ if(NOT MOEKIT_CUDA STREQUAL "OFF")
 endif()
 
 if(MOEKIT_WITH_CUDA)
+  # CMake 3.25 knows nvcc's flags only up to C++17; nvcc 12+ takes -std=c++20.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(MOEKIT_CUDA_GENCODE "")
