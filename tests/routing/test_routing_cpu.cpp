@@ -490,5 +490,22 @@ TEST(RoutingSpec, CountsAreOverwritten) {
   EXPECT_EQ(copy_out<int32_t>(buf.counts), (std::vector<int32_t>{1, 2, 2, 1}));
 }
 
+TEST(RoutingSpec, ZeroRowsOnlyZeroTheCounts) {
+  // M = 0 is a valid call (views need a non-null pointer to count as given).
+  float logit_storage = 0.0f;
+  int32_t id_storage = 0x7fffffff;
+  float weight_storage = std::nanf("");
+  std::vector<int32_t> counts(8, 5);
+  RoutingArgs args;
+  args.logits = TensorView::contiguous(&logit_storage, DType::kF32, {0, 8});
+  args.topk_ids = TensorView::contiguous(&id_storage, DType::kI32, {0, 2});
+  args.topk_weights = TensorView::contiguous(&weight_storage, DType::kF32, {0, 2});
+  args.expert_counts = TensorView::contiguous(counts.data(), DType::kI32, {8});
+  ASSERT_TRUE(route_cpu(make_cfg(RoutingMethod::kSoftmaxTopk, 2), args).ok());
+  EXPECT_EQ(counts, std::vector<int32_t>(8, 0));
+  EXPECT_EQ(id_storage, 0x7fffffff);
+  EXPECT_TRUE(std::isnan(weight_storage));
+}
+
 }  // namespace
 }  // namespace moekit::routing_test
