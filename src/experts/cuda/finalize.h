@@ -1,0 +1,28 @@
+// Finalize of the local (single-rank) modular pipeline: applies the top-k
+// weights and reduces each token's k expert outputs in slot order (fp32, one
+// thread per 8 output columns): deterministic, no atomics.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+struct FinalizeArgs {
+  int64_t num_tokens = 0;             // M
+  int64_t top_k = 0;                  // k
+  int64_t hidden = 0;                 // H, a multiple of 8
+  const uint16_t* expert_out = nullptr;  // [rows, H] bf16 bits: the expert output of each permuted row
+  const int32_t* pair_row = nullptr;     // [M, k] i32: permuted row of each (token, slot), -1 = invalid id
+  const float* topk_weights = nullptr;   // [M, k] f32
+  uint16_t* out = nullptr;               // [M, H] bf16 bits, every element written
+};
+
+// out[t, :] = sum_j w[t, j] * expert_out[pair_row[t, j], :], j ascending. A pair
+// without a row (an id outside [0, E)) makes the token's row NaN.
+Status finalize_weighted_sum(const FinalizeArgs& args, cudaStream_t stream);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,56 @@
+// Weighted top-k reduction: see finalize.h.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/finalize.h"
+
+namespace moekit::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kVec = 8;  // bf16 per 16-byte access
+
+__global__ void finalize_kernel(FinalizeArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t h = (static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x) * kVec;
+  if (h >= a.hidden) return;
+  float acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
+  for (int j = 0; j < a.top_k; ++j) {
+    const int32_t row = a.pair_row[t * a.top_k + j];
+    const float w = a.topk_weights[t * a.top_k + j];
+    if (row < 0) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[i] = __int_as_float(0x7fc00000);  // NaN: invalid expert id
+      continue;
+    }
+    const uint4 v = *reinterpret_cast<const uint4*>(a.expert_out + static_cast<int64_t>(row) * a.hidden + h);
+    const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, __bfloat162float(y[i]), acc[i]);
+  }
+  uint4 o;
+  __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&o);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) ob[i] = __float2bfloat16_rn(acc[i]);
+  *reinterpret_cast<uint4*>(a.out + t * a.hidden + h) = o;
+}
+
+}  // namespace
+
+Status finalize_weighted_sum(const FinalizeArgs& args, cudaStream_t stream) {
+  if (args.hidden % kVec != 0) return InvalidArgument("finalize: hidden must be a multiple of 8");
+  if (args.num_tokens == 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>(args.num_tokens),
+                  static_cast<unsigned>((args.hidden / kVec + kThreads - 1) / kThreads));
+  finalize_kernel<<<grid, kThreads, 0, stream>>>(args);
+  MOEKIT_CUDA_CHECK_LAUNCH("finalize_kernel");
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda

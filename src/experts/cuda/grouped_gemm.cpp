@@ -1,0 +1,26 @@
+// Printing for the grouped GEMM's problem (the kernels live in grouped_gemm_mma.cu).
+#include "experts/cuda/grouped_gemm.h"
+
+#include <sstream>
+
+namespace moekit::cuda {
+
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone: return "none";
+    case GemmEpilogue::kActivation: return "activation";
+  }
+  return "?";
+}
+
+std::string GroupedGemmProblem::to_string() const {
+  std::ostringstream os;
+  os << "GroupedGemm{G=" << num_groups << ", max_rows=" << max_rows << ", a_rows=" << a_rows << ", N=" << n
+     << ", K=" << k << ", out=" << dtype_name(out_dtype) << ", gather_a=" << (gather_a ? "yes" : "no")
+     << ", epilogue=" << gemm_epilogue_name(epilogue);
+  if (epilogue == GemmEpilogue::kActivation) os << "(" << activation.to_string() << ")";
+  os << "}";
+  return os.str();
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,132 @@
+#include "experts/cuda/moe_pipeline.h"
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <sstream>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/align.h"
+#include "experts/cuda/finalize.h"
+
+namespace moekit::cuda {
+
+namespace {
+constexpr size_t kAlign = 256;
+size_t take(size_t* cursor, size_t bytes) {
+  const size_t at = *cursor;
+  *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
+  return at;
+}
+}  // namespace
+
+GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
+  GroupedGemmProblem p;
+  p.num_groups = s.num_experts;
+  p.max_rows = num_tokens * s.top_k;
+  p.a_rows = num_tokens;
+  p.n = s.n1();
+  p.k = s.hidden;
+  p.out_dtype = DType::kBF16;
+  p.gather_a = true;
+  p.epilogue = GemmEpilogue::kActivation;
+  p.activation = s.activation;
+  return p;
+}
+
+GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
+  GroupedGemmProblem p;
+  p.num_groups = s.num_experts;
+  p.max_rows = num_tokens * s.top_k;
+  p.a_rows = p.max_rows;
+  p.n = s.hidden;
+  p.k = s.intermediate;
+  p.out_dtype = DType::kBF16;
+  p.gather_a = false;
+  p.epilogue = GemmEpilogue::kNone;
+  return p;
+}
+
+ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
+  const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
+  const size_t E = static_cast<size_t>(s.num_experts);
+  ExpertsWorkspaceLayout l;
+  size_t c = 0;
+  l.topk_ids = take(&c, pairs * sizeof(int32_t));
+  l.topk_weights = take(&c, pairs * sizeof(float));
+  l.group_start = take(&c, E * sizeof(int32_t));
+  l.group_rows = take(&c, E * sizeof(int32_t));
+  l.pair_row = take(&c, pairs * sizeof(int32_t));
+  l.row_token = take(&c, pairs * sizeof(int32_t));
+  l.align_scratch = take(&c, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
+  l.gemm1_scratch = take(&c, grouped_gemm_workspace_size(gemm1_problem(s, num_tokens)));
+  l.gemm2_scratch = take(&c, grouped_gemm_workspace_size(gemm2_problem(s, num_tokens)));
+  l.intermediate = take(&c, pairs * static_cast<size_t>(s.intermediate) * 2);
+  l.expert_out = take(&c, pairs * static_cast<size_t>(s.hidden) * 2);
+  l.total = c;
+  return l;
+}
+
+std::string ExpertsWorkspaceLayout::to_string() const {
+  std::ostringstream os;
+  os << "{ids@" << topk_ids << ", weights@" << topk_weights << ", group_start@" << group_start << ", group_rows@"
+     << group_rows << ", pair_row@" << pair_row << ", row_token@" << row_token << ", align@" << align_scratch
+     << ", gemm1@" << gemm1_scratch << ", gemm2@" << gemm2_scratch << ", intermediate@" << intermediate
+     << ", expert_out@" << expert_out << ", total=" << total << " B}";
+  return os.str();
+}
+
+Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream) {
+  const int64_t M = run.num_tokens;
+  const ExpertsWorkspaceLayout l = experts_workspace_layout(s, M);
+  char* ws = run.workspace;
+  auto* group_start = reinterpret_cast<int32_t*>(ws + l.group_start);  // [E]
+  auto* group_rows = reinterpret_cast<int32_t*>(ws + l.group_rows);    // [E]
+  auto* pair_row = reinterpret_cast<int32_t*>(ws + l.pair_row);        // [M·k]
+  auto* row_token = reinterpret_cast<int32_t*>(ws + l.row_token);      // [M·k]
+  auto* inter = reinterpret_cast<uint16_t*>(ws + l.intermediate);      // [M·k, I] bf16
+  auto* y = reinterpret_cast<uint16_t*>(ws + l.expert_out);            // [M·k, H] bf16
+
+  AlignArgs aa;
+  aa.topk_ids = run.topk_ids;
+  aa.group_start = group_start;
+  aa.group_rows = group_rows;
+  aa.pair_row = pair_row;
+  aa.row_token = row_token;
+  aa.expert_counts = run.expert_counts;
+  aa.workspace = ws + l.align_scratch;
+  MOEKIT_RETURN_IF_ERROR(align_by_expert(AlignProblem{M, s.top_k, s.num_experts}, aa, stream));
+  if (M == 0) return Status::Ok();
+
+  GroupedGemmArgs g1;
+  g1.a = run.hidden;
+  g1.a_row_index = row_token;
+  g1.b = run.w13;
+  g1.c = inter;
+  g1.group_start = group_start;
+  g1.group_rows = group_rows;
+  g1.workspace = ws + l.gemm1_scratch;
+  MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm1_problem(s, M), g1, stream));
+
+  GroupedGemmArgs g2;
+  g2.a = inter;
+  g2.b = run.w2;
+  g2.c = y;
+  g2.group_start = group_start;
+  g2.group_rows = group_rows;
+  g2.workspace = ws + l.gemm2_scratch;
+  MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm2_problem(s, M), g2, stream));
+
+  FinalizeArgs fa;
+  fa.num_tokens = M;
+  fa.top_k = s.top_k;
+  fa.hidden = s.hidden;
+  fa.expert_out = y;
+  fa.pair_row = pair_row;
+  fa.topk_weights = run.topk_weights;
+  fa.out = run.out;
+  return finalize_weighted_sum(fa, stream);
+}
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

@@ -1,0 +1,70 @@
+// The expert stages shared by Sm90Modular and Sm90Monolithic (so the two give
+// bitwise-equal outputs for the same ids and weights): align by expert ->
+// grouped GEMM1 with the activation in its epilogue -> grouped GEMM2 ->
+// weighted top-k reduction. Everything is enqueued on one stream, in the
+// caller's workspace, with no allocation and no host synchronization.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "experts/cuda/grouped_gemm.h"
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+struct ExpertsShape {
+  int64_t num_experts = 0;   // E
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I
+  int64_t top_k = 0;         // k
+  ActivationConfig activation;
+  int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
+};
+
+// The GEMM problems of one forward of M tokens (rows = M·k permuted pairs).
+GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
+GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
+
+// Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
+struct ExpertsWorkspaceLayout {
+  size_t topk_ids = 0;       // [M, k] i32      (monolithic: the router's ids)
+  size_t topk_weights = 0;   // [M, k] f32      (monolithic: the router's weights)
+  size_t group_start = 0;    // [E] i32
+  size_t group_rows = 0;     // [E] i32
+  size_t pair_row = 0;       // [M·k] i32
+  size_t row_token = 0;      // [M·k] i32
+  size_t align_scratch = 0;  // align_workspace_size(M·k, E)
+  size_t gemm1_scratch = 0;  // grouped_gemm_workspace_size(gemm1)
+  size_t gemm2_scratch = 0;  // grouped_gemm_workspace_size(gemm2)
+  size_t intermediate = 0;   // [M·k, I] bf16: act(GEMM1) per permuted row
+  size_t expert_out = 0;     // [M·k, H] bf16: GEMM2 per permuted row
+  size_t total = 0;          // bytes
+  std::string to_string() const;
+};
+ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
+
+// Device pointers of one forward.
+struct ExpertsRun {
+  int64_t num_tokens = 0;              // M
+  const uint16_t* hidden = nullptr;    // [M, H] bf16
+  const uint16_t* w13 = nullptr;       // [E, N1, H] bf16, prepared layout (weight_layout.h)
+  const uint16_t* w2 = nullptr;        // [E, H, I] bf16
+  const int32_t* topk_ids = nullptr;   // [M, k] i32
+  const float* topk_weights = nullptr;  // [M, k] f32
+  uint16_t* out = nullptr;             // [M, H] bf16, every element written
+  int32_t* expert_counts = nullptr;    // [E] i32, optional
+  char* workspace = nullptr;           // >= experts_workspace_layout(s, M).total bytes
+};
+
+Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

@@ -1,0 +1,356 @@
+// Sm90Modular and Sm90Monolithic: argument checks, weight preparation and the
+// launch sequence. The stages themselves live in moe_pipeline.h.
+#include "experts/cuda/sm90_kernels.h"
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/moe_pipeline.h"
+#include "experts/cuda/weight_layout.h"
+#include "routing/cuda/route_cuda.h"
+
+namespace moekit::cuda {
+
+namespace {
+
+// Owning device allocation, freed on destruction.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  ~DeviceMemory() { reset(); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  Status allocate(size_t bytes) {
+    reset();
+    if (bytes == 0) return Status::Ok();
+    MOEKIT_CUDA_CHECK(cudaMalloc(&data_, bytes));
+    return Status::Ok();
+  }
+  void reset() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+    data_ = nullptr;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+};
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+ExpertsShape shape_of(const MoeConfig& c) {
+  ExpertsShape s;
+  s.num_experts = c.num_experts;
+  s.hidden = c.hidden;
+  s.intermediate = c.intermediate;
+  s.top_k = c.top_k();
+  s.activation = c.activation;
+  return s;
+}
+
+// The reasons both classes share, in the order of DESIGN.md §2.2.
+Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolithic) {
+  // device / arch
+  if (!platform.cuda_built) return Support::no("this build has no CUDA kernels");
+  if (!platform.has_sm90()) {
+    return Support::no("needs a compute capability 9.0 device (H100/H200) and sm_90a kernels; platform: " +
+                       platform.to_string());
+  }
+  // dtypes / quant
+  if (c.quant.weight_dtype != DType::kBF16) {
+    return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");
+  }
+  if (c.quant.act_dtype != DType::kBF16) {
+    return Support::no(std::string("activations ") + dtype_name(c.quant.act_dtype) + ": needs bf16 activations");
+  }
+  // activation: silu, gelu, swiglu_oai and relu2 are all served.
+  // routing method
+  if (c.routing.method == RoutingMethod::kCustom) {
+    if (monolithic) return Support::no("custom routing: a monolithic kernel knows only the built-in routing methods");
+  } else {
+    const Status r = routing_supported(c.routing, c.num_experts);
+    if (!r.ok()) return Support::no(r.message());
+  }
+  // logits dtype
+  if (c.logits_dtype != DType::kF32 && c.logits_dtype != DType::kBF16) {
+    return Support::no(std::string("logits ") + dtype_name(c.logits_dtype) + ": needs f32 or bf16 logits");
+  }
+  // parallel config
+  if (monolithic && c.parallel.use_all2all()) {
+    return Support::no("all-to-all dispatch (dp > 1 and ep > 1): a monolithic kernel cannot dispatch");
+  }
+  if (monolithic && c.parallel.enable_eplb) return Support::no("EPLB: a monolithic kernel has no expert remap");
+  if (c.parallel.ep_size > 1 || c.parallel.dp_size > 1) {
+    return Support::no("expert/data parallelism (ep=" + str(c.parallel.ep_size) + ", dp=" + str(c.parallel.dp_size) +
+                       "): the cuda_sm90 kernels have no dispatch stage yet");
+  }
+  if (c.parallel.enable_eplb) return Support::no("EPLB: the cuda_sm90 kernels have no expert remap yet");
+  // shape / alignment
+  if (c.hidden % kSm90DimAlignment != 0) {
+    return Support::no("hidden H=" + str(c.hidden) + " must be a multiple of " + str(kSm90DimAlignment));
+  }
+  if (c.intermediate % kSm90DimAlignment != 0) {
+    return Support::no("intermediate I=" + str(c.intermediate) + " must be a multiple of " + str(kSm90DimAlignment));
+  }
+  if (c.max_num_tokens * c.top_k() > (int64_t{1} << 30)) {
+    return Support::no("max_num_tokens * top_k exceeds 2^30 permuted rows");
+  }
+  const ExpertsShape s = shape_of(c);
+  for (const GroupedGemmProblem& g : {gemm1_problem(s, c.max_num_tokens), gemm2_problem(s, c.max_num_tokens)}) {
+    const Support gs = grouped_gemm_supports(g);
+    if (!gs.ok) return gs;
+  }
+  // capture / replay: both classes serve them (the monolithic kernel writes
+  // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
+  return Support::yes();
+}
+
+class Sm90Kernel : public MoeKernel {
+ public:
+  Sm90Kernel(MoeConfig config, int device_index) : MoeKernel(std::move(config)), device_index_(device_index) {
+    shape_ = shape_of(config_);
+  }
+
+  Device device() const override { return Device::cuda(device_index_); }
+
+  StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
+                                     const TensorView& topk_ids) const override {
+    // Prepared W13 keeps the checkpoint's [E, N1, H] shape (rows permuted only).
+    if (hidden.rank != 2) return InvalidArgument("hidden: expected [M, H], got " + hidden.shape_string());
+    if (w13.rank != 3) return InvalidArgument("w13: expected [E, N1, H], got " + w13.shape_string());
+    if (w2.rank != 3) return InvalidArgument("w2: expected [E, H, I], got " + w2.shape_string());
+    if (topk_ids.rank != 2) return InvalidArgument("topk_ids: expected [M, k], got " + topk_ids.shape_string());
+    ProblemSize p;
+    p.num_experts = w13.shape[0];
+    p.num_tokens = hidden.shape[0];
+    p.n = w13.shape[1];
+    p.k = w13.shape[2];
+    p.top_k = topk_ids.shape[1];
+    if (hidden.shape[1] != p.k || w2.shape[0] != p.num_experts || w2.shape[1] != p.k ||
+        topk_ids.shape[0] != p.num_tokens) {
+      return InvalidArgument("problem_size: inconsistent shapes hidden " + hidden.shape_string() + ", w13 " +
+                             w13.shape_string() + ", w2 " + w2.shape_string() + ", topk_ids " + topk_ids.shape_string());
+    }
+    return p;
+  }
+
+  size_t workspace_size(int64_t num_tokens) const override {
+    return experts_workspace_layout(shape_, num_tokens).total;
+  }
+
+  Status prepare_weights(const MoeWeights& w) override {
+    const int64_t E = shape_.num_experts, H = shape_.hidden, I = shape_.intermediate, N1 = shape_.n1();
+    const Device dev = device();
+    const Device w13_dev = w.w13.device.type == DeviceType::kCuda ? dev : Device::cpu();
+    const Device w2_dev = w.w2.device.type == DeviceType::kCuda ? dev : Device::cpu();
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13, "w13", {DType::kBF16}, {E, N1, H}, w13_dev));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2, "w2", {DType::kBF16}, {E, H, I}, w2_dev));
+    if (config_.routing.has_score_bias) {
+      const Device b_dev = w.score_bias.device.type == DeviceType::kCuda ? dev : Device::cpu();
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {E}, b_dev));
+    }
+    MOEKIT_RETURN_IF_ERROR(require_current_device());
+    prepared_ = false;
+
+    const size_t w13_bytes = w.w13.nbytes(), w2_bytes = w.w2.nbytes();
+    MOEKIT_RETURN_IF_ERROR(w13_.allocate(w13_bytes));
+    MOEKIT_RETURN_IF_ERROR(w2_.allocate(w2_bytes));
+    const uint16_t* w13_src = w.w13.ptr<const uint16_t>();
+    DeviceMemory staging;  // [E, N1, H] bf16: a host W13 on its way to the re-layout
+    if (w.w13.device.type == DeviceType::kCpu) {
+      MOEKIT_RETURN_IF_ERROR(staging.allocate(w13_bytes));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(staging.as<void>(), w.w13.data, w13_bytes, cudaMemcpyHostToDevice));
+      w13_src = staging.as<const uint16_t>();
+    }
+    MOEKIT_RETURN_IF_ERROR(relayout_w13(w13_src, w13_.as<uint16_t>(), E, N1, H, config_.activation.kind, I, nullptr));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(w2_.as<void>(), w.w2.data, w2_bytes, cudaMemcpyDefault));
+    if (config_.routing.has_score_bias) {
+      MOEKIT_RETURN_IF_ERROR(bias_.allocate(sizeof(float) * E));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(bias_.as<void>(), w.score_bias.data, sizeof(float) * E, cudaMemcpyDefault));
+    }
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // prepare only: the re-layout is done before we return
+    prepared_ = true;
+    return Status::Ok();
+  }
+
+ protected:
+  Status require_current_device() const {
+    int current = -1;
+    MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device_index_) {
+      return InvalidArgument(std::string(name()) + " lives on cuda:" + str(device_index_) +
+                             " but the current CUDA device is cuda:" + str(current));
+    }
+    return Status::Ok();
+  }
+
+  // Checks shared by both classes; returns M through `num_tokens`.
+  Status check_common(const MoeRunArgs& a, const Workspace& ws, int64_t* num_tokens) const {
+    if (!prepared_) return FailedPrecondition(std::string(name()) + ": run() before prepare_weights()");
+    const Device dev = device();
+    const int64_t H = shape_.hidden, E = shape_.num_experts;
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {DType::kBF16}, {-1, H}, dev));
+    const int64_t M = a.hidden.shape[0];
+    if (M > config_.max_num_tokens) {
+      return InvalidArgument("hidden: M = " + str(M) + " exceeds max_num_tokens = " + str(config_.max_num_tokens));
+    }
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.out, "out", {DType::kBF16}, {M, H}, dev));
+    if (a.expert_counts.defined()) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(a.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
+    }
+    const size_t need = workspace_size(M);
+    if (ws.bytes < need || (need > 0 && ws.data == nullptr)) {
+      return InvalidArgument(std::string(name()) + ": workspace of " + str(static_cast<int64_t>(ws.bytes)) +
+                             " bytes, needs " + str(static_cast<int64_t>(need)) + " for M = " + str(M));
+    }
+    if (reinterpret_cast<uintptr_t>(ws.data) % 256 != 0) {
+      return InvalidArgument(std::string(name()) + ": workspace must be 256-byte aligned");
+    }
+    MOEKIT_RETURN_IF_ERROR(require_current_device());
+    *num_tokens = M;
+    return Status::Ok();
+  }
+
+  ExpertsRun experts_run(const MoeRunArgs& a, const Workspace& ws, int64_t M) const {
+    ExpertsRun r;
+    r.num_tokens = M;
+    r.hidden = a.hidden.ptr<const uint16_t>();
+    r.w13 = w13_.as<const uint16_t>();
+    r.w2 = w2_.as<const uint16_t>();
+    r.out = a.out.ptr<uint16_t>();
+    r.expert_counts = a.expert_counts.defined() ? a.expert_counts.ptr<int32_t>() : nullptr;
+    r.workspace = static_cast<char*>(ws.data);
+    return r;
+  }
+
+  int device_index_;
+  ExpertsShape shape_;
+  DeviceMemory w13_;   // [E, N1, H] bf16, gate/up block-interleaved (weight_layout.h)
+  DeviceMemory w2_;    // [E, H, I] bf16
+  DeviceMemory bias_;  // [E] f32, deepseek_v3 e_score_correction_bias (monolithic routing), optional
+  bool prepared_ = false;
+};
+
+class Sm90Modular final : public Sm90Kernel {
+ public:
+  using Sm90Kernel::Sm90Kernel;
+  const char* name() const override { return "Sm90Modular"; }
+  bool is_monolithic() const override { return false; }
+
+  Status run(const MoeRunArgs& a, Workspace ws, Stream stream) override {
+    int64_t M = 0;
+    MOEKIT_RETURN_IF_ERROR(check_common(a, ws, &M));
+    const Device dev = device();
+    const int64_t k = shape_.top_k;
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_ids, "topk_ids", {DType::kI32}, {M, k}, dev));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_weights, "topk_weights", {DType::kF32}, {M, k}, dev));
+    if (a.forced_ids.defined() || a.routing_replay_out.defined()) {
+      return InvalidArgument(
+          "Sm90Modular: forced_ids/routing_replay_out belong to the router of a modular kernel, not to run()");
+    }
+    ExpertsRun r = experts_run(a, ws, M);
+    r.topk_ids = a.topk_ids.ptr<const int32_t>();
+    r.topk_weights = a.topk_weights.ptr<const float>();
+    return run_experts(shape_, r, static_cast<cudaStream_t>(stream));
+  }
+};
+
+class Sm90Monolithic final : public Sm90Kernel {
+ public:
+  using Sm90Kernel::Sm90Kernel;
+  const char* name() const override { return "Sm90Monolithic"; }
+  bool is_monolithic() const override { return true; }
+  bool supports_routing_replay_capture() const override { return true; }
+
+  Status run(const MoeRunArgs& a, Workspace ws, Stream stream) override {
+    int64_t M = 0;
+    MOEKIT_RETURN_IF_ERROR(check_common(a, ws, &M));
+    const Device dev = device();
+    const int64_t k = shape_.top_k, E = shape_.num_experts;
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_logits, "router_logits", {config_.logits_dtype}, {M, E}, dev));
+    if (a.forced_ids.defined()) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(a.forced_ids, "forced_ids", {DType::kI32}, {M, k}, dev));
+    }
+    if (a.routing_replay_out.defined()) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(a.routing_replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, dev));
+      if (a.routing_replay_out.shape[0] < M) {
+        return InvalidArgument("routing_replay_out: needs at least M = " + str(M) + " rows, got " +
+                               a.routing_replay_out.shape_string());
+      }
+    }
+    if (a.topk_ids.defined() || a.topk_weights.defined()) {
+      return InvalidArgument("Sm90Monolithic: routes inside; topk_ids/topk_weights must not be given");
+    }
+    const ExpertsWorkspaceLayout l = experts_workspace_layout(shape_, M);
+    char* base = static_cast<char*>(ws.data);
+    auto* ids = reinterpret_cast<int32_t*>(base + l.topk_ids);         // [M, k] i32
+    auto* weights = reinterpret_cast<float*>(base + l.topk_weights);  // [M, k] f32
+    const auto s = static_cast<cudaStream_t>(stream);
+
+    RoutingLaunch rl;
+    rl.config = config_.routing;
+    rl.num_tokens = M;
+    rl.num_experts = E;
+    rl.logits = a.router_logits.data;
+    rl.logits_bf16 = a.router_logits.dtype == DType::kBF16;
+    rl.score_bias = config_.routing.has_score_bias ? bias_.as<const float>() : nullptr;
+    rl.forced_ids = a.forced_ids.defined() ? a.forced_ids.ptr<const int32_t>() : nullptr;
+    rl.topk_ids = ids;
+    rl.topk_weights = weights;
+    rl.replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
+    rl.expert_counts = nullptr;  // counted by the align stage
+    MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
+
+    ExpertsRun r = experts_run(a, ws, M);
+    r.topk_ids = ids;
+    r.topk_weights = weights;
+    return run_experts(shape_, r, s);
+  }
+};
+
+template <typename Kernel>
+StatusOr<std::unique_ptr<MoeKernel>> create(const MoeConfig& config, const Platform& platform, bool monolithic) {
+  const Support s = sm90_supports(config, platform, monolithic);
+  if (!s.ok) return Unsupported(s.reason);
+  int current = -1;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
+  bool sm90 = false;
+  for (const CudaDeviceInfo& d : platform.cuda_devices) sm90 |= d.index == current && d.cc_major == 9 && d.cc_minor == 0;
+  if (!sm90) return Unsupported("the current CUDA device cuda:" + str(current) + " is not an sm_90 device");
+  return std::unique_ptr<MoeKernel>(new Kernel(config, current));
+}
+
+}  // namespace
+
+Support sm90_modular_supports(const MoeConfig& config, const Platform& platform) {
+  return sm90_supports(config, platform, false);
+}
+Support sm90_monolithic_supports(const MoeConfig& config, const Platform& platform) {
+  return sm90_supports(config, platform, true);
+}
+StatusOr<std::unique_ptr<MoeKernel>> create_sm90_modular(const MoeConfig& config, const Platform& platform) {
+  return create<Sm90Modular>(config, platform, false);
+}
+StatusOr<std::unique_ptr<MoeKernel>> create_sm90_monolithic(const MoeConfig& config, const Platform& platform) {
+  return create<Sm90Monolithic>(config, platform, true);
+}
+
+Backend sm90_backend() {
+  Backend b;
+  b.name = kSm90BackendName;
+  b.candidates.push_back(KernelClass{"Sm90Monolithic", true, &sm90_monolithic_supports, &create_sm90_monolithic});
+  b.candidates.push_back(KernelClass{"Sm90Modular", false, &sm90_modular_supports, &create_sm90_modular});
+  return b;
+}
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

@@ -1,0 +1,55 @@
+// Routing on a CUDA device: the spec of docs/routing.md (same ids, same order,
+// same tie rule as route_cpu for the same fp32 scores), enqueued on a stream.
+//
+// route_cuda() validates the views and launches; launch_routing() is the raw
+// launcher that kernels routing inside (Sm90Monolithic) call on pointers they
+// have validated already.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "moekit/config.h"
+#include "moekit/routing.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// Most selected experts per token the device router handles (one warp lane per slot).
+inline constexpr int kMaxDeviceTopk = 32;
+
+// One routing launch on validated device pointers.
+struct RoutingLaunch {
+  RoutingConfig config;              // method, top_k, deepseek_v3 parameters
+  int64_t num_tokens = 0;            // M (0 is allowed: nothing is launched but the counts memset)
+  int64_t num_experts = 0;           // E
+  const void* logits = nullptr;      // [M, E] f32 | bf16 bits, row-major
+  bool logits_bf16 = false;
+  const float* score_bias = nullptr;     // [E] f32, optional (deepseek_v3)
+  const int32_t* forced_ids = nullptr;   // [M, k] i32, optional: replay
+  int32_t* topk_ids = nullptr;           // [M, k] i32, written
+  float* topk_weights = nullptr;         // [M, k] f32, written
+  int16_t* replay_out = nullptr;         // [>= M, k] i16, optional: rows [0, M) written
+  int32_t* expert_counts = nullptr;      // [E] i32, optional: overwritten
+};
+
+// ok, or why the device router cannot serve this configuration.
+Status routing_supported(const RoutingConfig& config, int64_t num_experts);
+
+// Enqueues the routing kernel (and the counts reset) on `stream`. No allocation,
+// no host synchronization.
+Status launch_routing(const RoutingLaunch& launch, cudaStream_t stream);
+
+// The public contract of route_cpu on device views: validates every argument
+// (shapes, dtypes, devices) first, then enqueues on `stream`. Content that only
+// the device can see follows the device rule of docs/routing.md: a row with a
+// non-finite logit, or forced ids out of range or repeated, gets NaN weights
+// (so its layer output is NaN, never a plausible number).
+Status route_cuda(const RoutingConfig& config, const RoutingArgs& args, cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA
