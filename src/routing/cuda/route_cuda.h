@@ -45,9 +45,10 @@ Status launch_routing(const RoutingLaunch& launch, cudaStream_t stream);
 
 // The public contract of route_cpu on device views: validates every argument
 // (shapes, dtypes, devices) first, then enqueues on `stream`. Content that only
-// the device can see follows the device rule of docs/routing.md: a row with a
-// non-finite logit, or forced ids out of range or repeated, gets NaN weights
-// (so its layer output is NaN, never a plausible number).
+// the device can see follows the device rule of docs/routing.md §7: a row with
+// a non-finite logit or biased score gets id -1 and a NaN weight in every slot
+// (its layer output is NaN, its capture the sentinel, its counts nothing). Rows
+// whose forced ids are out of range or repeated are treated the same way.
 Status route_cuda(const RoutingConfig& config, const RoutingArgs& args, cudaStream_t stream);
 
 }  // namespace moekit::cuda

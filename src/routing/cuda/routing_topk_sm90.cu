@@ -60,9 +60,8 @@ __device__ inline float load_logit(const void* logits, bool bf16, int64_t i) {
 // Spec: sigmoid(x) = 1 / (1 + exp(-x)) in fp32.
 __device__ inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// NOTE: the device rule for bad logits (docs/routing.md): a NaN key sorts below
-// every number so the order stays total and the ids stay distinct; the row's
-// weights are then made NaN by the caller.
+// A NaN key sorts below every number so the warp's order stays total; the
+// row is marked bad anyway (docs/routing.md §7) and gets no ids.
 __device__ inline float order_key(float v) { return isnan(v) ? -INFINITY : v; }
 
 // k rounds of warp arg-max over key[0, n) (optionally only where kept[i / per_group]).
@@ -247,15 +246,17 @@ __global__ void routing_kernel(KernelParams p) {
       case RoutingMethod::kCustom:
         break;  // rejected on the host
     }
+    // NOTE: the device rule of docs/routing.md §7: a bad row gets id -1 and a
+    // NaN weight in every slot, so its output is NaN and its capture the sentinel.
     for (int j = 0; j < k; ++j) {
-      p.topk_ids[row * k + j] = sel[j];
+      p.topk_ids[row * k + j] = bad ? -1 : sel[j];
       p.topk_weights[row * k + j] = bad ? NAN : w[j];
     }
   }
   if (lane < k) {
-    const int id = sel[lane];
+    const int id = bad ? -1 : sel[lane];
     if (p.replay_out != nullptr) p.replay_out[row * k + lane] = static_cast<int16_t>(id);
-    if (p.expert_counts != nullptr && id >= 0 && id < E) atomicAdd(&p.expert_counts[id], 1);  // integer: order-free
+    if (p.expert_counts != nullptr && id >= 0) atomicAdd(&p.expert_counts[id], 1);  // integer: order-free
   }
 }
 
