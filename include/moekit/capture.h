@@ -67,6 +67,9 @@ struct RequestCapture {
 struct CaptureSet {
   CaptureInfo info;
   std::vector<RequestCapture> requests;  // in the order requests were added
+  // More "__metadata__" entries, kept as given (e.g. how the capture was made);
+  // keys must differ from the format's own keys (docs/capture.md).
+  std::map<std::string, std::string> extra_metadata;
   const RequestCapture* find(const std::string& request) const;
 };
 

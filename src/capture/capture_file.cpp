@@ -17,6 +17,12 @@ constexpr int64_t kMaxU8Experts = 256;
 
 using Json = nlohmann::json;
 
+// The "__metadata__" keys the format defines; any other key is extra metadata.
+const std::set<std::string> kFormatKeys = {"format",       "format_version", "routing_spec_version", "routing",
+                                           "num_experts",  "top_k",          "num_moe_layers",       "model_layers",
+                                           "id_space",     "id_order",       "id_dtype",             "layout",
+                                           "requests"};
+
 std::string tensor_name(size_t i) { return "routed_experts." + std::to_string(i); }
 
 DType stored_dtype(int64_t num_experts) { return num_experts <= kMaxU8Experts ? DType::kU8 : DType::kI16; }
@@ -128,7 +134,7 @@ Status write_capture_file(const std::string& path, const CaptureSet& captures) {
                         {"first_token", r.first_token},
                         {"num_tokens", r.num_tokens()}});
   }
-  const std::map<std::string, std::string> meta = {
+  std::map<std::string, std::string> meta = {
       {"format", kFormatName},
       {"format_version", std::to_string(info.format_version)},
       {"routing_spec_version", std::to_string(info.routing_spec_version)},
@@ -143,6 +149,11 @@ Status write_capture_file(const std::string& path, const CaptureSet& captures) {
       {"layout", "[num_tokens, num_moe_layers, top_k]"},
       {"requests", requests.dump()},
   };
+  for (const auto& [key, value] : captures.extra_metadata) {
+    if (!meta.emplace(key, value).second) {
+      return InvalidArgument("write_capture_file: extra metadata key \"" + key + "\" is one of the format's own keys");
+    }
+  }
   return io::write_safetensors(path, tensors, meta);
 }
 
@@ -178,6 +189,10 @@ StatusOr<CaptureSet> read_capture_file(const std::string& path) {
   for (const Json& l : layers) {
     if (!l.is_number_integer()) return DataLoss(path + ": model_layers must be a JSON array of integers");
     info.model_layers.push_back(l.get<int>());
+  }
+  MOEKIT_ASSIGN_OR_RETURN(Json num_layers, parse_value(meta, "num_moe_layers", path));
+  if (!num_layers.is_number_integer() || num_layers.get<int64_t>() != info.num_moe_layers()) {
+    return DataLoss(path + ": num_moe_layers (" + meta.at("num_moe_layers") + ") disagrees with model_layers");
   }
   MOEKIT_ASSIGN_OR_RETURN(info.id_space, string_value(meta, "id_space", path));
   MOEKIT_ASSIGN_OR_RETURN(info.id_order, string_value(meta, "id_order", path));
@@ -216,6 +231,9 @@ StatusOr<CaptureSet> read_capture_file(const std::string& path) {
       }
     }
     set.requests.push_back(std::move(r));
+  }
+  for (const auto& [key, value] : meta) {
+    if (!kFormatKeys.count(key)) set.extra_metadata.emplace(key, value);
   }
   return set;
 }

@@ -98,6 +98,19 @@ TEST_P(CaptureFileRoundTrip, WriteThenReadGivesTheSameCapture) {
 
 INSTANTIATE_TEST_SUITE_P(ExpertCounts, CaptureFileRoundTrip, ::testing::Values(8, 256, 257, 384));
 
+TEST(CaptureFile, ExtraMetadataRoundTripsAndCannotShadowTheFormat) {
+  CaptureSet set = random_capture(16, 2, 1, 26);
+  set.extra_metadata["made_by"] = R"({"tool":"test","seed":26})";
+  const std::string path = temp_path("extra.safetensors");
+  ASSERT_TRUE(write_capture_file(path, set).ok());
+  auto back = read_capture_file(path);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->extra_metadata, set.extra_metadata);
+  std::remove(path.c_str());
+  set.extra_metadata["top_k"] = "3";
+  EXPECT_NE(write_capture_file(path, set).message().find("format's own keys"), std::string::npos);
+}
+
 TEST(CaptureFile, RoutingParametersRoundTrip) {
   CaptureSet set = random_capture(64, 6, 2, 22);
   set.info.routing.method = RoutingMethod::kDeepseekV3;
