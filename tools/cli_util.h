@@ -1,0 +1,44 @@
+// Helpers shared by the subcommands: exit codes, error reporting, and the
+// routing flags every command that routes accepts.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::tools {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInternal = 1;  // a bug or a device error
+inline constexpr int kExitBadInput = 2;  // bad flags, files, shapes or values
+
+// Prints "moekit <command>: error: <Status>" to stderr and returns the exit code
+// for it (kExitInternal for kInternal, kExitBadInput otherwise).
+int report_error(std::string_view command, const Status& status);
+
+// Ends a subcommand's callback with `code` (0: nothing is thrown).
+void finish(int code);
+
+// --method, --top-k, --num-groups, --topk-groups, --scaling.
+struct RoutingFlags {
+  std::string method = "softmax_topk";
+  int top_k = 0;  // 0: required flag not given (checked by CLI11)
+  int num_groups = 1;
+  int topk_groups = 1;
+  float scaling = 1.0f;
+  // The deepseek_v3-only options, to refuse them with another method.
+  std::vector<CLI::Option*> deepseek_only;
+};
+// `top_k_required`: the flag must be given (route) or has a default (run).
+void add_routing_flags(CLI::App* cmd, RoutingFlags* flags, bool top_k_required);
+// The RoutingConfig the flags describe, validated against num_experts.
+StatusOr<RoutingConfig> routing_config_from(const RoutingFlags& flags, int64_t num_experts, bool has_bias);
+
+// "softmax_topk|renormalize|..." for help texts.
+std::string routing_method_list();
+
+}  // namespace moekit::tools

@@ -1,0 +1,184 @@
+// `moekit run`: the main job. Builds a small synthetic MoE model from a seed,
+// serves a batch of requests through it on the CPU backend the way an engine
+// batches them, and prints what happened: config, platform, kernel chosen,
+// tokens/s and the expert load of every layer.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cblas.h>
+
+#include "batch_schedule.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "model_forward.h"
+#include "moekit/oracle.h"
+#include "moekit/platform.h"
+#include "synthetic_model.h"
+
+namespace moekit::tools {
+namespace {
+
+struct RunOptions {
+  SyntheticModelSpec spec;
+  int num_requests = 8;
+  int64_t prompt_tokens = 1024;  // all prompts together
+  int64_t decode_tokens = 16;    // per request
+  int threads = 0;               // 0: every hardware thread
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+Status check_options(const RunOptions& o) {
+  const SyntheticModelSpec& s = o.spec;
+  if (s.num_layers < 1) return InvalidArgument("--layers must be >= 1, got " + std::to_string(s.num_layers));
+  if (o.num_requests < 1) return InvalidArgument("--requests must be >= 1");
+  if (o.prompt_tokens < o.num_requests) {
+    return InvalidArgument("--tokens (" + std::to_string(o.prompt_tokens) + ") must be >= --requests (" +
+                           std::to_string(o.num_requests) + "): every prompt has at least one token");
+  }
+  if (o.decode_tokens < 0) return InvalidArgument("--decode must be >= 0");
+  if (o.threads < 0) return InvalidArgument("--threads must be >= 0");
+  MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
+  // bf16 checkpoint + the kernels' f32 copies, all layers resident.
+  const double bytes = static_cast<double>(s.num_layers) * static_cast<double>(s.num_experts) * 3.0 *
+                       static_cast<double>(s.hidden) * static_cast<double>(s.intermediate) * (2.0 + 4.0);
+  const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (phys > 0 && bytes > 0.8 * phys) {
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "the model needs about %.1f GiB of weights, this machine has %.1f GiB",
+                  bytes / (1 << 30), phys / (1 << 30));
+    return ResourceExhausted(msg);
+  }
+  return Status::Ok();
+}
+
+// " .:-=+*#%@" by share of the busiest expert; at most 64 columns (experts
+// averaged in equal buckets when E > 64).
+std::string load_bar(const std::vector<int64_t>& tokens) {
+  static const char kLevels[] = " .:-=+*#%@";
+  const size_t E = tokens.size();
+  const size_t cols = std::min<size_t>(E, 64);
+  std::vector<double> v(cols, 0.0);
+  for (size_t e = 0; e < E; ++e) v[e * cols / E] += static_cast<double>(tokens[e]);
+  const double top = *std::max_element(v.begin(), v.end());
+  std::string s;
+  for (double x : v) s += kLevels[top > 0 ? static_cast<int>(x / top * 9.0 + 0.5) : 0];
+  return s;
+}
+
+void print_load(const std::vector<LayerStats>& loads) {
+  std::printf("expert load per layer (token-slots per expert; bar: share of the busiest, one column per %s)\n",
+              loads[0].expert_tokens.size() > 64 ? "group of experts" : "expert");
+  for (size_t l = 0; l < loads.size(); ++l) {
+    const auto& t = loads[l].expert_tokens;
+    const auto [mn, mx] = std::minmax_element(t.begin(), t.end());
+    double sum = 0;
+    for (int64_t x : t) sum += static_cast<double>(x);
+    const double mean = sum / static_cast<double>(t.size());
+    std::printf("  layer %zu: min %5" PRId64 "  max %5" PRId64 "  mean %7.1f  max/mean %4.2f  |%s|\n", l, *mn, *mx,
+                mean, mean > 0 ? static_cast<double>(*mx) / mean : 0.0, load_bar(t).c_str());
+  }
+}
+
+// FNV-1a over bytes: a digest of the outputs, to compare runs.
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+Status run_run(const RunOptions& o) {
+  MOEKIT_RETURN_IF_ERROR(check_options(o));
+  if (o.threads > 0) {
+    // Before the first parallel_for creates its pool.
+    setenv("MOEKIT_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
+    openblas_set_num_threads(o.threads);
+  }
+  const SyntheticModelSpec& spec = o.spec;
+  // The CPU backend, forced: this run keeps its activations in host memory.
+  const MoeConfig config = synthetic_config(spec, "cpu");
+  const Platform& platform = Platform::probe();
+  MOEKIT_ASSIGN_OR_RETURN(const Resolution resolution, select_backend(config, platform));
+
+  const std::vector<Request> requests = make_requests(o.num_requests, o.prompt_tokens, o.decode_tokens, spec.seed);
+  const std::vector<Step> steps = schedule(requests, spec.max_num_tokens);
+  int64_t total_tokens = 0;
+  for (const Step& s : steps) total_tokens += s.num_tokens;
+
+  std::printf("moekit run: synthetic MoE model, seed %" PRIu64 "\n", spec.seed);
+  std::printf("config:   %d MoE layers, %s\n", spec.num_layers, config.to_string().c_str());
+  std::printf("platform: %s\n", platform.to_string().c_str());
+  std::printf("backend:  %s, kernel %s (%s)\n%s", resolution.backend.c_str(), resolution.kernel.name.c_str(),
+              resolution.kernel.monolithic ? "monolithic" : "modular", format_report(resolution.report).c_str());
+  std::printf("batch:    %d requests, prompts of", o.num_requests);
+  for (const Request& r : requests) std::printf(" %" PRId64, r.prompt_tokens);
+  std::printf(" tokens, %" PRId64 " decode tokens each; %zu steps of <= %" PRId64 " tokens, %" PRId64 " tokens\n",
+              o.decode_tokens, steps.size(), spec.max_num_tokens, total_tokens);
+  std::fflush(stdout);
+
+  const auto t_build = Clock::now();
+  MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(spec, config, platform));
+  std::printf("weights:  %d layers built and prepared in %.2f s\n", spec.num_layers, seconds_since(t_build));
+  std::fflush(stdout);
+
+  StepBuffers buffers(config);
+  std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
+                                LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});
+  uint64_t digest = 0xcbf29ce484222325ull;
+  const auto t_run = Clock::now();
+  for (const Step& step : steps) {
+    MOEKIT_RETURN_IF_ERROR(forward_step(spec, model, step, buffers, stats));
+    digest = fnv1a(digest, buffers.out.data<uint16_t>(), static_cast<size_t>(step.num_tokens * spec.hidden) * 2);
+  }
+  const double run_s = seconds_since(t_run);
+  double moe_s = 0;
+  for (const LayerStats& l : stats) moe_s += l.seconds;
+  // Expert GEMM flops: per token and layer, k experts x (H x 2I + I x H) MACs.
+  const double flops = 2.0 * static_cast<double>(total_tokens) * spec.num_layers * spec.top_k * 3.0 *
+                       static_cast<double>(spec.hidden) * static_cast<double>(spec.intermediate);
+  std::printf("run:      %" PRId64 " tokens x %d layers in %.3f s: %.1f tokens/s (MoE layers %.3f s, %.1f GFLOP/s)\n",
+              total_tokens, spec.num_layers, run_s, static_cast<double>(total_tokens) / run_s, moe_s,
+              flops / moe_s * 1e-9);
+  print_load(stats);
+  std::printf("output digest: %016" PRIx64 " (FNV-1a of the last layer's bf16 outputs)\n", digest);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Serve a batch of requests through a seeded synthetic MoE model on the CPU backend and report");
+  SyntheticModelSpec& s = o->spec;
+  cmd->add_option("--layers", s.num_layers, "MoE layers")->capture_default_str();
+  cmd->add_option("--experts", s.num_experts, "experts per layer (E)")->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "experts per token (k)")->capture_default_str();
+  cmd->add_option("--hidden", s.hidden, "hidden size (H)")->capture_default_str();
+  cmd->add_option("--intermediate", s.intermediate, "expert intermediate size (I)")->capture_default_str();
+  cmd->add_option("--num-groups", s.num_groups, "deepseek_v3 expert groups")->capture_default_str();
+  cmd->add_option("--topk-groups", s.topk_groups, "deepseek_v3 groups kept per token")->capture_default_str();
+  cmd->add_option("--scaling", s.routed_scaling_factor, "deepseek_v3 routed scaling factor")->capture_default_str();
+  cmd->add_option("--tokens", o->prompt_tokens, "prompt tokens of all requests together")->capture_default_str();
+  cmd->add_option("--requests", o->num_requests, "requests in the batch")->capture_default_str();
+  cmd->add_option("--decode", o->decode_tokens, "tokens generated per request")->capture_default_str();
+  cmd->add_option("--max-batch-tokens", s.max_num_tokens, "token budget of one step (max_num_tokens)")
+      ->capture_default_str();
+  cmd->add_option("--seed", s.seed, "seed of weights, embeddings and prompt lengths")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->callback([o] {
+    const Status st = run_run(*o);
+    finish(st.ok() ? kExitOk : report_error("run", st));
+  });
+}
+
+}  // namespace moekit::tools

@@ -1,0 +1,38 @@
+// The forward loop of `moekit run`: one engine step (a batch of rows from
+// several requests) through every MoE layer of the synthetic model, with the
+// per-layer statistics the report prints.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "batch_schedule.h"
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+#include "synthetic_model.h"
+
+namespace moekit::tools {
+
+// Host buffers of one step, sized for max_num_tokens rows, reused by every layer.
+struct StepBuffers {
+  explicit StepBuffers(const MoeConfig& config);
+  std::vector<float> h;  // [Mmax, H] f32 residual stream
+  HostTensor x;          // [Mmax, H] bf16 layer input: rmsnorm(h)
+  HostTensor logits;     // [Mmax, E] f32 router logits
+  HostTensor out;        // [Mmax, H] bf16 layer output
+  HostTensor counts;     // [E] i32 tokens per expert of the last layer forward
+};
+
+// What the run measured, per MoE layer.
+struct LayerStats {
+  std::vector<int64_t> expert_tokens;  // [E] token-slots routed to each expert, summed over steps
+  double seconds = 0.0;                // time in MoeLayer::forward (routing + experts)
+};
+
+// Runs `step` through the model: embeds its tokens, then for each layer
+// x = rmsnorm(h), logits = x . gate^T, h += moe(x). Leaves the last layer's
+// output in buffers.out[:M].
+Status forward_step(const SyntheticModelSpec& spec, SyntheticModel& model, const Step& step, StepBuffers& buffers,
+                    std::vector<LayerStats>& stats);
+
+}  // namespace moekit::tools
