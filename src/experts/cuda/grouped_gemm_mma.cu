@@ -17,6 +17,7 @@
 #include "core/cuda_check.h"
 #include "experts/cuda/activation.cuh"
 #include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/grouped_gemm_sm90.h"
 
 namespace moekit::cuda {
 
@@ -204,7 +205,8 @@ Support grouped_gemm_supports(const GroupedGemmProblem& pr) {
 }
 
 size_t grouped_gemm_workspace_size(const GroupedGemmProblem& pr) {
-  return sizeof(int32_t) * static_cast<size_t>(pr.num_groups + 1);  // tile_prefix
+  // tile_prefix, or what the Hopper path the table may pick needs.
+  return std::max(sizeof(int32_t) * static_cast<size_t>(pr.num_groups + 1), sm90_gemm_workspace_size(pr));
 }
 
 Status grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, cudaStream_t stream) {
@@ -215,6 +217,9 @@ Status grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, c
     return InvalidArgument("grouped GEMM: a required pointer is null in " + pr.to_string());
   }
   if (pr.max_rows == 0) return Status::Ok();
+  // The Hopper paths (grouped_gemm_sm90.h) serve every problem their table picks them for.
+  const Sm90GemmChoice choice = choose_sm90_gemm(pr);
+  if (choice.path != Sm90GemmPath::kReference) return run_sm90_gemm(choice, pr, args, stream);
   auto* tile_prefix = static_cast<int32_t*>(args.workspace);
   tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(args.group_rows, static_cast<int>(pr.num_groups), tile_prefix);
   MOEKIT_CUDA_CHECK_LAUNCH("tile_prefix_kernel");

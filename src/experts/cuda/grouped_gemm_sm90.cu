@@ -1,0 +1,139 @@
+// The tile table of the Hopper grouped GEMM paths (grouped_gemm_sm90.h).
+#include "experts/cuda/grouped_gemm_sm90.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "experts/cuda/moe_decode_sm90.h"
+#if MOEKIT_HAVE_CUTLASS
+#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#endif
+
+namespace moekit::cuda {
+namespace {
+
+// Rows per expert up to which streaming the weights wins: beyond it the
+// problem turns from reading weights to multiplying, where the CUTLASS
+// warp-specialized kernel is faster (bench/NOTES.md has the measurements).
+constexpr int64_t kStreamingMaxRowsPerGroup = 80;
+
+enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
+
+Forced forced_path() {
+  static const Forced forced = [] {
+    const char* v = std::getenv("MOEKIT_SM90_GEMM");
+    if (v == nullptr) return Forced::kAuto;
+    if (std::strcmp(v, "reference") == 0) return Forced::kReference;
+    if (std::strcmp(v, "streaming") == 0) return Forced::kStreaming;
+    if (std::strcmp(v, "cutlass") == 0) return Forced::kCutlass;
+    return Forced::kAuto;
+  }();
+  return forced;
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return 132;  // the device is unreadable: any count only changes speed here
+  }
+  return sms;
+}
+
+Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
+  // 128-row slabs unless N needs 64, or 128-row slabs would leave SMs idle.
+  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
+  const bool wide_ok = sm90::streaming_gemm_supports(pr, 128).ok;
+  const bool few_slabs = groups * (pr.n / 128) < 2 * sm_count();
+  const int slab = wide_ok && !few_slabs ? 128 : 64;
+  const Support s = sm90::streaming_gemm_supports(pr, slab);
+  Sm90GemmChoice c;
+  if (!s.ok) {
+    *why_not = s.reason;
+    return c;
+  }
+  c.path = Sm90GemmPath::kStreaming;
+  c.slab_rows = slab;
+  c.token_tile = slab == 128 ? 128 : 64;
+  return c;
+}
+
+}  // namespace
+
+const char* sm90_gemm_path_name(Sm90GemmPath p) {
+  switch (p) {
+    case Sm90GemmPath::kReference: return "reference";
+    case Sm90GemmPath::kStreaming: return "streaming";
+    case Sm90GemmPath::kCutlass: return "cutlass";
+  }
+  return "?";
+}
+
+std::string Sm90GemmChoice::to_string() const {
+  std::ostringstream os;
+  os << "Sm90Gemm{" << sm90_gemm_path_name(path);
+  if (path == Sm90GemmPath::kStreaming) os << ", slab_rows=" << slab_rows << ", token_tile=" << token_tile;
+  if (!reason.empty()) os << ", " << reason;
+  os << "}";
+  return os.str();
+}
+
+Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
+  const Forced forced = forced_path();
+  if (forced == Forced::kReference) return {Sm90GemmPath::kReference, 0, 0, "forced by MOEKIT_SM90_GEMM"};
+  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
+  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  std::string why_streaming, why_cutlass = "CUTLASS headers were not found at build time";
+  const bool want_streaming =
+      forced == Forced::kStreaming || (forced == Forced::kAuto && rows_per_group <= kStreamingMaxRowsPerGroup);
+  if (want_streaming) {
+    Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
+    if (c.path == Sm90GemmPath::kStreaming) {
+      c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
+      return c;
+    }
+  }
+#if MOEKIT_HAVE_CUTLASS
+  {
+    const Support s = cutlass_grouped_gemm_supports(pr);
+    if (s.ok) return {Sm90GemmPath::kCutlass, 0, 0, "~" + std::to_string(rows_per_group) + " rows per group"};
+    why_cutlass = s.reason;
+  }
+#endif
+  if (!want_streaming) {  // a large problem the CUTLASS path could not take: streaming is still faster than reference
+    Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
+    if (c.path == Sm90GemmPath::kStreaming) {
+      c.reason = "CUTLASS path unavailable (" + why_cutlass + ")";
+      return c;
+    }
+  }
+  return {Sm90GemmPath::kReference, 0, 0, "streaming: " + why_streaming + "; cutlass: " + why_cutlass};
+}
+
+size_t sm90_gemm_workspace_size(const GroupedGemmProblem& pr) {
+#if MOEKIT_HAVE_CUTLASS
+  // Sized for the CUTLASS path whenever it could be chosen at run time.
+  if (cutlass_grouped_gemm_supports(pr).ok) return cutlass_grouped_gemm_workspace_size(pr);
+#endif
+  return 0;
+}
+
+Status run_sm90_gemm(const Sm90GemmChoice& choice, const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
+                     cudaStream_t stream) {
+  switch (choice.path) {
+    case Sm90GemmPath::kStreaming:
+      return sm90::streaming_gemm(pr, args, choice.slab_rows, choice.token_tile, stream);
+    case Sm90GemmPath::kCutlass:
+#if MOEKIT_HAVE_CUTLASS
+      return cutlass_grouped_gemm(pr, args, stream);
+#else
+      return Unsupported("grouped GEMM: this build has no CUTLASS path");
+#endif
+    case Sm90GemmPath::kReference:
+      return InvalidArgument("run_sm90_gemm: the reference path runs in grouped_gemm()");
+  }
+  return Internal("run_sm90_gemm: unknown path");
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,50 @@
+// The Hopper paths behind grouped_gemm.h, and the table that picks one per
+// problem. grouped_gemm() asks choose_sm90_gemm() first and runs the reference
+// kernel only when the answer is kReference.
+//
+//   kStreaming  decode-size groups: each expert's weights streamed once over many
+//               CTAs (moe_decode_sm90.cuh), gather and activation fused
+//   kCutlass    prefill-size groups: CUTLASS sm90 warp-specialized grouped GEMM
+//               (grouped_gemm_cutlass_sm90.cuh), built when the CUTLASS headers are found
+//   kReference  the reference tiled kernel (grouped_gemm_mma.cu)
+//
+// The environment variable MOEKIT_SM90_GEMM=reference|streaming|cutlass forces a
+// path where it can serve the problem (benchmarks and tests compare paths).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "experts/cuda/grouped_gemm.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+enum class Sm90GemmPath : uint8_t { kReference, kStreaming, kCutlass };
+const char* sm90_gemm_path_name(Sm90GemmPath p);
+
+// What the table chose for one problem. Plain and printable.
+struct Sm90GemmChoice {
+  Sm90GemmPath path = Sm90GemmPath::kReference;
+  int slab_rows = 0;     // kStreaming: weight rows per CTA (64 | 128)
+  int token_tile = 0;    // kStreaming: token rows per pass over a slab
+  std::string reason;    // why this path (the table's rule, or why a faster path could not serve)
+  std::string to_string() const;
+};
+
+// The tile table. Rows per expert are estimated from max_rows / min(G, max_rows)
+// (max_rows bounds the routed rows M·k); the estimate only picks a speed, every
+// path is correct for any distribution of rows over groups.
+Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& problem);
+
+// Scratch the chosen path needs (0 for kStreaming and kReference).
+size_t sm90_gemm_workspace_size(const GroupedGemmProblem& problem);
+
+// Runs a choice whose path is not kReference.
+Status run_sm90_gemm(const Sm90GemmChoice& choice, const GroupedGemmProblem& problem, const GroupedGemmArgs& args,
+                     cudaStream_t stream);
+
+}  // namespace moekit::cuda

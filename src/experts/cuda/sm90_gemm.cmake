@@ -1,0 +1,17 @@
+# The Hopper grouped GEMM paths behind grouped_gemm.h (grouped_gemm_sm90.h):
+# the weight-streaming kernel always, the CUTLASS kernels when the CUTLASS
+# headers were found (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
+if(MOEKIT_WITH_CUDA)
+  target_sources(moekit PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
+    ${CMAKE_CURRENT_LIST_DIR}/moe_decode_sm90.cu
+  )
+  option(MOEKIT_CUTLASS_KERNELS "Build the CUTLASS grouped GEMM kernels (slow to compile)" ON)
+  set(MOEKIT_CUTLASS_SOURCES "")  # one instantiation per file, so they compile in parallel
+  if(MOEKIT_CUTLASS_INCLUDE AND MOEKIT_CUTLASS_KERNELS AND MOEKIT_CUTLASS_SOURCES)
+    target_sources(moekit PRIVATE ${MOEKIT_CUTLASS_SOURCES})
+    target_include_directories(moekit SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${MOEKIT_CUTLASS_SOURCES}
+                                PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
+  endif()
+endif()
