@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# moekit on a CUDA machine, from a fresh checkout: configure Release against the
+# vendored dependencies (.deps, made by scripts/vendor_deps.sh), build with all
+# cores, run the gpu-labelled tests (again with the reference grouped GEMM
+# forced), run compute-sanitizer memcheck/racecheck/initcheck on a small
+# subset, and print a one-screen summary last.
+#
+#   scripts/gpu_check.sh                  # build dir build-gpu, logs in build-gpu/gpu_check
+#   BUILD_DIR=/tmp/b LOG_DIR=/tmp/logs scripts/gpu_check.sh
+#
+# Exit status 0 only when the build, every gpu test and every sanitizer run pass.
+set -u -o pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
+LOGS="${LOG_DIR:-$BUILD/gpu_check}"
+JOBS="$(nproc)"
+mkdir -p "$LOGS"
+declare -a SUMMARY=()
+FAILED=0
+note() { SUMMARY+=("$1"); }
+fail() { SUMMARY+=("FAIL  $1"); FAILED=1; }
+
+start=$(date +%s)
+gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+note "device   ${gpu:-none visible}; $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'no nvcc')"
+
+# ---- configure + build (-k 0: a target that fails to build is reported, the rest still run)
+t0=$(date +%s)
+if ! cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON \
+     -DMOEKIT_DEPS_DIR="$ROOT/.deps" >"$LOGS/configure.log" 2>&1; then
+  grep -E 'Error|error' -A3 "$LOGS/configure.log" | head -n 20
+  fail "configure (see $LOGS/configure.log)"
+  printf '\n==== moekit gpu_check summary ====\n'; printf '%s\n' "${SUMMARY[@]}"; echo "RESULT   FAIL"; exit 1
+fi
+# shellcheck disable=SC2086  # GPU_CHECK_TARGETS: optional space-separated targets (default: all)
+if ninja -C "$BUILD" -k 0 -j"$JOBS" ${GPU_CHECK_TARGETS:-} >"$LOGS/build.log" 2>&1; then
+  note "build    ok in $(( $(date +%s) - t0 ))s (-j$JOBS, Release, $(grep -c 'Building CUDA object' "$LOGS/build.log") CUDA objects)"
+else
+  fail "build    $(grep -c '^FAILED' "$LOGS/build.log") target(s) failed in $(( $(date +%s) - t0 ))s: $(grep '^FAILED' "$LOGS/build.log" | awk '{print $2}' | xargs -n1 basename | head -n 4 | paste -sd' ')"
+  grep -E ' error' "$LOGS/build.log" | sort -u | head -n 6 | cut -c1-200
+fi
+
+# ---- gpu tests (the table's default GEMM paths), then with the reference GEMM forced
+run_ctest() {  # label, name, log, extra env...
+  local LABEL="$1" name="$2" log="$3"; shift 3
+  ( cd "$BUILD" && env "$@" ctest -L "$LABEL" -V -j4 --timeout 600 ) >"$log" 2>&1
+  local rc=$?
+  local line; line="$(grep -E 'tests passed|tests failed' "$log" | tail -1)"
+  local skipped; skipped="$(grep -cE 'Test +#[0-9]+: .*(Skipped|Not Run)' "$log" || true)"
+  if [ $rc -eq 0 ]; then note "$name $line (ctest entries skipped: $skipped)"; else fail "$name $line"; fi
+  grep -E '^\s*[0-9]+/[0-9]+ Test' "$log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: /         /' | sed -E 's/ \.+/ /'
+}
+run_ctest gpu "gpu      " "$LOGS/ctest_gpu.log" MOEKIT_GPU_CHECK=1 >"$LOGS/ctest_gpu.lines"
+run_ctest gpu "gpu(ref) " "$LOGS/ctest_gpu_reference.log" MOEKIT_SM90_GEMM=reference >/dev/null
+run_ctest unit "unit     " "$LOGS/ctest_unit.log" >/dev/null
+cases="$(cd "$BUILD" && for t in tests/cuda/test_*_cuda; do "$t" --gtest_list_tests 2>/dev/null | grep -c '^  '; done | awk '{s+=$1} END {print s+0}')"
+passed="$(grep -hoE '\[  PASSED  \] [0-9]+' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
+skipped="$(grep -hoE '\[  SKIPPED \] [0-9]+ test' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
+note "         gtest cases in the gpu binaries: $cases; passed $passed, skipped $skipped (default GEMM paths)"
+for f in "$LOGS"/ctest_gpu*.log; do
+  grep -E '^\[  FAILED  \]' "$f" | sort -u | head -n 8 | sed "s|^|         $(basename "$f"): |"
+done
+
+# ---- compute-sanitizer on a small subset
+T="$BUILD/tests/cuda"
+san() {  # tool, label, binary, filter
+  local tool="$1" label="$2" bin="$3" filter="$4" log="$LOGS/sanitizer_${1}_${2}.log"
+  "$SANITIZER" --tool "$tool" --error-exitcode 97 "$T/$bin" --gtest_filter="$filter" >"$log" 2>&1
+  local rc=$?
+  local errs; errs="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+  local tests; tests="$(grep -E '^\[  PASSED  \]' "$log" | grep -o '[0-9]* test' | head -1)"
+  if [ $rc -eq 0 ]; then note "$(printf '%-9s %-9s %-26s' "$tool" ok "$label") ${errs:-no summary} (${tests:-0 test}s passed)"
+  else fail "$(printf '%-9s rc=%-6s %-26s' "$tool" "$rc" "$label") ${errs:-see $log}"; fi
+}
+SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+  /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)"
+if [ -n "$SANITIZER" ]; then
+  ROUTE='Sm90/CudaRoutingGrid.*/*_M1_E64_k2_f32_*:Sm90/CudaRoutingGrid.*/deepseek_v3_M513_E64_k8_bf16_g8_4_bias:CudaRouting.*'
+  LAYER='Sm90/CudaLayerGrid.*/M1_*:Sm90/CudaLayerGrid.*/M3_*:Sm90/CudaLayerGrid.*/M64_E128*:CudaLayer.InvalidIds*:CudaLayer.WorkspaceReuse*'
+  for tool in memcheck racecheck initcheck; do
+    san "$tool" routing test_routing_cuda "$ROUTE"
+    san "$tool" layer test_layer_cuda "$LAYER"
+    san "$tool" graph test_graph_cuda '*'
+  done
+  san memcheck capture test_capture_cuda '*/renormalize_*:*/deepseek_v3_*'
+else
+  fail "compute-sanitizer not found"
+fi
+
+printf '\n==== moekit gpu_check summary (%ss) ====\n' "$(( $(date +%s) - start ))"
+printf '%s\n' "${SUMMARY[@]}"
+echo "         per-test times:"; cat "$LOGS/ctest_gpu.lines" 2>/dev/null
+echo "         layer grid, Sm90Modular ‖out−ref‖/‖ref‖ (Sm90Monolithic is bitwise equal):"
+grep -ho '\[ layer .*' "$LOGS/ctest_gpu.log" 2>/dev/null | sed 's/^\[ layer    \] /         /' | head -n 12
+[ $FAILED -eq 0 ] && echo "RESULT   PASS" || echo "RESULT   FAIL"
+exit $FAILED
