@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <cblas.h>
-
 #include "batch_schedule.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -22,6 +20,9 @@
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
 #include "synthetic_model.h"
+
+// OpenBLAS's thread count (the CPU expert GEMMs run on its threads).
+extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace moekit::tools {
 namespace {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Fills .deps/ (git-ignored) with everything moekit's build needs besides a
+# compiler, CMake, ninja and CUDA, for a machine without a package registry
+# (the GPU machine). Run it on a Debian 12 machine with network, then carry
+# .deps/ along with the source tree. cmake/deps.cmake finds it there.
+#
+#   .deps/googletest/           GoogleTest sources (Debian's /usr/src/googletest)
+#   .deps/include/{CLI,nlohmann}  CLI11 and nlohmann-json headers
+#   .deps/openblas.tar.xz       Debian's OpenBLAS (pthread) + libgfortran/libquadmath,
+#                               unpacked by CMake into <build>/_deps/openblas
+#   .deps/cutlass/include/      CUTLASS/CuTe headers of PyPI nvidia-cutlass (pinned)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly DEPS=.deps
+readonly CUTLASS_VERSION=4.2.0.0
+readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
+
+# The header-only libraries and GoogleTest come from the Debian packages.
+missing=()
+[[ -f /usr/src/googletest/CMakeLists.txt ]] || missing+=(googletest)
+[[ -d /usr/include/CLI ]] || missing+=(libcli11-dev)
+[[ -d /usr/include/nlohmann ]] || missing+=(nlohmann-json3-dev)
+if ((${#missing[@]})); then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+rm -rf "$DEPS"
+mkdir -p "$DEPS/include" "$DEPS/cutlass"
+
+echo "vendor_deps: googletest, CLI11, nlohmann-json"
+cp -r /usr/src/googletest "$DEPS/googletest"
+cp -r /usr/include/CLI /usr/include/nlohmann "$DEPS/include/"
+
+echo "vendor_deps: OpenBLAS from ${OPENBLAS_DEBS[*]}"
+mkdir -p "$tmp/debs" "$tmp/root"
+chmod 777 "$tmp/debs"  # apt-get download drops privileges to _apt when it can
+(cd "$tmp/debs" && apt-get download "${OPENBLAS_DEBS[@]}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+for deb in "$tmp"/debs/*.deb; do dpkg -x "$deb" "$tmp/root"; done
+# Headers and shared libraries only: the static archive and LAPACK are not used.
+(cd "$tmp/root" && tar -cJf - \
+  usr/include/x86_64-linux-gnu/openblas-pthread \
+  usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so \
+  usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
+  usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r*.so \
+  usr/lib/x86_64-linux-gnu/libgfortran.so.5* \
+  usr/lib/x86_64-linux-gnu/libquadmath.so.0*) > "$DEPS/openblas.tar.xz"
+
+echo "vendor_deps: CUTLASS headers from nvidia-cutlass==$CUTLASS_VERSION"
+python3 -m pip download --quiet --no-deps --dest "$tmp/whl" "nvidia-cutlass==$CUTLASS_VERSION"
+# The wheel holds the headers under cutlass_library/source/include/{cutlass,cute}.
+python3 - "$tmp"/whl/nvidia_cutlass-*.whl "$DEPS/cutlass" <<'PY'
+import os, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+prefix = "cutlass_library/source/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix + "include/") and not name.endswith("/"):
+            out = os.path.join(dest, name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(name) as src, open(out, "wb") as dst:
+                dst.write(src.read())
+PY
+test -f "$DEPS/cutlass/include/cutlass/cutlass.h"
+test -f "$DEPS/cutlass/include/cute/tensor.hpp"
+
+du -sh "$DEPS"/*
+du -sh "$DEPS"
+echo "vendor_deps: done; carry .deps with the source tree (it is git-ignored)"
