@@ -1,5 +1,5 @@
 // The Hopper grouped GEMM paths (grouped_gemm_sm90.h) against an fp64 GEMM on
-// the host: the weight-streaming kernel with both slab sizes, and whatever the
+// the host: every instance of the weight-streaming kernel, and whatever the
 // tile table picks through grouped_gemm(), over gather on/off, every epilogue,
 // bf16/f32 output, empty groups, groups larger than one token tile, and rows
 // between groups that must stay untouched.
@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -49,7 +50,7 @@ double act_ref(Activation a, double g, double u) {
   return 0.0;
 }
 
-// path: 64 or 128 = streaming with that slab; 0 = grouped_gemm() (the table's choice).
+// path: 1 + a streaming variant's index; 0 = grouped_gemm() (the table's choice).
 void run_case(const Case& c, int path) {
   std::mt19937_64 rng(testing::seed_from({c.groups, c.n, c.k, c.gather, static_cast<int>(c.epilogue),
                                           static_cast<int>(c.act), static_cast<int>(c.out), c.max_group_rows, path}));
@@ -111,7 +112,7 @@ void run_case(const Case& c, int path) {
   args.group_rows = d_rows;
   args.workspace = d_ws;
   const Status st = path == 0 ? grouped_gemm(pr, args, nullptr)
-                              : sm90::streaming_gemm(pr, args, path, path == 128 ? 128 : 64, nullptr);
+                              : sm90::streaming_gemm(pr, args, sm90::kAllStreamVariants[path - 1], nullptr);
   ASSERT_TRUE(st.ok()) << st.to_string() << " for " << pr.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> out(max_rows * n_out * out_elem);
@@ -177,18 +178,25 @@ void run_case(const Case& c, int path) {
 
 class GroupedGemmSm90 : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GroupedGemmSm90, StreamingSlab64MatchesFp64) {
+// Every streaming instance: run where its N and K granules fit, else it must refuse.
+TEST_P(GroupedGemmSm90, StreamingVariantsMatchFp64) {
   if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
   const Case c = GetParam();
-  if (c.n % 64 != 0) GTEST_SKIP() << "N not a multiple of 64";
-  run_case(c, 64);
-}
-
-TEST_P(GroupedGemmSm90, StreamingSlab128MatchesFp64) {
-  if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
-  const Case c = GetParam();
-  if (c.n % 128 != 0) GTEST_SKIP() << "N not a multiple of 128";
-  run_case(c, 128);
+  for (int i = 0; i < static_cast<int>(std::size(sm90::kAllStreamVariants)); ++i) {
+    const sm90::StreamVariant v = sm90::kAllStreamVariants[i];
+    SCOPED_TRACE(sm90::stream_variant_name(v));
+    if (c.n % sm90::stream_variant_rows(v) == 0 && c.k % sm90::stream_variant_block_k(v) == 0) {
+      run_case(c, i + 1);
+      continue;
+    }
+    GroupedGemmProblem pr;
+    pr.num_groups = c.groups;
+    pr.max_rows = 8;
+    pr.a_rows = 8;
+    pr.n = c.n;
+    pr.k = c.k;
+    EXPECT_FALSE(sm90::streaming_gemm_supports(pr, v).ok) << pr.to_string();
+  }
 }
 
 TEST_P(GroupedGemmSm90, TableChoiceMatchesFp64) {
@@ -203,6 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // decode-like: few rows per group, gathered, gated
         Case{8, 256, 128, true, kAct, Activation::kSiluGated, DType::kBF16, 4},
+        Case{5, 128, 768, true, kAct, Activation::kSiluGated, DType::kBF16, 70},
+        Case{4, 192, 576, false, kNone, Activation::kSiluGated, DType::kBF16, 33},
         Case{16, 128, 192, true, kAct, Activation::kSwigluOai, DType::kBF16, 9},
         Case{6, 384, 256, true, kAct, Activation::kGeluGated, DType::kF32, 20},
         // GEMM2-like: not gathered, no epilogue, N a multiple of 64 only

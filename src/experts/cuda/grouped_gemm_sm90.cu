@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "experts/cuda/moe_decode_sm90.h"
@@ -41,21 +42,36 @@ int sm_count() {
   return sms;
 }
 
+std::optional<sm90::StreamVariant> forced_variant() {
+  static const std::optional<sm90::StreamVariant> forced = []() -> std::optional<sm90::StreamVariant> {
+    const char* v = std::getenv("MOEKIT_SM90_STREAM");
+    return v == nullptr ? std::nullopt : sm90::parse_stream_variant(v);
+  }();
+  return forced;
+}
+
 Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
-  // 128-row slabs unless N needs 64, or 128-row slabs would leave SMs idle.
-  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
-  const bool wide_ok = sm90::streaming_gemm_supports(pr, 128).ok;
-  const bool few_slabs = groups * (pr.n / 128) < 2 * sm_count();
-  const int slab = wide_ok && !few_slabs ? 128 : 64;
-  const Support s = sm90::streaming_gemm_supports(pr, slab);
+  using sm90::StreamVariant;
   Sm90GemmChoice c;
-  if (!s.ok) {
-    *why_not = s.reason;
+  c.path = Sm90GemmPath::kStreaming;
+  if (const auto forced = forced_variant(); forced && sm90::streaming_gemm_supports(pr, *forced).ok) {
+    c.variant = *forced;
     return c;
   }
-  c.path = Sm90GemmPath::kStreaming;
-  c.slab_rows = slab;
-  c.token_tile = slab == 128 ? 128 : 64;
+  // 128-row slabs unless N needs 64, or 128-row slabs would leave SMs idle.
+  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
+  const bool few_slabs = groups * (pr.n / 128) < 2 * sm_count();
+  const StreamVariant order[] = {few_slabs ? StreamVariant::kRows64K64 : StreamVariant::kRows128K64,
+                                 StreamVariant::kRows64K64};
+  for (StreamVariant v : order) {
+    const Support s = sm90::streaming_gemm_supports(pr, v);
+    if (s.ok) {
+      c.variant = v;
+      return c;
+    }
+    *why_not = s.reason;
+  }
+  c.path = Sm90GemmPath::kReference;
   return c;
 }
 
@@ -73,7 +89,7 @@ const char* sm90_gemm_path_name(Sm90GemmPath p) {
 std::string Sm90GemmChoice::to_string() const {
   std::ostringstream os;
   os << "Sm90Gemm{" << sm90_gemm_path_name(path);
-  if (path == Sm90GemmPath::kStreaming) os << ", slab_rows=" << slab_rows << ", token_tile=" << token_tile;
+  if (path == Sm90GemmPath::kStreaming) os << ", " << sm90::stream_variant_name(variant);
   if (!reason.empty()) os << ", " << reason;
   os << "}";
   return os.str();
@@ -81,7 +97,11 @@ std::string Sm90GemmChoice::to_string() const {
 
 Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   const Forced forced = forced_path();
-  if (forced == Forced::kReference) return {Sm90GemmPath::kReference, 0, 0, "forced by MOEKIT_SM90_GEMM"};
+  if (forced == Forced::kReference) {
+    Sm90GemmChoice c;
+    c.reason = "forced by MOEKIT_SM90_GEMM";
+    return c;
+  }
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
   std::string why_streaming, why_cutlass = "CUTLASS headers were not found at build time";
@@ -97,7 +117,12 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
 #if MOEKIT_HAVE_CUTLASS
   {
     const Support s = cutlass_grouped_gemm_supports(pr);
-    if (s.ok) return {Sm90GemmPath::kCutlass, 0, 0, "~" + std::to_string(rows_per_group) + " rows per group"};
+    if (s.ok) {
+      Sm90GemmChoice c;
+      c.path = Sm90GemmPath::kCutlass;
+      c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
+      return c;
+    }
     why_cutlass = s.reason;
   }
 #endif
@@ -108,7 +133,9 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
       return c;
     }
   }
-  return {Sm90GemmPath::kReference, 0, 0, "streaming: " + why_streaming + "; cutlass: " + why_cutlass};
+  Sm90GemmChoice c;
+  c.reason = "streaming: " + why_streaming + "; cutlass: " + why_cutlass;
+  return c;
 }
 
 size_t sm90_gemm_workspace_size(const GroupedGemmProblem& pr) {
@@ -123,7 +150,7 @@ Status run_sm90_gemm(const Sm90GemmChoice& choice, const GroupedGemmProblem& pr,
                      cudaStream_t stream) {
   switch (choice.path) {
     case Sm90GemmPath::kStreaming:
-      return sm90::streaming_gemm(pr, args, choice.slab_rows, choice.token_tile, stream);
+      return sm90::streaming_gemm(pr, args, choice.variant, stream);
     case Sm90GemmPath::kCutlass:
 #if MOEKIT_HAVE_CUTLASS
       return cutlass_grouped_gemm(pr, args, stream);

@@ -9,7 +9,8 @@
 //   kReference  the reference tiled kernel (grouped_gemm_mma.cu)
 //
 // The environment variable MOEKIT_SM90_GEMM=reference|streaming|cutlass forces a
-// path where it can serve the problem (benchmarks and tests compare paths).
+// path where it can serve the problem, and MOEKIT_SM90_STREAM=<variant name>
+// (moe_decode_sm90.h) a streaming instance (benchmarks and tests compare them).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/moe_decode_sm90.h"
 #include "moekit/status.h"
 
 namespace moekit::cuda {
@@ -29,8 +31,7 @@ const char* sm90_gemm_path_name(Sm90GemmPath p);
 // What the table chose for one problem. Plain and printable.
 struct Sm90GemmChoice {
   Sm90GemmPath path = Sm90GemmPath::kReference;
-  int slab_rows = 0;     // kStreaming: weight rows per CTA (64 | 128)
-  int token_tile = 0;    // kStreaming: token rows per pass over a slab
+  sm90::StreamVariant variant = sm90::StreamVariant::kRows128K64;  // kStreaming: the instance
   std::string reason;    // why this path (the table's rule, or why a faster path could not serve)
   std::string to_string() const;
 };

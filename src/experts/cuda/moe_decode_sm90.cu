@@ -10,27 +10,67 @@
 namespace moekit::cuda::sm90 {
 namespace {
 
-// 128-row slabs: 4 warps, 128-token tiles, 6 stages x (16 KB weights + 16 KB tokens).
-using Slab128 = StreamTraits<4, 16, 6>;
-// 64-row slabs (N not a multiple of 128, or too few slabs to fill the SMs):
-// 2 warps, 64-token tiles, 4 stages x (8 KB + 8 KB), so three CTAs share an SM.
-using Slab64 = StreamTraits<2, 8, 4>;
-static_assert(Slab128::kBlockK == kStreamBlockK && Slab64::kBlockK == kStreamBlockK, "one K granule");
+//                                 warps  n8 token tiles  stages  K per stage   smem per CTA
+using Rows128K64 = StreamTraits<4, 16, 6, 64>;    // 6 x (16 + 16) KB
+using Rows128K128 = StreamTraits<4, 8, 4, 128>;   // 4 x (32 + 16) KB
+using Rows64K64 = StreamTraits<2, 8, 4, 64>;      // 4 x (8 + 8) KB
+using Rows64K192 = StreamTraits<2, 4, 4, 192>;    // 4 x (24 + 12) KB
+using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
+
+template <class F>
+auto with_traits(StreamVariant v, F&& f) {
+  switch (v) {
+    case StreamVariant::kRows128K64: return f(Rows128K64{});
+    case StreamVariant::kRows128K128: return f(Rows128K128{});
+    case StreamVariant::kRows64K64: return f(Rows64K64{});
+    case StreamVariant::kRows64K192: return f(Rows64K192{});
+    case StreamVariant::kRows64K256: return f(Rows64K256{});
+  }
+  return f(Rows128K64{});
+}
 
 }  // namespace
 
-Support streaming_gemm_supports(const GroupedGemmProblem& pr, int slab_rows) {
+const char* stream_variant_name(StreamVariant v) {
+  switch (v) {
+    case StreamVariant::kRows128K64: return "rows128_k64";
+    case StreamVariant::kRows128K128: return "rows128_k128";
+    case StreamVariant::kRows64K64: return "rows64_k64";
+    case StreamVariant::kRows64K192: return "rows64_k192";
+    case StreamVariant::kRows64K256: return "rows64_k256";
+  }
+  return "?";
+}
+
+std::optional<StreamVariant> parse_stream_variant(std::string_view name) {
+  for (StreamVariant v : kAllStreamVariants) {
+    if (name == stream_variant_name(v)) return v;
+  }
+  return std::nullopt;
+}
+
+int stream_variant_rows(StreamVariant v) {
+  return with_traits(v, [](auto t) { return decltype(t)::kRows; });
+}
+int stream_variant_block_k(StreamVariant v) {
+  return with_traits(v, [](auto t) { return decltype(t)::kBlockK; });
+}
+int stream_variant_tokens(StreamVariant v) {
+  return with_traits(v, [](auto t) { return decltype(t)::kTokens; });
+}
+
+Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {
   if (pr.out_dtype != DType::kBF16 && pr.out_dtype != DType::kF32) {
     return Support::no(std::string("streaming GEMM output dtype ") + dtype_name(pr.out_dtype));
   }
-  if (slab_rows != 64 && slab_rows != 128) return Support::no("streaming GEMM slab rows must be 64 or 128");
-  if (pr.k % kStreamBlockK != 0) {
-    return Support::no("streaming GEMM K=" + std::to_string(pr.k) + " is not a multiple of " +
-                       std::to_string(kStreamBlockK));
+  const int rows = stream_variant_rows(v), bk = stream_variant_block_k(v);
+  if (pr.k % bk != 0) {
+    return Support::no(std::string("streaming GEMM ") + stream_variant_name(v) + ": K=" + std::to_string(pr.k) +
+                       " is not a multiple of " + std::to_string(bk));
   }
-  if (pr.n % slab_rows != 0) {
-    return Support::no("streaming GEMM N=" + std::to_string(pr.n) + " is not a multiple of " +
-                       std::to_string(slab_rows));
+  if (pr.n % rows != 0) {
+    return Support::no(std::string("streaming GEMM ") + stream_variant_name(v) + ": N=" + std::to_string(pr.n) +
+                       " is not a multiple of " + std::to_string(rows));
   }
   if (pr.num_groups < 1 || pr.max_rows > INT32_MAX / 2 || pr.n > INT32_MAX / 2 || pr.k > INT32_MAX / 2) {
     return Support::no("streaming GEMM sizes exceed int32 indexing");
@@ -38,14 +78,10 @@ Support streaming_gemm_supports(const GroupedGemmProblem& pr, int slab_rows) {
   return Support::yes();
 }
 
-Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, int slab_rows, int token_tile,
+Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, StreamVariant v,
                       cudaStream_t stream) {
-  const Support s = streaming_gemm_supports(pr, slab_rows);
+  const Support s = streaming_gemm_supports(pr, v);
   if (!s.ok) return Unsupported(s.reason);
-  if ((slab_rows == 128 && token_tile != Slab128::kTokens) || (slab_rows == 64 && token_tile != Slab64::kTokens)) {
-    return InvalidArgument("streaming GEMM: no instance with slab " + std::to_string(slab_rows) + " and token tile " +
-                           std::to_string(token_tile));
-  }
   if (pr.max_rows == 0) return Status::Ok();
   StreamParams p{};
   p.a = reinterpret_cast<const __nv_bfloat16*>(args.a);
@@ -58,15 +94,15 @@ Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
   p.n = static_cast<int>(pr.n);
   p.k = static_cast<int>(pr.k);
   p.n_out = static_cast<int>(pr.n_out());
-  p.n_slabs = p.n / slab_rows;
+  p.n_slabs = p.n / stream_variant_rows(v);
   p.out_f32 = pr.out_dtype == DType::kF32;
   p.activation = pr.epilogue == GemmEpilogue::kActivation;
   p.gated = p.activation && pr.activation.gated();
   p.act = ActivationParams{pr.activation.kind, pr.activation.swiglu_limit, pr.activation.swiglu_alpha};
   // Each non-empty group holds at least one row, so there are at most min(G, max_rows) of them.
   const int max_groups = static_cast<int>(std::min<int64_t>(pr.num_groups, pr.max_rows));
-  const cudaError_t e = slab_rows == 128 ? launch_streaming_gemm<Slab128>(p, max_groups, stream)
-                                         : launch_streaming_gemm<Slab64>(p, max_groups, stream);
+  const cudaError_t e =
+      with_traits(v, [&](auto t) { return launch_streaming_gemm<decltype(t)>(p, max_groups, stream); });
   MOEKIT_CUDA_CHECK(e);
   return Status::Ok();
 }

@@ -30,7 +30,7 @@
 
 namespace moekit::cuda::sm90 {
 
-template <int kWarps_, int kTokenTiles_, int kStages_>
+template <int kWarps_, int kTokenTiles_, int kStages_, int kBlockK_>
 struct StreamTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
@@ -38,7 +38,9 @@ struct StreamTraits {
   static constexpr int kTokenTiles = kTokenTiles_;  // n8 MMA tiles per token tile
   static constexpr int kTokens = 8 * kTokenTiles;   // token rows per token tile
   static constexpr int kStages = kStages_;
-  static constexpr int kBlockK = 64;                // bf16 per row per stage: 128 bytes = 8 chunks of 16
+  // bf16 per row per stage: a longer contiguous run per weight row per stage
+  // (kBlockK * 2 bytes) keeps DRAM reads in long bursts.
+  static constexpr int kBlockK = kBlockK_;
   static constexpr int kChunks = kBlockK / 8;
   static constexpr int kRowBytes = kBlockK * 2;
   static constexpr int kWStageBytes = kRows * kRowBytes;    // (kRows, kBlockK) bf16, swizzled
@@ -48,6 +50,8 @@ struct StreamTraits {
   static_assert(kTokenTiles == 1 || kTokenTiles % 2 == 0, "token tiles are loaded in pairs (ldmatrix.x4)");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(kTokens <= kThreads, "one thread per token row resolves the row index");
+  static_assert(kBlockK % 64 == 0, "the swizzle needs at least 8 chunks per row");
+  static_assert(kSmemBytes <= 200 * 1024, "stages must fit the 227 KB shared memory of an SM");
 };
 
 struct StreamParams {

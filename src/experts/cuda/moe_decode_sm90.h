@@ -3,19 +3,38 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
 #include "experts/cuda/grouped_gemm.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
 
 namespace moekit::cuda::sm90 {
 
-inline constexpr int kStreamBlockK = 64;  // NOTE: K must be a multiple (StreamTraits::kBlockK)
+// The instances: weight rows per CTA (slab) x K per pipeline stage; each has a
+// fixed token tile (rows multiplied per pass over the slab) and stage count.
+enum class StreamVariant : uint8_t {
+  kRows128K64,   // 4 warps, 128-token tile, 6 stages
+  kRows128K128,  // 4 warps, 64-token tile, 4 stages
+  kRows64K64,    // 2 warps, 64-token tile, 4 stages (three CTAs per SM)
+  kRows64K192,   // 2 warps, 32-token tile, 4 stages
+  kRows64K256,   // 2 warps, 32-token tile, 4 stages
+};
+inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
+                                                       StreamVariant::kRows64K64, StreamVariant::kRows64K192,
+                                                       StreamVariant::kRows64K256};
+const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
+std::optional<StreamVariant> parse_stream_variant(std::string_view name);
+int stream_variant_rows(StreamVariant v);
+int stream_variant_block_k(StreamVariant v);
+int stream_variant_tokens(StreamVariant v);
 
-// ok, or why the streaming kernel cannot serve the problem with slabs of `slab_rows`.
-Support streaming_gemm_supports(const GroupedGemmProblem& problem, int slab_rows);
+// ok, or why the variant cannot serve the problem (N, K granules, dtype, sizes).
+Support streaming_gemm_supports(const GroupedGemmProblem& problem, StreamVariant variant);
 
-// slab_rows: 64 | 128; token_tile: 64 (slab 64) | 128 (slab 128).
-Status streaming_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, int slab_rows, int token_tile,
+Status streaming_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, StreamVariant variant,
                       cudaStream_t stream);
 
 }  // namespace moekit::cuda::sm90
