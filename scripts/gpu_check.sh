@@ -18,8 +18,8 @@ JOBS="$(nproc)"
 mkdir -p "$LOGS"
 declare -a SUMMARY=()
 FAILED=0
-note() { SUMMARY+=("$1"); }
-fail() { SUMMARY+=("FAIL  $1"); FAILED=1; }
+note() { SUMMARY+=("$1"); echo "[gpu_check] $1"; }  # progress as it goes; the summary repeats it last
+fail() { SUMMARY+=("FAIL  $1"); FAILED=1; echo "[gpu_check] FAIL  $1"; }
 
 start=$(date +%s)
 gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
@@ -44,7 +44,7 @@ fi
 # ---- gpu tests (the table's default GEMM paths), then with the reference GEMM forced
 run_ctest() {  # label, name, log, extra env...
   local LABEL="$1" name="$2" log="$3"; shift 3
-  ( cd "$BUILD" && env "$@" ctest -L "$LABEL" -V -j4 --timeout 600 ) >"$log" 2>&1
+  ( cd "$BUILD" && env "$@" ctest -L "$LABEL" -V -j4 --timeout 300 ) >"$log" 2>&1
   local rc=$?
   local line; line="$(grep -E 'tests passed|tests failed' "$log" | tail -1)"
   local skipped; skipped="$(grep -cE 'Test +#[0-9]+: .*(Skipped|Not Run)' "$log" || true)"
@@ -66,7 +66,7 @@ done
 T="$BUILD/tests/cuda"
 san() {  # tool, label, binary, filter
   local tool="$1" label="$2" bin="$3" filter="$4" log="$LOGS/sanitizer_${1}_${2}.log"
-  "$SANITIZER" --tool "$tool" --error-exitcode 97 "$T/$bin" --gtest_filter="$filter" >"$log" 2>&1
+  timeout "${SANITIZER_TIMEOUT:-90}" "$SANITIZER" --tool "$tool" --error-exitcode 97 "$T/$bin" --gtest_filter="$filter" >"$log" 2>&1
   local rc=$?
   local errs; errs="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
   local tests; tests="$(grep -E '^\[  PASSED  \]' "$log" | grep -o '[0-9]* test' | head -1)"
