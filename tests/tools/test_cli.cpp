@@ -1,0 +1,215 @@
+// `moekit route` and `moekit run` as a user runs them: outputs checked against
+// the fp64 reference, every bad input answered with exit code 2 and a message
+// naming the problem, and no output file left behind on error.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moekit/io.h"
+#include "reference/reference.h"
+#include "util/test_util.h"
+
+namespace moekit {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / ("moekit_test_cli_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(Cli, RouteMatchesTheFp64Reference) {
+  struct Case {
+    const char* method;
+    int top_k, groups, topk_groups;
+    double scaling;
+    bool bias;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {"deepseek_v3", 8, 8, 4, 2.5, true, DType::kF32}, {"renormalize", 2, 1, 1, 1.0, false, DType::kBF16},
+      {"softmax_topk", 4, 1, 1, 1.0, false, DType::kF32}, {"sigmoid_renorm", 6, 1, 1, 1.0, false, DType::kBF16},
+  };
+  const int64_t M = 37, E = 64;
+  int index = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.method);
+    std::mt19937_64 rng(testing::seed_from({index++, M, E, c.top_k}));
+    std::vector<double> exact;
+    // Tie-free after rounding to the stored dtype, so the ids compare exactly.
+    const HostTensor logits = testing::tie_free_logits(rng, c.dtype, M, E, 1e-2, &exact);
+    ASSERT_TRUE(io::write_npy(file("logits.npy"), logits.view(), {io::Bf16Storage::kRaw}).ok());
+    moekit_ref::RoutingParams p;
+    p.method = c.method;
+    p.top_k = c.top_k;
+    std::ostringstream args;
+    args << "route --method " << c.method << " --top-k " << c.top_k << " --logits " << file("logits.npy")
+         << " --out-ids " << file("ids.npy") << " --out-weights " << file("w.npy") << " --out-counts "
+         << file("counts.npy");
+    if (std::string(c.method) == "deepseek_v3") {
+      p.num_groups = c.groups;
+      p.topk_groups = c.topk_groups;
+      p.scaling = c.scaling;
+      args << " --num-groups " << c.groups << " --topk-groups " << c.topk_groups << " --scaling " << c.scaling;
+    }
+    if (c.bias) {
+      HostTensor bias(DType::kF32, {E});
+      // 0 or 1: sigmoid scores lie in (0, 1), so a bias of 1 lifts whole sets of
+      // experts without creating near-ties between biased and unbiased scores.
+      for (int64_t e = 0; e < E; ++e) bias.data<float>()[e] = (e * 7) % 3 == 0 ? 1.0f : 0.0f;
+      for (int64_t e = 0; e < E; ++e) p.bias.push_back(bias.data<float>()[e]);
+      ASSERT_TRUE(io::write_npy(file("bias.npy"), bias.view()).ok());
+      args << " --bias " << file("bias.npy");
+    }
+    const Result r = run_cli(args.str());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const moekit_ref::RoutingResult ref = moekit_ref::route(p, exact, M, E);
+    auto ids = io::read_npy(file("ids.npy"));
+    auto w = io::read_npy(file("w.npy"));
+    auto counts = io::read_npy(file("counts.npy"));
+    ASSERT_TRUE(ids.ok() && w.ok() && counts.ok());
+    ASSERT_EQ(ids->dtype(), DType::kI32);
+    ASSERT_EQ(ids->shape(), (std::vector<int64_t>{M, c.top_k}));
+    ASSERT_EQ(w->dtype(), DType::kF32);
+    ASSERT_EQ(counts->shape(), (std::vector<int64_t>{E}));
+    for (int64_t i = 0; i < M * c.top_k; ++i) {
+      ASSERT_EQ(ids->data<int32_t>()[i], ref.ids[i]) << "slot " << i;
+      // fp32 scores vs fp64: a few ulps of exp/sigmoid and one division, well
+      // inside 1e-5 relative + 1e-6 absolute for weights in [0, scaling].
+      EXPECT_NEAR(w->data<float>()[i], ref.weights[i], 1e-6 + 1e-5 * std::abs(ref.weights[i])) << "slot " << i;
+    }
+    for (int64_t e = 0; e < E; ++e) EXPECT_EQ(counts->data<int32_t>()[e], ref.counts[e]) << "expert " << e;
+  }
+}
+
+TEST_F(Cli, RouteRejectsBadInputWithExitCode2AndWritesNothing) {
+  std::mt19937_64 rng(testing::seed_from({7, 16, 8}));
+  const HostTensor logits = testing::tie_free_logits(rng, DType::kF32, 16, 8, 1e-2);
+  ASSERT_TRUE(io::write_npy(file("logits.npy"), logits.view()).ok());
+  HostTensor nan = logits;
+  nan.data<float>()[19] = std::nanf("");
+  ASSERT_TRUE(io::write_npy(file("nan.npy"), nan.view()).ok());
+  HostTensor rank3(DType::kF32, {2, 4, 8});
+  ASSERT_TRUE(io::write_npy(file("rank3.npy"), rank3.view()).ok());
+  HostTensor ints(DType::kI32, {16, 8});
+  ASSERT_TRUE(io::write_npy(file("ints.npy"), ints.view()).ok());
+  HostTensor bias4(DType::kF32, {4});
+  ASSERT_TRUE(io::write_npy(file("bias4.npy"), bias4.view()).ok());
+  {
+    auto full = io::encode_npy(logits.view());
+    ASSERT_TRUE(full.ok());
+    std::ofstream f(file("cut.npy"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(full->data()), static_cast<std::streamsize>(full->size() - 5));
+  }
+  const std::string out = " --out-ids " + file("ids.npy") + " --out-weights " + file("w.npy");
+  struct Bad {
+    std::string args;
+    std::string needle;
+  };
+  const std::string L = " --logits " + file("logits.npy");
+  const Bad bad[] = {
+      {"route --method renormalize --top-k 2 --logits " + file("cut.npy"), "needs 512 data bytes, the file has 507"},
+      {"route --method renormalize --top-k 2 --logits " + file("missing.npy"), "NotFound"},
+      {"route --method renormalize --top-k 2 --logits " + file("rank3.npy"), "must be [M, E]"},
+      {"route --method renormalize --top-k 2 --logits " + file("ints.npy"), "f32 or bf16"},
+      {"route --method renormalize --top-k 2 --logits " + file("nan.npy"), "NaN"},
+      {"route --method renormalize --top-k 9" + L, "top_k"},
+      {"route --method renormalize --top-k 0" + L, "top_k"},
+      {"route --method deepseek_v3 --top-k 2 --num-groups 3" + L, "num_groups"},
+      {"route --method deepseek_v3 --top-k 2 --num-groups 4 --topk-groups 5" + L, "topk_groups"},
+      {"route --method deepseek_v3 --top-k 2 --num-groups 4 --topk-groups 2 --bias " + file("bias4.npy") + L,
+       "bias must be [8]"},
+      {"route --method renormalize --top-k 2 --bias " + file("bias4.npy") + L, "deepseek_v3 only"},
+      {"route --method renormalize --top-k 2 --num-groups 2" + L, "deepseek_v3 only"},
+      {"route --method bogus --top-k 2" + L, "unknown routing method 'bogus'"},
+      {"route --method renormalize" + L, "--top-k is required"},
+      {"route --method renormalize --top-k two" + L, "--top-k"},
+  };
+  for (const Bad& b : bad) {
+    const Result r = run_cli(b.args + out);
+    EXPECT_EQ(r.code, 2) << b.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(b.needle), std::string::npos) << b.args << "\n" << r.out;
+    EXPECT_FALSE(fs::exists(file("ids.npy"))) << b.args;
+    EXPECT_FALSE(fs::exists(file("w.npy"))) << b.args;
+  }
+  // An output folder that does not exist: an error, and no partial outputs.
+  const Result r = run_cli("route --method renormalize --top-k 2" + L + " --out-ids " + file("ids.npy") +
+                           " --out-weights " + file("no/such/w.npy"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_FALSE(fs::exists(file("ids.npy")));
+}
+
+TEST_F(Cli, RunServesASmallModelDeterministically) {
+  const std::string small =
+      "run --layers 2 --experts 16 --top-k 4 --num-groups 4 --topk-groups 2 --hidden 64 --intermediate 32 "
+      "--tokens 50 --requests 3 --decode 3 --max-batch-tokens 24";
+  const Result a = run_cli(small + " --seed 5");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const char* want : {"backend:", "CpuMonolithic", "tokens/s", "layer 0:", "layer 1:", "output digest:"}) {
+    EXPECT_NE(a.out.find(want), std::string::npos) << want << "\n" << a.out;
+  }
+  // 50 prompt tokens + 3 requests x 3 decode tokens, in steps of <= 24 rows.
+  EXPECT_NE(a.out.find(", 59 tokens"), std::string::npos) << a.out;
+  // Every token-slot lands on some expert: per layer the mean is 59 x 4 / 16.
+  EXPECT_NE(a.out.find("mean    14.8"), std::string::npos) << a.out;
+  const Result b = run_cli(small + " --seed 5");
+  ASSERT_EQ(b.code, 0) << b.out;
+  auto digest = [](const std::string& s) { return s.substr(s.find("output digest:"), 32); };
+  EXPECT_EQ(digest(a.out), digest(b.out));
+  const Result c = run_cli(small + " --seed 6");
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(digest(a.out), digest(c.out));
+}
+
+TEST_F(Cli, RunRejectsBadFlagsWithExitCode2) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"run --experts 60", "num_groups"},       {"run --layers 0", "--layers"},
+      {"run --tokens 4 --requests 8", "--tokens"}, {"run --top-k 100", "top_k"},
+      {"run --hidden 0", "hidden"},             {"run --bogus", "--bogus"},
+      {"frobnicate", "subcommand"},
+  };
+  for (const auto& [args, needle] : bad) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace moekit
