@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.add_option("--dump-m", opt.dump_m, "M values whose output is dumped");
   app.add_option("--sets", opt.num_sets, "rotating input sets per case")->check(CLI::Range(1, 64));
   app.add_option("--seconds", opt.seconds_per_case, "timed seconds per case");
+  app.add_option("--min-reps", opt.min_reps, "timed launches per input set, at least")->check(CLI::Range(1, 1000));
   app.add_option("--read-gib", opt.read_gib, "bytes read by the bandwidth ceiling, GiB")->check(CLI::Range(4.0, 64.0));
   app.add_option("--matmul-n", opt.matmul_n, "size of the matmul ceiling");
   app.add_option("--seed", opt.seed, "base seed of every input");
