@@ -1,5 +1,6 @@
 #include "cuda/cuda_test_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -8,8 +9,9 @@
 namespace moekit::cuda_test {
 
 DeviceTensor::DeviceTensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  const size_t n = bytes();
-  if (n > 0 && cudaMalloc(&data_, n) != cudaSuccess) {
+  // At least one allocation granule, so an empty tensor ([0, E]) is still a defined view.
+  const size_t n = std::max<size_t>(bytes(), 256);
+  if (cudaMalloc(&data_, n) != cudaSuccess) {
     ADD_FAILURE() << "cudaMalloc of " << n << " bytes failed";
     data_ = nullptr;
   }
