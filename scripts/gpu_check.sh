@@ -54,10 +54,10 @@ run_ctest() {  # label, name, log, extra env...
 run_ctest gpu "gpu      " "$LOGS/ctest_gpu.log" MOEKIT_GPU_CHECK=1 >"$LOGS/ctest_gpu.lines"
 run_ctest gpu "gpu(ref) " "$LOGS/ctest_gpu_reference.log" MOEKIT_SM90_GEMM=reference >/dev/null
 run_ctest unit "unit     " "$LOGS/ctest_unit.log" >/dev/null
-cases="$(cd "$BUILD" && for t in tests/cuda/test_*_cuda; do "$t" --gtest_list_tests 2>/dev/null | grep -c '^  '; done | awk '{s+=$1} END {print s+0}')"
 passed="$(grep -hoE '\[  PASSED  \] [0-9]+' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
-skipped="$(grep -hoE '\[  SKIPPED \] [0-9]+ test' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
-note "         gtest cases in the gpu binaries: $cases; passed $passed, skipped $skipped (default GEMM paths)"
+failed="$(grep -hoE '\[  FAILED  \] [0-9]+ tests?, listed' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
+skipped="$(grep -hoE '\[  SKIPPED \] [0-9]+ tests?, listed' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
+note "         gtest cases of the gpu binaries (default GEMM paths): $passed passed, $failed failed, $skipped skipped"
 for f in "$LOGS"/ctest_gpu*.log; do
   grep -E '^\[  FAILED  \]' "$f" | sort -u | head -n 8 | sed "s|^|         $(basename "$f"): |"
 done
@@ -84,6 +84,7 @@ if [ -n "$SANITIZER" ]; then
     san "$tool" graph test_graph_cuda '*'
   done
   san memcheck capture test_capture_cuda '*/renormalize_*:*/deepseek_v3_*'
+  san racecheck capture test_capture_cuda '*/renormalize_*'
 else
   fail "compute-sanitizer not found"
 fi
