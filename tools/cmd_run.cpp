@@ -1,7 +1,9 @@
 // `moekit run`: the main job. Builds a small synthetic MoE model from a seed,
 // serves a batch of requests through it on the CPU backend the way an engine
 // batches them, and prints what happened: config, platform, kernel chosen,
-// tokens/s and the expert load of every layer.
+// tokens/s and the expert load of every layer. It captures the routed experts
+// (unless --no-capture), writes the capture file, replays it and reports
+// whether the outputs matched bit for bit.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,8 +19,10 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "model_forward.h"
+#include "moekit/capture.h"
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
+#include "run_capture.h"
 #include "synthetic_model.h"
 
 // OpenBLAS's thread count (the CPU expert GEMMs run on its threads).
@@ -33,6 +37,8 @@ struct RunOptions {
   int64_t prompt_tokens = 1024;  // all prompts together
   int64_t decode_tokens = 16;    // per request
   int threads = 0;               // 0: every hardware thread
+  std::string capture_path = "moekit_capture.safetensors";
+  bool no_capture = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -106,7 +112,8 @@ Status run_run(const RunOptions& o) {
   }
   const SyntheticModelSpec& spec = o.spec;
   // The CPU backend, forced: this run keeps its activations in host memory.
-  const MoeConfig config = synthetic_config(spec, "cpu");
+  MoeConfig config = synthetic_config(spec, "cpu");
+  config.needs_capture = config.needs_replay = !o.no_capture;
   const Platform& platform = Platform::probe();
   MOEKIT_ASSIGN_OR_RETURN(const Resolution resolution, select_backend(config, platform));
 
@@ -131,15 +138,27 @@ Status run_run(const RunOptions& o) {
   std::printf("weights:  %d layers built and prepared in %.2f s\n", spec.num_layers, seconds_since(t_build));
   std::fflush(stdout);
 
+  MOEKIT_ASSIGN_OR_RETURN(auto capturer, RoutedExpertsCapturer::create(spec.num_layers, spec.max_num_tokens,
+                                                                     spec.top_k, Device::cpu(), !o.no_capture));
+  MOEKIT_RETURN_IF_ERROR(bind(model.model, *capturer));
+  MOEKIT_RETURN_IF_ERROR(add_requests(*capturer, requests));
+  RunDescription described{spec, o.num_requests, o.prompt_tokens, o.decode_tokens, {}};
+  Progress progress("run", steps.size());
+
   StepBuffers buffers(config);
   std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
                                 LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});
   uint64_t digest = 0xcbf29ce484222325ull;
   const auto t_run = Clock::now();
   for (const Step& step : steps) {
+    MOEKIT_RETURN_IF_ERROR(capturer->begin_step(step_layout(step)));
     MOEKIT_RETURN_IF_ERROR(forward_step(spec, model, step, buffers, stats));
+    MOEKIT_RETURN_IF_ERROR(capturer->end_step());
     digest = fnv1a(digest, buffers.out.data<uint16_t>(), static_cast<size_t>(step.num_tokens * spec.hidden) * 2);
+    described.step_digests.push_back(output_digest(buffers.out, step.num_tokens, spec.hidden));
+    progress.update(described.step_digests.size());
   }
+  progress.finish();
   const double run_s = seconds_since(t_run);
   double moe_s = 0;
   for (const LayerStats& l : stats) moe_s += l.seconds;
@@ -151,6 +170,20 @@ Status run_run(const RunOptions& o) {
               flops / moe_s * 1e-9);
   print_load(stats);
   std::printf("output digest: %016" PRIx64 " (FNV-1a of the last layer's bf16 outputs)\n", digest);
+  if (o.no_capture) return Status::Ok();
+
+  MOEKIT_ASSIGN_OR_RETURN(CaptureSet captures, capturer->snapshot());
+  captures.extra_metadata[kRunMetadataKey] = encode_run_description(described);
+  MOEKIT_RETURN_IF_ERROR(write_capture_file(o.capture_path, captures));
+  std::printf("capture:  %zu requests x %d MoE layers x top-%d logical expert ids -> %s\n", captures.requests.size(),
+              spec.num_layers, spec.top_k, o.capture_path.c_str());
+  std::fflush(stdout);
+  MOEKIT_ASSIGN_OR_RETURN(CaptureSet from_file, read_capture_file(o.capture_path));
+  MOEKIT_ASSIGN_OR_RETURN(const ReplayOutcome replay, replay_run(described, model, std::move(from_file)));
+  if (!replay.matched) return DataLoss("replay of " + o.capture_path + " differs from the run at " + replay.mismatch);
+  std::printf("replay:   %zu steps with the captured experts forced in every layer, %.3f s: "
+              "outputs matched bit for bit\n",
+              replay.steps, replay.seconds);
   return Status::Ok();
 }
 
@@ -176,6 +209,8 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", s.seed, "seed of weights, embeddings and prompt lengths")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--capture", o->capture_path, "capture file to write (then replayed)")->capture_default_str();
+  cmd->add_flag("--no-capture", o->no_capture, "run without capture (nothing allocated) and without the replay");
   cmd->callback([o] {
     const Status st = run_run(*o);
     finish(st.ok() ? kExitOk : report_error("run", st));

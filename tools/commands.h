@@ -9,5 +9,8 @@ namespace moekit::tools {
 
 void add_route_command(CLI::App& app);  // tools/cmd_route.cpp
 void add_run_command(CLI::App& app);    // tools/cmd_run.cpp
+void add_backends_command(CLI::App& app);  // tools/cmd_backends.cpp
+void add_layer_command(CLI::App& app);     // tools/cmd_layer.cpp
+void add_replay_command(CLI::App& app);    // tools/cmd_replay.cpp
 
 }  // namespace moekit::tools

@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   moekit::tools::add_route_command(app);
   moekit::tools::add_run_command(app);
+  moekit::tools::add_backends_command(app);
+  moekit::tools::add_layer_command(app);
+  moekit::tools::add_replay_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -12,7 +12,7 @@ StepBuffers::StepBuffers(const MoeConfig& c)
       counts(DType::kI32, {c.num_experts}) {}
 
 Status forward_step(const SyntheticModelSpec& spec, SyntheticModel& m, const Step& step, StepBuffers& b,
-                    std::vector<LayerStats>& stats) {
+                    std::vector<LayerStats>& stats, const RoutedExpertsReplayer* replayer) {
   const int64_t M = step.num_tokens, H = spec.hidden, E = spec.num_experts;
   int64_t row = 0;
   for (const StepSlice& s : step.slices) {
@@ -26,6 +26,7 @@ Status forward_step(const SyntheticModelSpec& spec, SyntheticModel& m, const Ste
   for (int l = 0; l < m.model.num_layers(); ++l) {
     rmsnorm_to_bf16(b.h.data(), M, H, b.x.data<uint16_t>());
     router_logits(b.x.data<uint16_t>(), m.gates[l].data<float>(), M, E, H, b.logits.data<float>());
+    if (replayer) args.forced_ids = replayer->forced_ids(l);
     const auto t0 = std::chrono::steady_clock::now();
     MOEKIT_RETURN_IF_ERROR(m.model.layer(l).forward(args));
     stats[l].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "batch_schedule.h"
+#include "moekit/capture.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
 #include "synthetic_model.h"
@@ -31,8 +32,8 @@ struct LayerStats {
 
 // Runs `step` through the model: embeds its tokens, then for each layer
 // x = rmsnorm(h), logits = x . gate^T, h += moe(x). Leaves the last layer's
-// output in buffers.out[:M].
+// output in buffers.out[:M]. With a replayer, each layer gets its forced ids.
 Status forward_step(const SyntheticModelSpec& spec, SyntheticModel& model, const Step& step, StepBuffers& buffers,
-                    std::vector<LayerStats>& stats);
+                    std::vector<LayerStats>& stats, const RoutedExpertsReplayer* replayer = nullptr);
 
 }  // namespace moekit::tools

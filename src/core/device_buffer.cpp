@@ -113,26 +113,31 @@ StatusOr<DeviceBuffer> DeviceBuffer::allocate_pinned_host(size_t bytes) {
 #endif
 }
 
+Status DeviceBuffer::copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n) {
+  if (n == 0) return Status::Ok();
+  if (dst_device.type == DeviceType::kCpu && src_device.type == DeviceType::kCpu) {
+    std::memcpy(dst, src, n);
+    return Status::Ok();
+  }
+#ifdef MOEKIT_WITH_CUDA
+  const cudaError_t err = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Internal("copy from " + src_device.to_string() + " to " + dst_device.to_string() +
+                    " failed: " + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+#else
+  return Unsupported("cannot copy between " + src_device.to_string() + " and " + dst_device.to_string() +
+                     ": this build has no CUDA support");
+#endif
+}
+
 StatusOr<DeviceBuffer> DeviceBuffer::copy_of(Device device, const TensorView& src) {
   if (!src.is_contiguous()) return InvalidArgument("copy_of: the source must be contiguous");
   MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer b, allocate(device, src.nbytes()));
-  if (b.bytes() == 0) return b;
-  if (device.type == DeviceType::kCpu && src.device.type == DeviceType::kCpu) {
-    std::memcpy(b.data(), src.data, src.nbytes());
-    return b;
-  }
-#ifdef MOEKIT_WITH_CUDA
-  const cudaError_t err = cudaMemcpy(b.data(), src.data, src.nbytes(), cudaMemcpyDefault);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Internal("copy from " + src.device.to_string() + " to " + device.to_string() +
-                    " failed: " + cudaGetErrorString(err));
-  }
+  MOEKIT_RETURN_IF_ERROR(copy_bytes(b.data(), device, src.data, src.device, src.nbytes()));
   return b;
-#else
-  return Unsupported("cannot copy between " + src.device.to_string() + " and " + device.to_string() +
-                     ": this build has no CUDA support");
-#endif
 }
 
 }  // namespace moekit

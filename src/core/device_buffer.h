@@ -27,6 +27,9 @@ class DeviceBuffer {
   // A copy of `src` (contiguous; host or the same CUDA device) on `device`.
   static StatusOr<DeviceBuffer> copy_of(Device device, const TensorView& src);
 
+  // Copies n bytes between host memory and/or CUDA device memory (synchronous).
+  static Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n);
+
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }

@@ -1,0 +1,116 @@
+// `moekit backends`: the oracle's resolution report for a configuration — which
+// backend and kernel class would run it, and why every other candidate lost.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "moekit/oracle.h"
+#include "moekit/platform.h"
+
+namespace moekit::tools {
+namespace {
+
+struct BackendsOptions {
+  RoutingFlags routing;
+  int64_t experts = 128, hidden = 2048, intermediate = 768, max_tokens = 256;
+  std::string activation = "silu";
+  std::string weight_dtype = "bf16", act_dtype = "bf16", logits_dtype = "f32";
+  bool score_bias = false;
+  int tp = 1, ep = 1, dp = 1;
+  std::string all2all = "none";
+  bool eplb = false, capture = false, replay = false, cpu_only = false;
+  std::string backend = "auto";
+};
+
+StatusOr<DType> dtype_flag(const std::string& flag, const std::string& value) {
+  auto d = parse_dtype(value);
+  if (!d) return InvalidArgument(flag + ": unknown dtype '" + value + "'");
+  return *d;
+}
+
+StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
+  MoeConfig c;
+  c.num_experts = o.experts;
+  c.hidden = o.hidden;
+  c.intermediate = o.intermediate;
+  c.max_num_tokens = o.max_tokens;
+  MOEKIT_ASSIGN_OR_RETURN(c.quant.weight_dtype, dtype_flag("--weight-dtype", o.weight_dtype));
+  MOEKIT_ASSIGN_OR_RETURN(c.quant.act_dtype, dtype_flag("--act-dtype", o.act_dtype));
+  MOEKIT_ASSIGN_OR_RETURN(c.logits_dtype, dtype_flag("--logits-dtype", o.logits_dtype));
+  auto act = parse_activation(o.activation);
+  if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
+  c.activation.kind = *act;
+  if (o.routing.method == "custom") {
+    // The oracle's answer for caller-supplied routing (not a --method of `route`).
+    c.routing.method = RoutingMethod::kCustom;
+    c.routing.top_k = o.routing.top_k;
+  } else {
+    MOEKIT_ASSIGN_OR_RETURN(c.routing, routing_config_from(o.routing, o.experts, o.score_bias));
+  }
+  c.parallel.tp_size = o.tp;
+  c.parallel.ep_size = o.ep;
+  c.parallel.dp_size = o.dp;
+  if (o.all2all == "none") {
+    c.parallel.all2all = All2AllBackend::kNone;
+  } else if (o.all2all == "nccl") {
+    c.parallel.all2all = All2AllBackend::kNccl;
+  } else if (o.all2all == "allgather_reducescatter") {
+    c.parallel.all2all = All2AllBackend::kAllgatherReducescatter;
+  } else {
+    return InvalidArgument("--all2all: one of none|nccl|allgather_reducescatter, got '" + o.all2all + "'");
+  }
+  c.parallel.enable_eplb = o.eplb;
+  c.needs_capture = o.capture;
+  c.needs_replay = o.replay;
+  c.backend = o.backend;
+  MOEKIT_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Status run_backends(const BackendsOptions& o) {
+  MOEKIT_ASSIGN_OR_RETURN(const MoeConfig config, config_from(o));
+  const Platform platform = o.cpu_only ? Platform::cpu_only(Platform::probe().cpu_threads) : Platform::probe();
+  std::printf("config:   %s\n", config.to_string().c_str());
+  std::printf("platform: %s\n", platform.to_string().c_str());
+  auto res = select_backend(config, platform);
+  if (!res.ok()) return res.status();
+  std::printf("%s", res->report_string().c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_backends_command(CLI::App& app) {
+  auto o = std::make_shared<BackendsOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "backends", "Show which backend and kernel the oracle picks for a configuration, and why the others lost");
+  o->routing.top_k = 8;
+  add_routing_flags(cmd, &o->routing, /*top_k_required=*/false);
+  cmd->get_option("--method")->description("routing method: " + routing_method_list() + "|custom");
+  cmd->add_flag("--score-bias", o->score_bias, "deepseek_v3: the layer has an e_score_correction_bias");
+  cmd->add_option("--experts", o->experts, "experts (E)")->capture_default_str();
+  cmd->add_option("--hidden", o->hidden, "hidden size (H)")->capture_default_str();
+  cmd->add_option("--intermediate", o->intermediate, "expert intermediate size (I)")->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "tokens per call at most")->capture_default_str();
+  cmd->add_option("--activation", o->activation, "silu|gelu|swiglu_oai|relu2")->capture_default_str();
+  cmd->add_option("--weight-dtype", o->weight_dtype, "f32|bf16")->capture_default_str();
+  cmd->add_option("--act-dtype", o->act_dtype, "f32|bf16")->capture_default_str();
+  cmd->add_option("--logits-dtype", o->logits_dtype, "f32|bf16")->capture_default_str();
+  cmd->add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();
+  cmd->add_option("--ep", o->ep, "expert-parallel size")->capture_default_str();
+  cmd->add_option("--dp", o->dp, "data-parallel size")->capture_default_str();
+  cmd->add_option("--all2all", o->all2all, "none|nccl|allgather_reducescatter")->capture_default_str();
+  cmd->add_flag("--eplb", o->eplb, "expert-parallel load balancing on");
+  cmd->add_flag("--capture", o->capture, "routed-expert capture needed");
+  cmd->add_flag("--replay", o->replay, "forced ids (replay) needed");
+  cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
+  cmd->add_flag("--cpu-only", o->cpu_only, "resolve as on a machine without a GPU");
+  cmd->callback([o] {
+    const Status st = run_backends(*o);
+    finish(st.ok() ? kExitOk : report_error("backends", st));
+  });
+}
+
+}  // namespace moekit::tools

@@ -1,0 +1,176 @@
+#include "layer_weights.h"
+
+#include <cstring>
+#include <map>
+#include <regex>
+#include <set>
+#include <vector>
+
+namespace moekit::tools {
+namespace {
+
+// The projections of one expert found in the file.
+struct ExpertTensors {
+  const io::SafetensorsEntry* gate = nullptr;  // [I, H]
+  const io::SafetensorsEntry* up = nullptr;    // [I, H]
+  const io::SafetensorsEntry* down = nullptr;  // [H, I]
+};
+
+struct Candidate {
+  std::string naming;
+  std::map<int64_t, ExpertTensors> experts;  // per-expert namings only
+};
+
+bool in_layer(const std::string& prefix, int layer) {
+  return ("." + prefix).find(".layers." + std::to_string(layer) + ".") != std::string::npos;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+Status check_float(const io::SafetensorsEntry& e) {
+  if (e.dtype != DType::kBF16 && e.dtype != DType::kF32) {
+    return InvalidArgument(e.name + ": weights must be BF16 or F32, got " + e.dtype_name);
+  }
+  return Status::Ok();
+}
+
+// Reads an optional tensor as f32 with the given shape.
+StatusOr<HostTensor> optional_f32(const io::SafetensorsFile& file, const std::vector<std::string>& names,
+                                  const std::vector<int64_t>& shape) {
+  for (const std::string& n : names) {
+    const io::SafetensorsEntry* e = file.find(n);
+    if (e == nullptr) continue;
+    MOEKIT_RETURN_IF_ERROR(check_float(*e));
+    if (e->shape != shape) {
+      return InvalidArgument(n + ": expected shape " + shape_text(shape) + ", got " + shape_text(e->shape));
+    }
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t, file.read(n));
+    return io::convert(t.view(), DType::kF32);
+  }
+  return HostTensor();
+}
+
+// Stacks per-expert projections into w13 [E, 2I, H] and w2 [E, H, I].
+Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix, const Candidate& c,
+                     LayerCheckpoint* out) {
+  const int64_t E = c.experts.rbegin()->first + 1;
+  for (int64_t e = 0; e < E; ++e) {
+    auto it = c.experts.find(e);
+    const char* names[3] = {c.naming == "w1/w3/w2" ? "w1" : "gate_proj", c.naming == "w1/w3/w2" ? "w3" : "up_proj",
+                            c.naming == "w1/w3/w2" ? "w2" : "down_proj"};
+    if (it == c.experts.end()) return InvalidArgument(prefix + "experts." + std::to_string(e) + ": expert missing");
+    const ExpertTensors& x = it->second;
+    const io::SafetensorsEntry* parts[3] = {x.gate, x.up, x.down};
+    for (int p = 0; p < 3; ++p) {
+      if (parts[p] == nullptr) {
+        return InvalidArgument(prefix + "experts." + std::to_string(e) + "." + names[p] + ".weight is missing");
+      }
+    }
+  }
+  const io::SafetensorsEntry& g0 = *c.experts.at(0).gate;
+  if (g0.shape.size() != 2) return InvalidArgument(g0.name + ": expected [I, H], got " + shape_text(g0.shape));
+  const int64_t I = g0.shape[0], H = g0.shape[1];
+  const DType dtype = *g0.dtype;
+  out->w13 = HostTensor(dtype, {E, 2 * I, H});
+  out->w2 = HostTensor(dtype, {E, H, I});
+  const size_t el = dtype_size(dtype);
+  for (int64_t e = 0; e < E; ++e) {
+    const ExpertTensors& x = c.experts.at(e);
+    const std::pair<const io::SafetensorsEntry*, std::vector<int64_t>> want[3] = {
+        {x.gate, {I, H}}, {x.up, {I, H}}, {x.down, {H, I}}};
+    for (const auto& [entry, shape] : want) {
+      MOEKIT_RETURN_IF_ERROR(check_float(*entry));
+      if (entry->shape != shape) {
+        return InvalidArgument(entry->name + ": expected " + shape_text(shape) + " (as expert 0), got " +
+                               shape_text(entry->shape));
+      }
+      if (entry->dtype != dtype) {
+        return InvalidArgument(entry->name + ": dtype " + entry->dtype_name + " differs from expert 0's " +
+                               g0.dtype_name);
+      }
+    }
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor g, file.read(x.gate->name));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor u, file.read(x.up->name));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor d, file.read(x.down->name));
+    auto* w13 = out->w13.data<unsigned char>() + static_cast<size_t>(e * 2 * I * H) * el;
+    std::memcpy(w13, g.data<unsigned char>(), g.nbytes());
+    std::memcpy(w13 + g.nbytes(), u.data<unsigned char>(), u.nbytes());
+    std::memcpy(out->w2.data<unsigned char>() + static_cast<size_t>(e * H * I) * el, d.data<unsigned char>(),
+                d.nbytes());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer) {
+  static const std::regex kExpert(R"(^(.*)experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$)");
+  static const std::regex kStacked(R"(^(.*)w13$)");
+  std::map<std::string, Candidate> found;  // by prefix
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    std::smatch m;
+    if (std::regex_match(e.name, m, kStacked)) {
+      if (file.contains(m[1].str() + "w2")) found[m[1].str()].naming = "moekit";
+    } else if (std::regex_match(e.name, m, kExpert)) {
+      const std::string prefix = m[1].str(), proj = m[3].str();
+      Candidate& c = found[prefix];
+      const std::string naming = (proj == "w1" || proj == "w2" || proj == "w3") ? "w1/w3/w2" : "gate_proj/up_proj/down_proj";
+      if (!c.naming.empty() && c.naming != naming) {
+        return InvalidArgument(file.path() + ": " + prefix + "experts.* mixes the " + c.naming + " and " + naming +
+                               " namings");
+      }
+      c.naming = naming;
+      ExpertTensors& x = c.experts[std::stoll(m[2].str())];
+      if (proj == "gate_proj" || proj == "w1") x.gate = &e;
+      if (proj == "up_proj" || proj == "w3") x.up = &e;
+      if (proj == "down_proj" || proj == "w2") x.down = &e;
+    }
+  }
+  std::vector<std::string> prefixes;
+  for (const auto& [prefix, c] : found) {
+    if (!layer || in_layer(prefix, *layer)) prefixes.push_back(prefix);
+  }
+  if (prefixes.empty()) {
+    return NotFound(file.path() + ": no MoE layer weights" +
+                    (layer ? " for layer " + std::to_string(*layer) + " (no 'layers." + std::to_string(*layer) + ".' prefix)"
+                           : std::string()) +
+                    "; expected w13/w2, experts.<e>.{gate_proj,up_proj,down_proj}.weight or experts.<e>.{w1,w2,w3}.weight");
+  }
+  if (prefixes.size() > 1) {
+    std::string list;
+    for (size_t i = 0; i < prefixes.size() && i < 4; ++i) list += (i ? ", " : "") + ("'" + prefixes[i] + "'");
+    return InvalidArgument(file.path() + ": " + std::to_string(prefixes.size()) + " MoE layers (" + list +
+                           (prefixes.size() > 4 ? ", ..." : "") + "); pick one with --layer N");
+  }
+  const std::string& prefix = prefixes[0];
+  const Candidate& c = found.at(prefix);
+  LayerCheckpoint out;
+  out.naming = c.naming;
+  out.prefix = prefix;
+  if (c.naming == "moekit") {
+    const io::SafetensorsEntry& w13 = *file.find(prefix + "w13");
+    const io::SafetensorsEntry& w2 = *file.find(prefix + "w2");
+    MOEKIT_RETURN_IF_ERROR(check_float(w13));
+    MOEKIT_RETURN_IF_ERROR(check_float(w2));
+    if (w13.shape.size() != 3 || w2.shape.size() != 3 || w2.shape[0] != w13.shape[0] || w2.shape[1] != w13.shape[2]) {
+      return InvalidArgument(file.path() + ": w13 " + shape_text(w13.shape) + " and w2 " + shape_text(w2.shape) +
+                             " must be [E, 2I, H] and [E, H, I]");
+    }
+    if (w13.dtype != w2.dtype) return InvalidArgument(file.path() + ": w13 and w2 must share a dtype");
+    MOEKIT_ASSIGN_OR_RETURN(out.w13, file.read(w13.name));
+    MOEKIT_ASSIGN_OR_RETURN(out.w2, file.read(w2.name));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(stack_experts(file, prefix, c, &out));
+  }
+  const int64_t E = out.w13.shape()[0], H = out.w13.shape()[2];
+  MOEKIT_ASSIGN_OR_RETURN(out.score_bias,
+                          optional_f32(file, {prefix + "e_score_correction_bias", prefix + "gate.e_score_correction_bias"}, {E}));
+  MOEKIT_ASSIGN_OR_RETURN(out.router, optional_f32(file, {prefix + "gate.weight"}, {E, H}));
+  return out;
+}
+
+}  // namespace moekit::tools

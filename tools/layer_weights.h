@@ -1,0 +1,36 @@
+// The weights of one MoE layer from a safetensors checkpoint, for
+// `moekit layer` (docs/layer_files.md). Recognised namings:
+//   moekit:      [<prefix>]w13 [E, 2I, H], [<prefix>]w2 [E, H, I]
+//   per-expert:  <prefix>experts.<e>.gate_proj.weight [I, H], .up_proj.weight [I, H],
+//                .down_proj.weight [H, I]            (DeepSeek, Qwen-MoE, ...)
+//   Mixtral:     <prefix>experts.<e>.w1.weight (gate), .w3.weight (up), .w2.weight (down)
+// plus, next to them, the router <prefix>gate.weight [E, H] and the
+// e_score_correction_bias [E] (<prefix>e_score_correction_bias or
+// <prefix>gate.e_score_correction_bias). Tensors bf16 or f32.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "moekit/io.h"
+#include "moekit/status.h"
+#include "moekit/tensor.h"
+
+namespace moekit::tools {
+
+struct LayerCheckpoint {
+  HostTensor w13;         // [E, 2I, H] checkpoint dtype (f32|bf16), gate rows then up rows
+  HostTensor w2;          // [E, H, I] same dtype
+  HostTensor score_bias;  // [E] f32, empty (numel 0) when the file has none
+  HostTensor router;      // [E, H] f32, empty when the file has none
+  std::string naming;     // "moekit", "gate_proj/up_proj/down_proj", "w1/w3/w2"
+  std::string prefix;     // the name prefix of the layer's tensors
+  bool has_bias() const { return !score_bias.shape().empty(); }
+  bool has_router() const { return !router.shape().empty(); }
+};
+
+// Finds the layer's tensors; `layer` picks "layers.<N>." when the file holds
+// several layers (required then). Errors name what is missing or inconsistent.
+StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer);
+
+}  // namespace moekit::tools

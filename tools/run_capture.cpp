@@ -1,0 +1,189 @@
+#include "run_capture.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace moekit::tools {
+
+namespace {
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kProgressAfterSeconds = 2.0;  // short runs print nothing
+constexpr double kProgressEverySeconds = 1.0;
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+}  // namespace
+
+std::string encode_run_description(const RunDescription& r) {
+  const SyntheticModelSpec& s = r.spec;
+  Json digests = Json::array();
+  for (uint64_t d : r.step_digests) digests.push_back(hex(d));
+  const Json j = {{"spec",
+                   {{"num_layers", s.num_layers},
+                    {"num_experts", s.num_experts},
+                    {"top_k", s.top_k},
+                    {"hidden", s.hidden},
+                    {"intermediate", s.intermediate},
+                    {"num_groups", s.num_groups},
+                    {"topk_groups", s.topk_groups},
+                    {"routed_scaling_factor", s.routed_scaling_factor},
+                    {"max_num_tokens", s.max_num_tokens},
+                    {"seed", s.seed}}},
+                  {"num_requests", r.num_requests},
+                  {"prompt_tokens", r.prompt_tokens},
+                  {"decode_tokens", r.decode_tokens},
+                  {"step_digests", digests}};
+  return j.dump();
+}
+
+StatusOr<RunDescription> decode_run_description(const std::string& text) {
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const std::string what = std::string("capture metadata \"") + kRunMetadataKey + "\"";
+  if (j.is_discarded() || !j.is_object()) return DataLoss(what + " is not a JSON object");
+  auto need = [&](const Json& obj, const char* key) -> StatusOr<Json> {
+    if (!obj.is_object() || !obj.contains(key)) return DataLoss(what + " lacks \"" + key + "\"");
+    return obj.at(key);
+  };
+  auto integer = [&](const Json& obj, const char* key) -> StatusOr<int64_t> {
+    MOEKIT_ASSIGN_OR_RETURN(Json v, need(obj, key));
+    if (!v.is_number_integer()) return DataLoss(what + ": \"" + key + "\" must be an integer");
+    return v.get<int64_t>();
+  };
+  RunDescription r;
+  MOEKIT_ASSIGN_OR_RETURN(Json spec, need(j, "spec"));
+  SyntheticModelSpec& s = r.spec;
+  MOEKIT_ASSIGN_OR_RETURN(int64_t layers, integer(spec, "num_layers"));
+  MOEKIT_ASSIGN_OR_RETURN(s.num_experts, integer(spec, "num_experts"));
+  MOEKIT_ASSIGN_OR_RETURN(int64_t top_k, integer(spec, "top_k"));
+  MOEKIT_ASSIGN_OR_RETURN(s.hidden, integer(spec, "hidden"));
+  MOEKIT_ASSIGN_OR_RETURN(s.intermediate, integer(spec, "intermediate"));
+  MOEKIT_ASSIGN_OR_RETURN(int64_t groups, integer(spec, "num_groups"));
+  MOEKIT_ASSIGN_OR_RETURN(int64_t topk_groups, integer(spec, "topk_groups"));
+  MOEKIT_ASSIGN_OR_RETURN(s.max_num_tokens, integer(spec, "max_num_tokens"));
+  MOEKIT_ASSIGN_OR_RETURN(Json seed, need(spec, "seed"));
+  MOEKIT_ASSIGN_OR_RETURN(Json scaling, need(spec, "routed_scaling_factor"));
+  if (!seed.is_number_unsigned() && !seed.is_number_integer()) return DataLoss(what + ": \"seed\" must be an integer");
+  if (!scaling.is_number()) return DataLoss(what + ": \"routed_scaling_factor\" must be a number");
+  s.num_layers = static_cast<int>(layers);
+  s.top_k = static_cast<int>(top_k);
+  s.num_groups = static_cast<int>(groups);
+  s.topk_groups = static_cast<int>(topk_groups);
+  s.seed = seed.get<uint64_t>();
+  s.routed_scaling_factor = scaling.get<float>();
+  MOEKIT_ASSIGN_OR_RETURN(int64_t requests, integer(j, "num_requests"));
+  r.num_requests = static_cast<int>(requests);
+  MOEKIT_ASSIGN_OR_RETURN(r.prompt_tokens, integer(j, "prompt_tokens"));
+  MOEKIT_ASSIGN_OR_RETURN(r.decode_tokens, integer(j, "decode_tokens"));
+  MOEKIT_ASSIGN_OR_RETURN(Json digests, need(j, "step_digests"));
+  if (!digests.is_array()) return DataLoss(what + ": \"step_digests\" must be an array");
+  for (const Json& d : digests) {
+    if (!d.is_string() || d.get<std::string>().size() != 16) return DataLoss(what + ": bad step digest");
+    r.step_digests.push_back(std::stoull(d.get<std::string>(), nullptr, 16));
+  }
+  if (r.num_requests < 1 || r.prompt_tokens < r.num_requests || r.decode_tokens < 0 || s.num_layers < 1) {
+    return DataLoss(what + ": request counts are inconsistent");
+  }
+  return r;
+}
+
+std::string request_name(int request) { return "request-" + std::to_string(request); }
+
+StepLayout step_layout(const Step& step) {
+  StepLayout layout;
+  for (const StepSlice& s : step.slices) layout.segments.push_back({request_name(s.request), s.num_tokens});
+  return layout;
+}
+
+Status add_requests(RoutedExpertsCapturer& capturer, const std::vector<Request>& requests) {
+  for (const Request& r : requests) MOEKIT_RETURN_IF_ERROR(capturer.add_request(request_name(r.id)));
+  return Status::Ok();
+}
+
+uint64_t output_digest(const HostTensor& out, int64_t num_tokens, int64_t hidden) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = out.data<unsigned char>();
+  for (int64_t i = 0; i < num_tokens * hidden * 2; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+Progress::Progress(std::string what, size_t total)
+    : what_(std::move(what)), total_(total), start_(Clock::now()), last_(start_) {}
+
+void Progress::update(size_t done) {
+  const auto now = Clock::now();
+  if (std::chrono::duration<double>(now - start_).count() < kProgressAfterSeconds ||
+      std::chrono::duration<double>(now - last_).count() < kProgressEverySeconds) {
+    return;
+  }
+  last_ = now;
+  shown_ = true;
+  std::fprintf(stderr, "%s: step %zu/%zu (%.0f%%)\n", what_.c_str(), done, total_,
+               100.0 * static_cast<double>(done) / static_cast<double>(total_));
+}
+
+void Progress::finish() {
+  if (shown_) std::fprintf(stderr, "%s: step %zu/%zu (100%%)\n", what_.c_str(), total_, total_);
+}
+
+StatusOr<ReplayOutcome> replay_run(const RunDescription& run, SyntheticModel& model, CaptureSet captures) {
+  const SyntheticModelSpec& spec = run.spec;
+  const std::vector<Request> requests =
+      make_requests(run.num_requests, run.prompt_tokens, run.decode_tokens, spec.seed);
+  const std::vector<Step> steps = schedule(requests, spec.max_num_tokens);
+  if (steps.size() != run.step_digests.size()) {
+    return DataLoss("the run's schedule has " + std::to_string(steps.size()) + " steps, the capture recorded " +
+                    std::to_string(run.step_digests.size()));
+  }
+  MOEKIT_ASSIGN_OR_RETURN(auto replayer, RoutedExpertsReplayer::create(std::move(captures), model.model));
+  // The replay runs without capture: only the forced ids and the outputs matter.
+  for (int l = 0; l < model.model.num_layers(); ++l) MOEKIT_RETURN_IF_ERROR(model.model.layer(l).set_capture_target({}));
+  const MoeConfig config = model.model.layer(0).config();
+  StepBuffers buffers(config);
+  std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
+                                LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});
+  ReplayOutcome outcome;
+  Progress progress("replay", steps.size());
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    MOEKIT_RETURN_IF_ERROR(replayer->begin_step(step_layout(steps[i])));
+    MOEKIT_RETURN_IF_ERROR(forward_step(spec, model, steps[i], buffers, stats, replayer.get()));
+    const uint64_t d = output_digest(buffers.out, steps[i].num_tokens, spec.hidden);
+    ++outcome.steps;
+    if (d != run.step_digests[i]) {
+      outcome.matched = false;
+      outcome.mismatch = "step " + std::to_string(i) + " (" + std::to_string(steps[i].num_tokens) +
+                         " tokens): output digest " + hex(d) + ", recorded " + hex(run.step_digests[i]);
+      break;
+    }
+    progress.update(i + 1);
+  }
+  progress.finish();
+  outcome.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return outcome;
+}
+
+StatusOr<ReplayOutcome> replay_capture_file(const std::string& path, const Platform& platform,
+                                            RunDescription* run_out) {
+  MOEKIT_ASSIGN_OR_RETURN(CaptureSet captures, read_capture_file(path));
+  auto it = captures.extra_metadata.find(kRunMetadataKey);
+  if (it == captures.extra_metadata.end()) {
+    return InvalidArgument(path + ": not made by `moekit run` (no \"" + kRunMetadataKey +
+                           "\" metadata); replay a single layer with `moekit layer --replay` instead");
+  }
+  MOEKIT_ASSIGN_OR_RETURN(RunDescription run, decode_run_description(it->second));
+  MoeConfig config = synthetic_config(run.spec, "cpu");
+  config.needs_replay = true;
+  MOEKIT_RETURN_IF_ERROR(config.validate());
+  MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(run.spec, config, platform));
+  if (run_out) *run_out = run;
+  return replay_run(run, model, std::move(captures));
+}
+
+}  // namespace moekit::tools
