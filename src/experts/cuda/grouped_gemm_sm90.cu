@@ -34,14 +34,6 @@ Forced forced_path() {
   return forced;
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    return 132;  // the device is unreadable: any count only changes speed here
-  }
-  return sms;
-}
-
 std::optional<sm90::StreamVariant> forced_variant() {
   static const std::optional<sm90::StreamVariant> forced = []() -> std::optional<sm90::StreamVariant> {
     const char* v = std::getenv("MOEKIT_SM90_STREAM");
@@ -58,11 +50,13 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_n
     c.variant = *forced;
     return c;
   }
-  // 128-row slabs unless N needs 64, or 128-row slabs would leave SMs idle.
+  // Measured on the H200 (bench/NOTES.md): 64-row slabs with three CTAs per SM
+  // stream ~1.5-2x faster than one 128-row CTA per SM; a 32-token tile leaves
+  // room for 6 stages when groups are small.
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
-  const bool few_slabs = groups * (pr.n / 128) < 2 * sm_count();
-  const StreamVariant order[] = {few_slabs ? StreamVariant::kRows64K64 : StreamVariant::kRows128K64,
-                                 StreamVariant::kRows64K64};
+  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  const StreamVariant order[] = {rows_per_group <= 24 ? StreamVariant::kRows64K64T32 : StreamVariant::kRows64K64,
+                                 StreamVariant::kRows64K64, StreamVariant::kRows128K64};
   for (StreamVariant v : order) {
     const Support s = sm90::streaming_gemm_supports(pr, v);
     if (s.ok) {

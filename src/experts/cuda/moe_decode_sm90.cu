@@ -14,6 +14,7 @@ namespace {
 using Rows128K64 = StreamTraits<4, 16, 6, 64>;    // 6 x (16 + 16) KB
 using Rows128K128 = StreamTraits<4, 8, 4, 128>;   // 4 x (32 + 16) KB
 using Rows64K64 = StreamTraits<2, 8, 4, 64>;      // 4 x (8 + 8) KB
+using Rows64K64T32 = StreamTraits<2, 4, 6, 64>;   // 6 x (8 + 4) KB
 using Rows64K192 = StreamTraits<2, 4, 4, 192>;    // 4 x (24 + 12) KB
 using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
 
@@ -23,6 +24,7 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows128K64: return f(Rows128K64{});
     case StreamVariant::kRows128K128: return f(Rows128K128{});
     case StreamVariant::kRows64K64: return f(Rows64K64{});
+    case StreamVariant::kRows64K64T32: return f(Rows64K64T32{});
     case StreamVariant::kRows64K192: return f(Rows64K192{});
     case StreamVariant::kRows64K256: return f(Rows64K256{});
   }
@@ -36,6 +38,7 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows128K64: return "rows128_k64";
     case StreamVariant::kRows128K128: return "rows128_k128";
     case StreamVariant::kRows64K64: return "rows64_k64";
+    case StreamVariant::kRows64K64T32: return "rows64_k64_t32";
     case StreamVariant::kRows64K192: return "rows64_k192";
     case StreamVariant::kRows64K256: return "rows64_k256";
   }

@@ -19,11 +19,13 @@ enum class StreamVariant : uint8_t {
   kRows128K64,   // 4 warps, 128-token tile, 6 stages
   kRows128K128,  // 4 warps, 64-token tile, 4 stages
   kRows64K64,    // 2 warps, 64-token tile, 4 stages (three CTAs per SM)
+  kRows64K64T32, // 2 warps, 32-token tile, 6 stages (three CTAs per SM)
   kRows64K192,   // 2 warps, 32-token tile, 4 stages
   kRows64K256,   // 2 warps, 32-token tile, 4 stages
 };
 inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
-                                                       StreamVariant::kRows64K64, StreamVariant::kRows64K192,
+                                                       StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
+                                                       StreamVariant::kRows64K192,
                                                        StreamVariant::kRows64K256};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
