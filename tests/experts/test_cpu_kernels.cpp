@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -321,6 +322,26 @@ TEST(CpuMonolithic, ReplayOfCaptureReproducesOutputBitwise) {
   a.out = out3.view();
   ASSERT_TRUE(mono.run(a, w.ws(), nullptr).ok());
   EXPECT_TRUE(all_bytes_equal(out1, out3)) << "a second run on the reused workspace differs";
+}
+
+// ---------------------------------------------------------------------------
+// The GEMM path each config takes, so the runs above are known to cover it
+// (test_cpu_kernels_blas runs this binary again with MOEKIT_CPU_GEMM=blas).
+// Both paths compute fp32 products of the same values with fp32
+// accumulation, so one tolerance table serves both.
+
+TEST(CpuGemmPath, PerConfigCpuAndEnvironment) {
+  MoeConfig c;
+  const char* env = std::getenv("MOEKIT_CPU_GEMM");
+  const bool packed = packed_bf16_gemm_supported() && !(env != nullptr && std::string(env) == "blas");
+  const CpuGemmPath bf16_path = packed ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kBlasF32;
+  c.quant.weight_dtype = c.quant.act_dtype = DType::kBF16;
+  EXPECT_EQ(cpu_gemm_path(c), bf16_path);
+  RecordProperty("bf16_gemm_path", cpu_gemm_path_name(cpu_gemm_path(c)));
+  c.quant.act_dtype = DType::kF32;  // bf16 weights, f32 activations: A stays fp32 on both paths
+  EXPECT_EQ(cpu_gemm_path(c), bf16_path);
+  c.quant.weight_dtype = DType::kF32;
+  EXPECT_EQ(cpu_gemm_path(c), CpuGemmPath::kBlasF32);
 }
 
 // ---------------------------------------------------------------------------

@@ -17,8 +17,21 @@ Status CpuExperts::prepare(const MoeConfig& config, const TensorView& w13, const
   intermediate_ = I;
   top_k_ = config.top_k();
   activation_ = config.activation;
-  w13_.assign(w13);
-  w2_.assign(w2);
+  path_ = cpu_gemm_path(config);
+  switch (path_) {
+    case CpuGemmPath::kBlasF32:
+      w13_.assign(w13);
+      w2_.assign(w2);
+      w13_packed_ = {};
+      w2_packed_ = {};
+      break;
+    case CpuGemmPath::kPackedBf16:
+      w13_packed_.assign(w13);
+      w2_packed_.assign(w2);
+      w13_ = {};
+      w2_ = {};
+      break;
+  }
   return Status::Ok();
 }
 
@@ -32,6 +45,7 @@ CpuExperts::Buffers CpuExperts::take_buffers(const MoeConfig& config, int64_t nu
   b.x_perm = layout.take<float>(pairs * config.hidden);
   b.h = layout.take<float>(pairs * n1);
   b.y_perm = layout.take<float>(pairs * config.hidden);
+  b.active = layout.take<int32_t>(cpu_gemm_path(config) == CpuGemmPath::kPackedBf16 ? config.num_experts : 0);
   return b;
 }
 
@@ -53,23 +67,9 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
     }
   });
 
-  // NOTE: the GEMMs run expert by expert, each on OpenBLAS's threads; the
-  // calls (and so the results) depend only on the permutation, never on timing.
-  const float* w13 = w13_.data();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    gemm_abt(b.x_perm + r0 * H, H, w13 + e * n1 * H, H, b.h + r0 * n1, n1, rows, n1, H);
-  }
-
+  grouped_gemm(b.x_perm, H, w13_, w13_packed_, n1, H, b.h, b);
   apply_activation(activation_, b.h, pairs, I);
-
-  const float* w2 = w2_.data();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    gemm_abt(b.h + r0 * n1, n1, w2 + e * H * I, I, b.y_perm + r0 * H, H, rows, H, I);
-  }
+  grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
   parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
@@ -83,6 +83,25 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
       }
     }
   });
+}
+
+void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,
+                              const PackedBf16Weights& w_packed, int64_t n, int64_t k, float* c,
+                              const Buffers& b) const {
+  switch (path_) {
+    case CpuGemmPath::kBlasF32:
+      // NOTE: expert by expert, each on OpenBLAS's threads; the calls (and so
+      // the results) depend only on the permutation, never on timing.
+      for (int64_t e = 0; e < num_experts_; ++e) {
+        const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+      }
+      return;
+    case CpuGemmPath::kPackedBf16:
+      grouped_gemm_packed_bf16(a, lda, b.expert_offsets, w_packed, c, n, b.active);
+      return;
+  }
 }
 
 }  // namespace moekit::cpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "experts/cpu/cpu_gemm.h"
+#include "experts/cpu/packed_bf16_gemm.h"
 #include "experts/cpu/scratch_layout.h"
 #include "moekit/config.h"
 #include "moekit/kernel.h"
@@ -16,14 +17,17 @@ namespace moekit::cpu {
 
 class CpuExperts {
  public:
-  // Validates and widens the expert weights to fp32 (see ExpertWeightsF32):
-  // w13 [E, 2I, H] (gated) or [E, I, H] (relu2), w2 [E, H, I], both in the
-  // config's weight dtype. Errors name the tensor.
+  // Validates the expert weights, w13 [E, 2I, H] (gated) or [E, I, H] (relu2),
+  // w2 [E, H, I], both in the config's weight dtype (errors name the tensor),
+  // and keeps them as cpu_gemm_path(config) needs: packed bf16
+  // (PackedBf16Weights) or widened to fp32 (ExpertWeightsF32).
   Status prepare(const MoeConfig& config, const TensorView& w13, const TensorView& w2);
-  bool prepared() const { return !w13_.empty(); }
+  bool prepared() const { return !w13_.empty() || !w13_packed_.empty(); }
+  CpuGemmPath gemm_path() const { return path_; }
 
-  // Reserves this stage's scratch for `num_tokens` tokens in `layout`; with a
-  // real base, fills `buffers`. Call once per layout, in a fixed position.
+  // Reserves this stage's scratch for `num_tokens` tokens in `layout`, for
+  // cpu_gemm_path(config); with a real base, fills `buffers`. Call once per
+  // layout, in a fixed position.
   struct Buffers {
     int32_t* expert_offsets = nullptr;  // [E + 1] i32
     int32_t* row_to_pair = nullptr;     // [M * k] i32
@@ -31,6 +35,7 @@ class CpuExperts {
     float* x_perm = nullptr;            // [M * k, H] f32: token rows grouped by expert
     float* h = nullptr;                 // [M * k, n1] f32: GEMM1 out; activation written over cols [0, I)
     float* y_perm = nullptr;            // [M * k, H] f32: GEMM2 out, per (token, slot)
+    int32_t* active = nullptr;          // [E] i32: experts with rows (kPackedBf16 only)
   };
   static Buffers take_buffers(const MoeConfig& config, int64_t num_tokens, ScratchLayout& layout);
 
@@ -42,10 +47,18 @@ class CpuExperts {
              const Buffers& buffers) const;
 
  private:
+  // c[r, 0..n) = a[r, 0..k) . W_e^T for every expert e and its permuted rows
+  // r, on this stage's path; a: [M * k, lda] f32, c: [M * k, n] f32.
+  void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_packed,
+                    int64_t n, int64_t k, float* c, const Buffers& b) const;
+
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
-  ExpertWeightsF32 w13_;  // [E, n1, H] f32, n1 = 2I (gated) or I (relu2)
-  ExpertWeightsF32 w2_;   // [E, H, I] f32
+  CpuGemmPath path_ = CpuGemmPath::kBlasF32;
+  ExpertWeightsF32 w13_;          // [E, n1, H] f32, n1 = 2I (gated) or I (relu2); kBlasF32 only
+  ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only
+  PackedBf16Weights w13_packed_;  // w13 packed (N = n1, K = H); kPackedBf16 only
+  PackedBf16Weights w2_packed_;   // w2 packed (N = H, K = I); kPackedBf16 only
 };
 
 }  // namespace moekit::cpu

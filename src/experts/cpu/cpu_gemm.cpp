@@ -2,9 +2,30 @@
 
 #include <cblas.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/parallel_for.h"
+#include "experts/cpu/packed_bf16_gemm.h"
 
 namespace moekit::cpu {
+
+const char* cpu_gemm_path_name(CpuGemmPath path) {
+  switch (path) {
+    case CpuGemmPath::kBlasF32: return "blas_f32";
+    case CpuGemmPath::kPackedBf16: return "packed_bf16";
+  }
+  return "?";
+}
+
+CpuGemmPath cpu_gemm_path(const MoeConfig& config) {
+  static const bool force_blas = [] {
+    const char* s = std::getenv("MOEKIT_CPU_GEMM");
+    return s != nullptr && std::strcmp(s, "blas") == 0;
+  }();
+  const bool packed = config.quant.weight_dtype == DType::kBF16 && !force_blas && packed_bf16_gemm_supported();
+  return packed ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kBlasF32;
+}
 
 void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
               int64_t n, int64_t k) {

@@ -1,16 +1,33 @@
-// The expert GEMMs of the CPU backend, on OpenBLAS sgemm (fp32 in, fp32
-// accumulation). Weights are kept as fp32 copies made once in prepare_weights
-// (see ExpertWeightsF32): sgemm packs its operands itself, and widening bf16 per
-// call would add a pass over all weights to every layer call.
+// The expert GEMMs of the CPU backend: which path a config takes, and the
+// OpenBLAS path, sgemm (fp32 in, fp32 accumulation). That path keeps fp32
+// copies of the weights made once in prepare_weights (see ExpertWeightsF32):
+// sgemm packs its operands itself, and widening bf16 per call would add a pass
+// over all weights to every layer call. The other path, for bf16 models on CPUs
+// with AVX-512 BF16, is in packed_bf16_gemm.h.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "moekit/config.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
 
 namespace moekit::cpu {
+
+enum class CpuGemmPath {
+  kBlasF32,     // OpenBLAS sgemm on fp32 weight copies
+  kPackedBf16,  // packed bf16 weights, AVX-512 fp32 FMAs (packed_bf16_gemm.h)
+};
+const char* cpu_gemm_path_name(CpuGemmPath path);  // "blas_f32", "packed_bf16"
+
+// The path of a config: kPackedBf16 when the weights are bf16 and
+// packed_bf16_gemm_supported(), else kBlasF32. Both compute fp32 products of
+// the same values with fp32 accumulation (they differ only in summation
+// order). MOEKIT_CPU_GEMM=blas in the environment forces kBlasF32 (to compare
+// or test the fallback); it is read once per process, so workspace sizes and
+// prepared weights always agree.
+CpuGemmPath cpu_gemm_path(const MoeConfig& config);
 
 // c[m, n] = a[m, :k] . b[n, :k]^T, all row-major fp32 with leading dimensions
 // lda, ldb, ldc (elements). b is a weight matrix stored [n, k] as checkpoints

@@ -24,8 +24,9 @@ class CpuModular : public MoeKernel {
                                      const TensorView& topk_ids) const override;
   size_t workspace_size(int64_t num_tokens) const override;
   // w13 [E, 2I, H] ([E, I, H] for relu2), w2 [E, H, I], in the config's weight
-  // dtype; widened to fp32 copies (2x a bf16 checkpoint in memory). score_bias is
-  // not used (routing happens outside) and is checked only when given.
+  // dtype; kept packed bf16 or as fp32 copies (2x a bf16 checkpoint in memory)
+  // as cpu_gemm_path() says. score_bias is not used (routing happens outside)
+  // and is checked only when given.
   Status prepare_weights(const MoeWeights& weights) override;
   // Reads hidden, topk_ids, topk_weights; writes out. Validates every argument
   // before writing anything; allocates nothing.

@@ -27,8 +27,8 @@ class CpuMonolithic : public MoeKernel {
                                      const TensorView& topk_ids) const override;
   size_t workspace_size(int64_t num_tokens) const override;
   // w13 [E, 2I, H] ([E, I, H] for relu2), w2 [E, H, I], in the config's weight
-  // dtype (widened to fp32 copies); score_bias [E] f32 required exactly when
-  // routing.has_score_bias.
+  // dtype (kept packed bf16 or as fp32 copies, per cpu_gemm_path()); score_bias
+  // [E] f32 required exactly when routing.has_score_bias.
   Status prepare_weights(const MoeWeights& weights) override;
   // Reads hidden, router_logits, optional forced_ids; writes out and, when
   // given, routing_replay_out rows [0, M) and expert_counts. Validates every
