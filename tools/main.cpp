@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   moekit::tools::add_backends_command(app);
   moekit::tools::add_layer_command(app);
   moekit::tools::add_replay_command(app);
+  moekit::tools::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

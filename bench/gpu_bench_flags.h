@@ -1,0 +1,27 @@
+// The command-line flags of the GPU MoE benchmark, shared by its own binary
+// (moekit_gpu_bench) and `moekit bench`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "gpu_moe_bench.h"
+
+namespace moekit::bench {
+
+inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
+  app->add_option("--shapes", opt->shapes_path, "shape list (JSON)");
+  app->add_option("--m", opt->m_list, "token counts (default: the shape list's)");
+  app->add_option("--only", opt->only, "shape names to run (default: all)");
+  app->add_option("--backend", opt->backend, "MoeConfig backend: cuda_sm90 or auto");
+  app->add_option("--json", opt->json_path, "write results here");
+  app->add_option("--dump-dir", opt->dump_dir, "write outputs of the dump cases here (.npy) for the peer check");
+  app->add_option("--dump-m", opt->dump_m, "M values whose output is dumped");
+  app->add_option("--sets", opt->num_sets, "rotating input sets per case")->check(CLI::Range(1, 64));
+  app->add_option("--seconds", opt->seconds_per_case, "timed seconds per case");
+  app->add_option("--min-reps", opt->min_reps, "timed launches per input set, at least")->check(CLI::Range(1, 1000));
+  app->add_option("--read-gib", opt->read_gib, "bytes read by the bandwidth ceiling, GiB")->check(CLI::Range(4.0, 64.0));
+  app->add_option("--matmul-n", opt->matmul_n, "size of the matmul ceiling");
+  app->add_option("--seed", opt->seed, "base seed of every input");
+}
+
+}  // namespace moekit::bench
