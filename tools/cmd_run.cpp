@@ -1,6 +1,6 @@
 // `moekit run`: the main job. Builds a small synthetic MoE model from a seed,
-// serves a batch of requests through it on the CPU backend the way an engine
-// batches them, and prints what happened: config, platform, kernel chosen,
+// serves a batch of requests through it the way an engine batches them, on
+// the backend the oracle picks (the GPU when one is present), and prints what happened: config, platform, kernel chosen,
 // tokens/s and the expert load of every layer. It captures the routed experts
 // (unless --no-capture), writes the capture file, replays it and reports
 // whether the outputs matched bit for bit.
@@ -37,6 +37,7 @@ struct RunOptions {
   int64_t prompt_tokens = 1024;  // all prompts together
   int64_t decode_tokens = 16;    // per request
   int threads = 0;               // 0: every hardware thread
+  std::string backend = "auto";  // MoeConfig::backend: "auto" or a backend name
   std::string capture_path = "moekit_capture.safetensors";
   bool no_capture = false;
 };
@@ -111,8 +112,7 @@ Status run_run(const RunOptions& o) {
     openblas_set_num_threads(o.threads);
   }
   const SyntheticModelSpec& spec = o.spec;
-  // The CPU backend, forced: this run keeps its activations in host memory.
-  MoeConfig config = synthetic_config(spec, "cpu");
+  MoeConfig config = synthetic_config(spec, o.backend);
   config.needs_capture = config.needs_replay = !o.no_capture;
   const Platform& platform = Platform::probe();
   MOEKIT_ASSIGN_OR_RETURN(const Resolution resolution, select_backend(config, platform));
@@ -138,14 +138,16 @@ Status run_run(const RunOptions& o) {
   std::printf("weights:  %d layers built and prepared in %.2f s\n", spec.num_layers, seconds_since(t_build));
   std::fflush(stdout);
 
+  const Device device = model.model.layer(0).device();
+  std::printf("device:   MoE layers run on %s\n", device.to_string().c_str());
   MOEKIT_ASSIGN_OR_RETURN(auto capturer, RoutedExpertsCapturer::create(spec.num_layers, spec.max_num_tokens,
-                                                                     spec.top_k, Device::cpu(), !o.no_capture));
+                                                                     spec.top_k, device, !o.no_capture));
   MOEKIT_RETURN_IF_ERROR(bind(model.model, *capturer));
   MOEKIT_RETURN_IF_ERROR(add_requests(*capturer, requests));
-  RunDescription described{spec, o.num_requests, o.prompt_tokens, o.decode_tokens, {}};
+  RunDescription described{spec, resolution.backend, o.num_requests, o.prompt_tokens, o.decode_tokens, {}};
   Progress progress("run", steps.size());
 
-  StepBuffers buffers(config);
+  MOEKIT_ASSIGN_OR_RETURN(StepBuffers buffers, StepBuffers::create(config, device));
   std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
                                 LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});
   uint64_t digest = 0xcbf29ce484222325ull;
@@ -192,7 +194,7 @@ Status run_run(const RunOptions& o) {
 void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "run", "Serve a batch of requests through a seeded synthetic MoE model on the CPU backend and report");
+      "run", "Serve a batch of requests through a seeded synthetic MoE model (GPU when present) and report");
   SyntheticModelSpec& s = o->spec;
   cmd->add_option("--layers", s.num_layers, "MoE layers")->capture_default_str();
   cmd->add_option("--experts", s.num_experts, "experts per layer (E)")->capture_default_str();
@@ -209,6 +211,8 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", s.seed, "seed of weights, embeddings and prompt lengths")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "auto (the oracle picks; the GPU when present), or a backend name")
+      ->capture_default_str();
   cmd->add_option("--capture", o->capture_path, "capture file to write (then replayed)")->capture_default_str();
   cmd->add_flag("--no-capture", o->no_capture, "run without capture (nothing allocated) and without the replay");
   cmd->callback([o] {

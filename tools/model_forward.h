@@ -10,18 +10,25 @@
 #include "moekit/capture.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
+#include "core/device_buffer.h"
 #include "synthetic_model.h"
 
 namespace moekit::tools {
 
-// Host buffers of one step, sized for max_num_tokens rows, reused by every layer.
+// The buffers of one step, sized for max_num_tokens rows, reused by every layer.
+// The dense parts of the synthetic model (embedding, rmsnorm, router matmul)
+// run on the host; when the MoE layers run on a CUDA device, each layer's
+// input, logits, output and counts travel through device mirrors.
 struct StepBuffers {
-  explicit StepBuffers(const MoeConfig& config);
+  static StatusOr<StepBuffers> create(const MoeConfig& config, Device layer_device);
+
   std::vector<float> h;  // [Mmax, H] f32 residual stream
   HostTensor x;          // [Mmax, H] bf16 layer input: rmsnorm(h)
   HostTensor logits;     // [Mmax, E] f32 router logits
   HostTensor out;        // [Mmax, H] bf16 layer output
   HostTensor counts;     // [E] i32 tokens per expert of the last layer forward
+  Device device = Device::cpu();  // where the MoE layers run
+  DeviceBuffer d_x, d_logits, d_out, d_counts;  // device mirrors of the four above; empty on the CPU
 };
 
 // What the run measured, per MoE layer.

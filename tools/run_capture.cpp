@@ -36,6 +36,7 @@ std::string encode_run_description(const RunDescription& r) {
                     {"routed_scaling_factor", s.routed_scaling_factor},
                     {"max_num_tokens", s.max_num_tokens},
                     {"seed", s.seed}}},
+                  {"backend", r.backend},
                   {"num_requests", r.num_requests},
                   {"prompt_tokens", r.prompt_tokens},
                   {"decode_tokens", r.decode_tokens},
@@ -77,6 +78,9 @@ StatusOr<RunDescription> decode_run_description(const std::string& text) {
   s.topk_groups = static_cast<int>(topk_groups);
   s.seed = seed.get<uint64_t>();
   s.routed_scaling_factor = scaling.get<float>();
+  MOEKIT_ASSIGN_OR_RETURN(Json backend, need(j, "backend"));
+  if (!backend.is_string()) return DataLoss(what + ": \"backend\" must be a string");
+  r.backend = backend.get<std::string>();
   MOEKIT_ASSIGN_OR_RETURN(int64_t requests, integer(j, "num_requests"));
   r.num_requests = static_cast<int>(requests);
   MOEKIT_ASSIGN_OR_RETURN(r.prompt_tokens, integer(j, "prompt_tokens"));
@@ -144,8 +148,8 @@ StatusOr<ReplayOutcome> replay_run(const RunDescription& run, SyntheticModel& mo
   MOEKIT_ASSIGN_OR_RETURN(auto replayer, RoutedExpertsReplayer::create(std::move(captures), model.model));
   // The replay runs without capture: only the forced ids and the outputs matter.
   for (int l = 0; l < model.model.num_layers(); ++l) MOEKIT_RETURN_IF_ERROR(model.model.layer(l).set_capture_target({}));
-  const MoeConfig config = model.model.layer(0).config();
-  StepBuffers buffers(config);
+  const MoeLayer& first = model.model.layer(0);
+  MOEKIT_ASSIGN_OR_RETURN(StepBuffers buffers, StepBuffers::create(first.config(), first.device()));
   std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
                                 LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});
   ReplayOutcome outcome;
@@ -178,7 +182,7 @@ StatusOr<ReplayOutcome> replay_capture_file(const std::string& path, const Platf
                            "\" metadata); replay a single layer with `moekit layer --replay` instead");
   }
   MOEKIT_ASSIGN_OR_RETURN(RunDescription run, decode_run_description(it->second));
-  MoeConfig config = synthetic_config(run.spec, "cpu");
+  MoeConfig config = synthetic_config(run.spec, run.backend);
   config.needs_replay = true;
   MOEKIT_RETURN_IF_ERROR(config.validate());
   MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(run.spec, config, platform));
