@@ -62,6 +62,14 @@ for f in "$LOGS"/ctest_gpu*.log; do
   grep -E '^\[  FAILED  \]' "$f" | sort -u | head -n 8 | sed "s|^|         $(basename "$f"): |"
 done
 
+# ---- the main job on its embedded default: the oracle must pick the GPU, and the replay must match
+if ( cd "$LOGS" && "$BUILD/moekit" run ) >"$LOGS/moekit_run.log" 2>&1; then
+  note "run      ok: $(grep -E '^backend:' "$LOGS/moekit_run.log" | cut -c11- | head -1); $(grep -E '^device:' "$LOGS/moekit_run.log" | cut -c11-)"
+  grep -E '^(run|replay): ' "$LOGS/moekit_run.log" | sed 's/^/         /'
+else
+  fail "run      moekit run failed: $(tail -n 2 "$LOGS/moekit_run.log" | paste -sd' ')"
+fi
+
 # ---- compute-sanitizer on a small subset
 T="$BUILD/tests/cuda"
 san() {  # tool, label, binary, filter
