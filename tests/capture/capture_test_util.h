@@ -48,6 +48,32 @@ inline MoeConfig config_for(const ModelShape& s) {
   return c;
 }
 
+// Every built-in routing method (all but custom): what monolithic kernels serve.
+inline constexpr RoutingMethod kBuiltInMethods[] = {
+    RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
+    RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
+    RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3};
+
+// The model of the capture/replay round-trip tests: three layers, top-4 (top-1
+// for llama4).
+inline ModelShape replay_shape(RoutingMethod m) {
+  ModelShape s;
+  s.method = m;
+  s.k = m == RoutingMethod::kLlama4 ? 1 : 4;
+  s.num_layers = 3;
+  return s;
+}
+
+// Three engine steps over requests "p" and "q": prefill chunks, then decodes.
+inline const std::vector<StepLayout>& two_request_schedule() {
+  static const std::vector<StepLayout> steps = {
+      StepLayout{{{"p", 7}, {"q", 4}}},
+      StepLayout{{{"q", 1}, {"p", 3}}},
+      StepLayout{{{"p", 1}, {"q", 1}}},
+  };
+  return steps;
+}
+
 // The CPU kernel class called `name` ("CpuMonolithic" | "CpuModular").
 inline KernelClass cpu_kernel_class(const std::string& name) {
   const std::vector<Backend> registry = backend_registry(Platform::cpu_only());

@@ -10,41 +10,22 @@
 
 #include "capture/capture_test_util.h"
 #include "reference/reference.h"
+#include "util/reference_params.h"
 
 namespace moekit {
 namespace {
 
+using testing::kBuiltInMethods;
 using testing::LayerStep;
 using testing::make_model;
 using testing::make_step_inputs;
 using testing::ModelShape;
+using testing::replay_shape;
 using testing::run_layers;
-
-constexpr RoutingMethod kBuiltInMethods[] = {
-    RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
-    RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
-    RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3};
+using testing::two_request_schedule;
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "moekit_replay_" + std::to_string(::getpid()) + "_" + name;
-}
-
-ModelShape shape_for(RoutingMethod m) {
-  ModelShape s;
-  s.method = m;
-  s.k = m == RoutingMethod::kLlama4 ? 1 : 4;
-  s.num_layers = 3;
-  return s;
-}
-
-// Three engine steps over two requests (prefill chunks, then decodes).
-const std::vector<StepLayout>& schedule() {
-  static const std::vector<StepLayout> steps = {
-      StepLayout{{{"p", 7}, {"q", 4}}},
-      StepLayout{{{"q", 1}, {"p", 3}}},
-      StepLayout{{{"p", 1}, {"q", 1}}},
-  };
-  return steps;
 }
 
 using ReplayParam = std::tuple<RoutingMethod, std::string>;
@@ -53,7 +34,7 @@ class ReplayBitExact : public ::testing::TestWithParam<ReplayParam> {};
 
 TEST_P(ReplayBitExact, ReplayingTheCaptureFileReproducesTheOutputs) {
   const auto& [method, kernel] = GetParam();
-  const ModelShape s = shape_for(method);
+  const ModelShape s = replay_shape(method);
   const uint64_t seed = testing::seed_from({31, static_cast<int64_t>(method), kernel == "CpuModular"});
   auto model = make_model(s, kernel, seed);
   ASSERT_TRUE(model);
@@ -65,8 +46,8 @@ TEST_P(ReplayBitExact, ReplayingTheCaptureFileReproducesTheOutputs) {
 
   // Record. Logits are plain Gaussian here (ties allowed): replay must be exact anyway.
   std::vector<std::vector<LayerStep>> recorded;
-  for (size_t i = 0; i < schedule().size(); ++i) {
-    const StepLayout& layout = schedule()[i];
+  for (size_t i = 0; i < two_request_schedule().size(); ++i) {
+    const StepLayout& layout = two_request_schedule()[i];
     auto in = make_step_inputs(s, layout.num_rows(), seed + i);
     ASSERT_TRUE((*cap)->begin_step(layout).ok());
     ASSERT_TRUE(run_layers(*model, in).ok());
@@ -88,10 +69,10 @@ TEST_P(ReplayBitExact, ReplayingTheCaptureFileReproducesTheOutputs) {
   ASSERT_TRUE(bind(*model, **cap2).ok());
   ASSERT_TRUE((*cap2)->add_request("p").ok());
   ASSERT_TRUE((*cap2)->add_request("q").ok());
-  for (size_t i = 0; i < schedule().size(); ++i) {
-    std::vector<LayerStep> again = make_step_inputs(s, schedule()[i].num_rows(), seed + i);
-    ASSERT_TRUE((*replayer)->begin_step(schedule()[i]).ok());
-    ASSERT_TRUE((*cap2)->begin_step(schedule()[i]).ok());
+  for (size_t i = 0; i < two_request_schedule().size(); ++i) {
+    std::vector<LayerStep> again = make_step_inputs(s, two_request_schedule()[i].num_rows(), seed + i);
+    ASSERT_TRUE((*replayer)->begin_step(two_request_schedule()[i]).ok());
+    ASSERT_TRUE((*cap2)->begin_step(two_request_schedule()[i]).ok());
     ASSERT_TRUE(run_layers(*model, again, replayer->get()).ok());
     ASSERT_TRUE((*cap2)->end_step().ok());
     for (int l = 0; l < s.num_layers; ++l) {
@@ -127,7 +108,7 @@ class ReplayForces : public ::testing::TestWithParam<ReplayParam> {};
 
 TEST_P(ReplayForces, ForcedIdsGiveTheReferenceLayerForThoseIds) {
   const auto& [method, kernel] = GetParam();
-  ModelShape s = shape_for(method);
+  ModelShape s = replay_shape(method);
   s.act = DType::kF32;
   s.num_layers = 1;
   const uint64_t seed = testing::seed_from({32, static_cast<int64_t>(method), kernel == "CpuModular"});
@@ -152,24 +133,14 @@ TEST_P(ReplayForces, ForcedIdsGiveTheReferenceLayerForThoseIds) {
   ASSERT_TRUE(got.ok());
   for (int64_t i = 0; i < m * s.k; ++i) ASSERT_EQ(got->data<int16_t>()[i], forced.data<int32_t>()[i]) << i;
 
-  moekit_ref::RoutingParams rp;
   const MoeConfig cfg = testing::config_for(s);
-  rp.method = routing_method_name(method);
-  rp.top_k = static_cast<int>(s.k);
-  rp.num_groups = cfg.routing.num_groups;
-  rp.topk_groups = cfg.routing.topk_groups;
-  rp.scaling = cfg.routing.routed_scaling_factor;
-  rp.bias = w[0].biasd;
   std::vector<int32_t> forced_v(forced.data<int32_t>(), forced.data<int32_t>() + m * s.k);
-  const auto ref_route = moekit_ref::route(rp, in[0].logits_d, m, s.E, forced_v);
+  const auto ref_route =
+      moekit_ref::route(testing::ref_routing(cfg.routing, w[0].biasd), in[0].logits_d, m, s.E, forced_v);
   ASSERT_EQ(ref_route.ids, forced_v);
-  moekit_ref::LayerParams lp;
-  lp.activation = "silu";
-  lp.E = s.E;
-  lp.H = s.H;
-  lp.I = s.I;
-  const std::vector<double> ref = moekit_ref::moe_layer(lp, testing::to_double(in[0].hidden.view()), m, w[0].w13d,
-                                                        w[0].w2d, forced_v, ref_route.weights, static_cast<int>(s.k));
+  const std::vector<double> ref =
+      moekit_ref::moe_layer(testing::ref_layer(cfg), testing::to_double(in[0].hidden.view()), m, w[0].w13d, w[0].w2d,
+                            forced_v, ref_route.weights, static_cast<int>(s.k));
   // f32 throughout on exactly the values the reference sees: the error is fp32
   // rounding in dot products of length H = 64 and I = 32 plus the routing
   // weights (softmax/sigmoid in fp32), worst case ~K * 2^-24 ~ 4e-6; 1e-5 is

@@ -14,28 +14,15 @@
 namespace moekit {
 namespace {
 
+using testing::kBuiltInMethods;
 using testing::LayerStep;
 using testing::make_step_inputs;
 using testing::ModelShape;
+using testing::two_request_schedule;
 
 // GPU vs CPU layer outputs: both bf16 layers within ~2e-3 (rms) of the truth
 // (see test_layer_cuda.cpp), so within 1e-2 of each other with margin.
 constexpr double kBackendBound = 1e-2;
-
-constexpr RoutingMethod kBuiltInMethods[] = {
-    RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
-    RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
-    RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3};
-
-// Engine steps over two requests: prefill chunks, then decodes.
-const std::vector<StepLayout>& schedule() {
-  static const std::vector<StepLayout> steps = {
-      StepLayout{{{"p", 7}, {"q", 4}}},
-      StepLayout{{{"q", 1}, {"p", 3}}},
-      StepLayout{{{"p", 1}, {"q", 1}}},
-  };
-  return steps;
-}
 
 using Param = std::tuple<RoutingMethod, std::string>;
 class CudaCaptureReplay : public ::testing::TestWithParam<Param> {};
@@ -43,10 +30,7 @@ class CudaCaptureReplay : public ::testing::TestWithParam<Param> {};
 TEST_P(CudaCaptureReplay, CaptureEqualsCpuAndReplayIsBitExact) {
   MOEKIT_REQUIRE_SM90();
   const auto& [method, kernel] = GetParam();
-  ModelShape s;
-  s.method = method;
-  s.k = method == RoutingMethod::kLlama4 ? 1 : 4;
-  s.num_layers = 3;
+  const ModelShape s = testing::replay_shape(method);
   const uint64_t seed = testing::seed_from({41, static_cast<int64_t>(method), kernel == "Sm90Modular"});
   cuda_test::ModelPair models = cuda_test::make_model_pair(s, kernel, seed);
   ASSERT_TRUE(models.cpu && models.gpu);
@@ -67,8 +51,8 @@ TEST_P(CudaCaptureReplay, CaptureEqualsCpuAndReplayIsBitExact) {
 
   // Record on both backends with the same inputs.
   std::vector<std::vector<LayerStep>> recorded;
-  for (size_t i = 0; i < schedule().size(); ++i) {
-    const StepLayout& layout = schedule()[i];
+  for (size_t i = 0; i < two_request_schedule().size(); ++i) {
+    const StepLayout& layout = two_request_schedule()[i];
     auto cpu_in = make_step_inputs(s, layout.num_rows(), seed + i);
     auto gpu_in = make_step_inputs(s, layout.num_rows(), seed + i);
     ASSERT_TRUE((*cpu_cap)->begin_step(layout).ok());
@@ -108,10 +92,10 @@ TEST_P(CudaCaptureReplay, CaptureEqualsCpuAndReplayIsBitExact) {
   ASSERT_TRUE(bind(*models.gpu, **cap2).ok());
   ASSERT_TRUE((*cap2)->add_request("p").ok());
   ASSERT_TRUE((*cap2)->add_request("q").ok());
-  for (size_t i = 0; i < schedule().size(); ++i) {
-    auto again = make_step_inputs(s, schedule()[i].num_rows(), seed + i);
-    ASSERT_TRUE((*replayer)->begin_step(schedule()[i]).ok());
-    ASSERT_TRUE((*cap2)->begin_step(schedule()[i]).ok());
+  for (size_t i = 0; i < two_request_schedule().size(); ++i) {
+    auto again = make_step_inputs(s, two_request_schedule()[i].num_rows(), seed + i);
+    ASSERT_TRUE((*replayer)->begin_step(two_request_schedule()[i]).ok());
+    ASSERT_TRUE((*cap2)->begin_step(two_request_schedule()[i]).ok());
     const Status st = cuda_test::run_gpu_layers(*models.gpu, again, replayer->get());
     ASSERT_TRUE(st.ok()) << st.to_string();
     ASSERT_TRUE((*cap2)->end_step().ok());

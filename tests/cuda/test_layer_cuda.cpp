@@ -18,6 +18,7 @@
 #include "moekit/routing.h"
 #include "reference/reference.h"
 #include "routing/cuda/route_cuda.h"
+#include "util/reference_params.h"
 #include "util/test_util.h"
 
 namespace moekit {
@@ -34,16 +35,6 @@ using cuda_test::DeviceTensor;
 // leaves a 5x margin yet catches any wrong row, column, expert or weight (those
 // give errors of order 1).
 constexpr double kLayerBound = 1e-2;
-
-const char* ref_activation(Activation a) {
-  switch (a) {
-    case Activation::kSiluGated: return "silu";
-    case Activation::kGeluGated: return "gelu";
-    case Activation::kSwigluOai: return "swiglu_oai";
-    case Activation::kRelu2: return "relu2";
-  }
-  return "?";
-}
 
 struct LayerCase {
   int64_t M, E;
@@ -140,17 +131,10 @@ TEST_P(CudaLayerGrid, ModularAndMonolithicMatchReference) {
   const LayerData d = draw(c, testing::seed_from({c.M, c.E, c.k, static_cast<int64_t>(c.act),
                                                   static_cast<int64_t>(c.method), c.H, c.I, 4}));
   // Reference routing and layer (fp64), from the exact inputs.
-  moekit_ref::RoutingParams rp;
-  rp.method = routing_method_name(c.method);
-  rp.top_k = c.k;
-  rp.scaling = c.method == RoutingMethod::kDeepseekV3 ? 2.5 : 1.0;
-  const moekit_ref::RoutingResult rr = moekit_ref::route(rp, d.logits_d, c.M, c.E);
-  moekit_ref::LayerParams lp;
-  lp.activation = ref_activation(c.act);
-  lp.E = c.E;
-  lp.H = c.H;
-  lp.I = c.I;
-  const std::vector<double> ref = moekit_ref::moe_layer(lp, d.hidden_d, c.M, d.w13_d, d.w2_d, rr.ids, rr.weights, c.k);
+  const MoeConfig cfg = c.config();
+  const moekit_ref::RoutingResult rr = moekit_ref::route(testing::ref_routing(cfg.routing), d.logits_d, c.M, c.E);
+  const std::vector<double> ref =
+      moekit_ref::moe_layer(testing::ref_layer(cfg), d.hidden_d, c.M, d.w13_d, d.w2_d, rr.ids, rr.weights, c.k);
 
   DeviceTensor hidden(d.hidden), logits(d.logits);
 

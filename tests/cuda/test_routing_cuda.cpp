@@ -17,6 +17,7 @@
 #include "reference/reference.h"
 #include "routing/cuda/route_cuda.h"
 #include "routing/routing_test_common.h"
+#include "util/reference_params.h"
 #include "util/test_util.h"
 
 namespace moekit {
@@ -24,7 +25,6 @@ namespace {
 
 using cuda_test::DeviceTensor;
 using routing_test::copy_out;
-using routing_test::ref_params;
 using routing_test::RouteBuffers;
 
 // Weights vs the fp64 reference: fp32 scores with up to 256 exponentials summed
@@ -83,62 +83,6 @@ std::vector<Case> cases() {
   return out;
 }
 
-double sigmoid64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// deepseek_v3 selects on fp32 sigmoid(x) + bias, computed with each backend's
-// exp: rows whose decisions (group boundary, the first k + 1 biased scores) are
-// closer than 1e-5 relative are redrawn, so ids are a function of the input
-// and not of a few ulp. A filter on inputs; the ids still come from the reference.
-bool deepseek_row_separated(const Case& c, const double* row, const std::vector<double>& bias) {
-  constexpr double kRel = 1e-5;
-  const int64_t per = c.E / c.groups;
-  std::vector<double> b(c.E);
-  for (int64_t e = 0; e < c.E; ++e) b[e] = sigmoid64(row[e]) + (bias.empty() ? 0.0 : bias[e]);
-  auto apart = [&](double x, double y) { return std::abs(x - y) > kRel * (std::abs(x) + std::abs(y) + 1.0); };
-  std::vector<bool> kept(c.groups, true);
-  if (c.topk_groups < c.groups) {
-    std::vector<double> gs(c.groups);
-    for (int g = 0; g < c.groups; ++g) {
-      std::vector<double> m(b.begin() + g * per, b.begin() + (g + 1) * per);
-      std::partial_sort(m.begin(), m.begin() + 2, m.end(), std::greater<>());
-      gs[g] = m[0] + m[1];
-    }
-    std::vector<int> order(c.groups);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int x, int y) { return gs[x] > gs[y]; });
-    if (!apart(gs[order[c.topk_groups - 1]], gs[order[c.topk_groups]])) return false;
-    std::fill(kept.begin(), kept.end(), false);
-    for (int j = 0; j < c.topk_groups; ++j) kept[order[j]] = true;
-  }
-  std::vector<double> cand;
-  for (int64_t e = 0; e < c.E; ++e)
-    if (kept[e / per]) cand.push_back(b[e]);
-  std::sort(cand.begin(), cand.end(), std::greater<>());
-  for (size_t i = 0; i + 1 < std::min(cand.size(), static_cast<size_t>(c.k) + 1); ++i)
-    if (!apart(cand[i], cand[i + 1])) return false;
-  return true;
-}
-
-HostTensor draw_logits(std::mt19937_64& rng, const Case& c, const std::vector<double>& bias,
-                       std::vector<double>* exact) {
-  HostTensor logits = testing::tie_free_logits(rng, c.dtype, c.M, c.E, kGap, exact);
-  if (c.method != RoutingMethod::kDeepseekV3) return logits;
-  const size_t row_bytes = static_cast<size_t>(c.E) * dtype_size(c.dtype);
-  for (int64_t r = 0; r < c.M; ++r) {
-    for (int tries = 0; !deepseek_row_separated(c, exact->data() + r * c.E, bias); ++tries) {
-      if (tries > 1000) {
-        ADD_FAILURE() << "could not draw a well-separated deepseek_v3 row";
-        return logits;
-      }
-      std::vector<double> fresh_exact;
-      HostTensor fresh = testing::tie_free_logits(rng, c.dtype, 1, c.E, kGap, &fresh_exact);
-      std::memcpy(logits.data<unsigned char>() + r * row_bytes, fresh.data<unsigned char>(), row_bytes);
-      std::copy(fresh_exact.begin(), fresh_exact.end(), exact->begin() + r * c.E);
-    }
-  }
-  return logits;
-}
-
 // Device copies of RouteBuffers; outputs poisoned.
 struct DeviceRoute {
   DeviceTensor logits, bias, forced, ids, weights, counts, replay;
@@ -169,15 +113,7 @@ Status route_on_device(const RoutingConfig& cfg, const DeviceRoute& d) {
 }
 
 std::string compare_weights(const std::vector<float>& got, const std::vector<double>& want, int k) {
-  if (got.size() != want.size()) return "size mismatch";
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(err <= kAtol + kRtol * std::abs(want[i]))) {  // NaN fails
-      return "weights[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(got[i]) +
-             ", want " + std::to_string(want[i]);
-    }
-  }
-  return "";
+  return routing_test::compare_weights(got, want, k, kAtol, kRtol);
 }
 
 class CudaRoutingGrid : public ::testing::TestWithParam<Case> {};
@@ -192,8 +128,8 @@ TEST_P(CudaRoutingGrid, MatchesReferenceAndCpu) {
   HostTensor bias_t;
   if (c.bias) bias_t = testing::random_tensor(rng, DType::kF32, {c.E}, 0.1, &bias);
   std::vector<double> exact;
-  HostTensor logits = draw_logits(rng, c, bias, &exact);
-  const moekit_ref::RoutingParams params = ref_params(cfg, bias);
+  HostTensor logits = routing_test::routing_logits(rng, cfg, c.dtype, c.M, c.E, kGap, bias, &exact);
+  const moekit_ref::RoutingParams params = testing::ref_routing(cfg, bias);
   const moekit_ref::RoutingResult ref = moekit_ref::route(params, exact, c.M, c.E);
 
   RouteBuffers cpu(logits, c.k);
@@ -230,12 +166,7 @@ TEST_P(CudaRoutingGrid, MatchesReferenceAndCpu) {
   RouteBuffers forced(logits, c.k);
   if (c.bias) forced.bias = bias_t;
   forced.forced = HostTensor(DType::kI32, {c.M, c.k});
-  std::vector<int32_t> fids, perm(c.E);
-  for (int64_t r = 0; r < c.M; ++r) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    fids.insert(fids.end(), perm.begin(), perm.begin() + c.k);
-  }
+  const std::vector<int32_t> fids = routing_test::random_forced_ids(rng, c.M, c.E, c.k);
   std::copy(fids.begin(), fids.end(), forced.forced.data<int32_t>());
   DeviceRoute dev_forced(forced);
   ASSERT_TRUE(route_on_device(cfg, dev_forced).ok());

@@ -17,6 +17,7 @@
 #include "experts/cpu/cpu_monolithic.h"
 #include "moekit/routing.h"
 #include "reference/reference.h"
+#include "util/reference_params.h"
 #include "util/test_util.h"
 
 namespace moekit::cpu {
@@ -24,6 +25,8 @@ namespace {
 
 using moekit::testing::poison;
 using moekit::testing::random_tensor;
+using moekit::testing::ref_layer;
+using moekit::testing::ref_routing;
 using moekit::testing::rel_l2_error;
 using moekit::testing::seed_from;
 using moekit::testing::tie_free_logits;
@@ -44,16 +47,6 @@ constexpr double kF32Bound = 5e-6;
 constexpr double kBf16Bound = 0.00390625 * (1.0 + kF32Bound) + kF32Bound;
 
 double bound_for(DType act) { return act == DType::kF32 ? kF32Bound : kBf16Bound; }
-
-const char* ref_activation(Activation a) {
-  switch (a) {
-    case Activation::kSiluGated: return "silu";
-    case Activation::kGeluGated: return "gelu";
-    case Activation::kSwigluOai: return "swiglu_oai";
-    case Activation::kRelu2: return "relu2";
-  }
-  return "?";
-}
 
 struct Shape {
   int64_t M, E, k, H, I;
@@ -103,27 +96,6 @@ bool still_poisoned(const HostTensor& t) {
   HostTensor p(t.dtype(), t.shape());
   poison(p);
   return all_bytes_equal(t, p);
-}
-
-moekit_ref::RoutingParams ref_routing(const MoeConfig& c) {
-  moekit_ref::RoutingParams p;
-  p.method = routing_method_name(c.routing.method);
-  p.top_k = c.routing.top_k;
-  p.num_groups = c.routing.num_groups;
-  p.topk_groups = c.routing.topk_groups;
-  p.scaling = c.routing.routed_scaling_factor;
-  return p;
-}
-
-moekit_ref::LayerParams ref_layer(const MoeConfig& c) {
-  moekit_ref::LayerParams p;
-  p.activation = ref_activation(c.activation.kind);
-  p.swiglu_limit = c.activation.swiglu_limit;
-  p.swiglu_alpha = c.activation.swiglu_alpha;
-  p.E = c.num_experts;
-  p.H = c.hidden;
-  p.I = c.intermediate;
-  return p;
 }
 
 // ---------------------------------------------------------------------------
@@ -181,7 +153,7 @@ TEST_P(CpuKernelGrid, ModularEqualsMonolithicAndMatchesReference) {
   EXPECT_TRUE(all_bytes_equal(out_mono, out_mod)) << "modular and monolithic outputs differ";
 
   // Reference: its own routing on the same logits, then the fp64 layer.
-  const moekit_ref::RoutingResult rr = moekit_ref::route(ref_routing(layer.config), layer.logits_exact, M, E);
+  const moekit_ref::RoutingResult rr = moekit_ref::route(ref_routing(layer.config.routing), layer.logits_exact, M, E);
   const std::vector<double> captured = to_double(replay.view());
   const std::vector<double> routed = to_double(ids.view());
   for (int64_t i = 0; i < M * k; ++i) {
@@ -244,7 +216,7 @@ TEST(CpuMonolithic, DeepseekV3WithBiasMatchesReference) {
     const Status st = mono.run(a, w.ws(), nullptr);
     ASSERT_TRUE(st.ok()) << st.to_string();
 
-    moekit_ref::RoutingParams rp = ref_routing(layer.config);
+    moekit_ref::RoutingParams rp = ref_routing(layer.config.routing);
     rp.bias = bias_exact;
     const moekit_ref::RoutingResult rr = moekit_ref::route(rp, layer.logits_exact, s.M, s.E);
     const std::vector<double> captured = to_double(replay.view());

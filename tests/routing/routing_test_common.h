@@ -1,13 +1,15 @@
-// Shared pieces of the CPU routing tests: owned buffers for one routing call
-// and the translation of a RoutingConfig into the reference's parameters.
+// Shared pieces of the routing tests (route_cpu and route_cuda): owned buffers
+// for one routing call, inputs whose routing is unambiguous, and the weight
+// comparison of the tolerance table (docs/testing.md).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "moekit/routing.h"
-#include "reference/reference.h"
 #include "util/test_util.h"
 
 namespace moekit::routing_test {
@@ -46,16 +48,28 @@ struct RouteBuffers {
   }
 };
 
-inline moekit_ref::RoutingParams ref_params(const RoutingConfig& cfg, const std::vector<double>& bias) {
-  moekit_ref::RoutingParams p;
-  p.method = routing_method_name(cfg.method);
-  p.top_k = cfg.top_k;
-  p.num_groups = cfg.num_groups;
-  p.topk_groups = cfg.topk_groups;
-  p.scaling = cfg.routed_scaling_factor;
-  p.bias = bias;
-  return p;
-}
+// deepseek_v3 selects on fp32 sigmoid(x) + bias, which each backend computes
+// with its own exp and fp64 sees slightly differently. A row passes only when
+// every decision it takes (the group boundary, and the order of the first
+// k + 1 biased scores in the kept groups) is separated by far more than that
+// error. A filter on inputs, not a second implementation of the result: the
+// ids still come from the reference. row: [E] exact logits; bias: [E] or empty.
+bool deepseek_row_separated(const RoutingConfig& cfg, int64_t num_experts, const double* row,
+                            const std::vector<double>& bias);
+
+// Tie-free logits [M, E] in `dtype` (testing::tie_free_logits, spacing `gap`);
+// for deepseek_v3, rows that fail deepseek_row_separated are redrawn. Fills
+// `exact` with the stored values widened to double.
+HostTensor routing_logits(std::mt19937_64& rng, const RoutingConfig& cfg, DType dtype, int64_t M, int64_t E,
+                          double gap, const std::vector<double>& bias, std::vector<double>* exact);
+
+// [M, k] forced ids: each row k distinct experts drawn uniformly from [0, E).
+std::vector<int32_t> random_forced_ids(std::mt19937_64& rng, int64_t M, int64_t E, int k);
+
+// The first weight with |got - want| > atol + rtol * |want| (NaN fails), named
+// with its [token, slot]; "" when every weight is within the bound.
+std::string compare_weights(const std::vector<float>& got, const std::vector<double>& want, int k, double atol,
+                            double rtol);
 
 template <typename T>
 std::vector<T> copy_out(const HostTensor& t) {

@@ -12,6 +12,7 @@
 #include "moekit/routing.h"
 #include "reference/reference.h"
 #include "routing/routing_test_common.h"
+#include "util/reference_params.h"
 #include "util/test_util.h"
 
 namespace moekit::routing_test {
@@ -95,76 +96,6 @@ std::vector<GridCase> grid_cases() {
   return cases;
 }
 
-double sigmoid64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// deepseek_v3 selects on fp32 sigmoid(+bias) values, which fp64 sees slightly
-// differently. A row is kept only when every decision it takes (the group
-// boundary and the order of the first k + 1 biased scores in the kept groups)
-// is separated by far more than the fp32 error (~4 ulp of the magnitudes
-// involved); other rows are redrawn. This is a filter on inputs, not a second
-// implementation of the result: the ids still come from the reference.
-bool deepseek_row_separated(const GridCase& c, const double* row, const std::vector<double>& bias) {
-  constexpr double kRel = 1e-5;  // >= 100x the fp32 error of a score or a 2-term sum
-  const int64_t E = c.E, per = E / c.groups;
-  std::vector<double> b(E), mag(E);
-  for (int64_t e = 0; e < E; ++e) {
-    const double s = sigmoid64(row[e]);
-    const double bb = bias.empty() ? 0.0 : bias[e];
-    b[e] = s + bb;
-    mag[e] = std::abs(s) + std::abs(bb);
-  }
-  auto separated = [&](double a, double ma, double bv, double mb) { return std::abs(a - bv) > kRel * (ma + mb); };
-  std::vector<bool> kept(c.groups, true);
-  if (c.topk_groups < c.groups) {
-    std::vector<std::pair<double, double>> gs;  // (score, magnitude)
-    std::vector<int> order(c.groups);
-    for (int g = 0; g < c.groups; ++g) {
-      std::vector<int64_t> mem(per);
-      std::iota(mem.begin(), mem.end(), g * per);
-      std::sort(mem.begin(), mem.end(), [&](int64_t x, int64_t y) { return b[x] > b[y]; });
-      gs.emplace_back(b[mem[0]] + b[mem[1]], mag[mem[0]] + mag[mem[1]]);
-    }
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int x, int y) { return gs[x].first > gs[y].first; });
-    const auto& lo = gs[order[c.topk_groups - 1]];
-    const auto& hi = gs[order[c.topk_groups]];
-    if (!separated(lo.first, lo.second, hi.first, hi.second)) return false;
-    std::fill(kept.begin(), kept.end(), false);
-    for (int j = 0; j < c.topk_groups; ++j) kept[order[j]] = true;
-  }
-  std::vector<int64_t> cand;
-  for (int64_t e = 0; e < E; ++e) {
-    if (kept[e / per]) cand.push_back(e);
-  }
-  std::sort(cand.begin(), cand.end(), [&](int64_t x, int64_t y) { return b[x] > b[y]; });
-  const size_t n = std::min(cand.size(), static_cast<size_t>(c.k) + 1);
-  for (size_t i = 0; i + 1 < n; ++i) {
-    if (!separated(b[cand[i]], mag[cand[i]], b[cand[i + 1]], mag[cand[i + 1]])) return false;
-  }
-  return true;
-}
-
-HostTensor grid_logits(std::mt19937_64& rng, const GridCase& c, const std::vector<double>& bias,
-                       std::vector<double>* exact) {
-  HostTensor logits = testing::tie_free_logits(rng, c.dtype, c.M, c.E, kGap, exact);
-  if (c.method != RoutingMethod::kDeepseekV3) return logits;
-  const size_t row_bytes = static_cast<size_t>(c.E) * dtype_size(c.dtype);
-  for (int64_t r = 0; r < c.M; ++r) {
-    int tries = 0;
-    while (!deepseek_row_separated(c, exact->data() + r * c.E, bias)) {
-      if (++tries > 1000) {
-        ADD_FAILURE() << "could not draw a well-separated deepseek_v3 row";
-        return logits;
-      }
-      std::vector<double> fresh_exact;
-      HostTensor fresh = testing::tie_free_logits(rng, c.dtype, 1, c.E, kGap, &fresh_exact);
-      std::memcpy(logits.data<unsigned char>() + r * row_bytes, fresh.data<unsigned char>(), row_bytes);
-      std::copy(fresh_exact.begin(), fresh_exact.end(), exact->begin() + r * c.E);
-    }
-  }
-  return logits;
-}
-
 // First mismatch of ids, or "" when equal.
 std::string compare_ids(const std::vector<int32_t>& got, const std::vector<int32_t>& want, int k) {
   if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
@@ -178,15 +109,7 @@ std::string compare_ids(const std::vector<int32_t>& got, const std::vector<int32
 }
 
 std::string compare_weights(const std::vector<float>& got, const std::vector<double>& want, int k) {
-  if (got.size() != want.size()) return "size mismatch";
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(err <= kAtol + kRtol * std::abs(want[i]))) {
-      return "weights[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(got[i]) +
-             ", reference " + std::to_string(want[i]) + " (err " + std::to_string(err) + ")";
-    }
-  }
-  return "";
+  return routing_test::compare_weights(got, want, k, kAtol, kRtol);
 }
 
 class RoutingGrid : public ::testing::TestWithParam<GridCase> {};
@@ -200,8 +123,8 @@ TEST_P(RoutingGrid, MatchesReference) {
   HostTensor bias_t;
   if (c.bias) bias_t = testing::random_tensor(rng, DType::kF32, {c.E}, 0.1, &bias);
   std::vector<double> exact;
-  HostTensor logits = grid_logits(rng, c, bias, &exact);
-  const moekit_ref::RoutingParams params = ref_params(cfg, bias);
+  HostTensor logits = routing_logits(rng, cfg, c.dtype, c.M, c.E, kGap, bias, &exact);
+  const moekit_ref::RoutingParams params = testing::ref_routing(cfg, bias);
 
   // 1. Selection.
   RouteBuffers buf(std::move(logits), c.k);
@@ -233,13 +156,7 @@ TEST_P(RoutingGrid, MatchesReference) {
   RouteBuffers forced(buf.logits, c.k);
   if (c.bias) forced.bias = bias_t;
   forced.forced = HostTensor(DType::kI32, {c.M, c.k});
-  std::vector<int32_t> fids;
-  std::vector<int32_t> perm(c.E);
-  for (int64_t r = 0; r < c.M; ++r) {
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    fids.insert(fids.end(), perm.begin(), perm.begin() + c.k);
-  }
+  const std::vector<int32_t> fids = random_forced_ids(rng, c.M, c.E, c.k);
   std::copy(fids.begin(), fids.end(), forced.forced.data<int32_t>());
   ASSERT_TRUE(route_cpu(cfg, forced.args()).ok());
   const moekit_ref::RoutingResult fref = moekit_ref::route(params, exact, c.M, c.E, fids);
@@ -274,7 +191,7 @@ Routed route_f32(const RoutingConfig& cfg, const std::vector<float>& row_major, 
 
 std::vector<int32_t> ref_ids(const RoutingConfig& cfg, const std::vector<float>& row_major, int64_t M, int64_t E,
                              const std::vector<float>& bias = {}) {
-  return moekit_ref::route(ref_params(cfg, std::vector<double>(bias.begin(), bias.end())),
+  return moekit_ref::route(testing::ref_routing(cfg, std::vector<double>(bias.begin(), bias.end())),
                            std::vector<double>(row_major.begin(), row_major.end()), M, E)
       .ids;
 }
@@ -433,7 +350,6 @@ TEST(RoutingSpec, AllNegativeLogits) {
         cfg.num_groups = 8;
         cfg.topk_groups = 2;
       }
-      const GridCase gc{m, M, E, k, dt, cfg.num_groups, cfg.topk_groups};
       // deepseek_v3 ranks fp32 sigmoids: spacing 1/4 keeps them apart in [-16, -0.25].
       const float step = m == RoutingMethod::kDeepseekV3 ? 0.25f : 1.0f;
       HostTensor logits(dt, {M, E});
@@ -444,7 +360,7 @@ TEST(RoutingSpec, AllNegativeLogits) {
           std::iota(perm.begin(), perm.end(), 1);
           std::shuffle(perm.begin(), perm.end(), rng);
           for (int64_t e = 0; e < E; ++e) row[e] = -step * perm[e];
-        } while (m == RoutingMethod::kDeepseekV3 && !deepseek_row_separated(gc, row.data(), {}));
+        } while (m == RoutingMethod::kDeepseekV3 && !deepseek_row_separated(cfg, E, row.data(), {}));
         for (int64_t e = 0; e < E; ++e) {
           const float v = static_cast<float>(row[e]);
           if (dt == DType::kF32) logits.data<float>()[r * E + e] = v;
@@ -454,7 +370,7 @@ TEST(RoutingSpec, AllNegativeLogits) {
       const std::vector<double> exact = testing::to_double(logits.view());
       RouteBuffers buf(std::move(logits), k);
       ASSERT_TRUE(route_cpu(cfg, buf.args()).ok());
-      const moekit_ref::RoutingResult ref = moekit_ref::route(ref_params(cfg, {}), exact, M, E);
+      const moekit_ref::RoutingResult ref = moekit_ref::route(testing::ref_routing(cfg, {}), exact, M, E);
       EXPECT_EQ(compare_ids(copy_out<int32_t>(buf.ids), ref.ids, k), "");
       EXPECT_EQ(compare_weights(copy_out<float>(buf.weights), ref.weights, k), "");
     }

@@ -2,11 +2,8 @@
 // the fp64 reference, every bad input answered with exit code 2 and a message
 // naming the problem, and no output file left behind on error.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +13,7 @@
 
 #include "moekit/io.h"
 #include "reference/reference.h"
+#include "util/cli_test_util.h"
 #include "util/test_util.h"
 
 namespace moekit {
@@ -23,36 +21,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = testing::CommandResult;
 
-Result run_cli(const std::string& args) {
-  const std::string cmd = std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  return r;
-}
+Result run_cli(const std::string& args) { return testing::run_command(std::string(MOEKIT_CLI_PATH) + " " + args); }
 
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("moekit_test_cli_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class Cli : public testing::TempDirTest {};
 
 TEST_F(Cli, RouteMatchesTheFp64Reference) {
   struct Case {

@@ -22,7 +22,10 @@ void store(HostTensor& t, int64_t i, double v) {
     case DType::kF32: t.data<float>()[i] = static_cast<float>(v); return;
     case DType::kBF16: t.data<uint16_t>()[i] = f32_to_bf16_bits(static_cast<float>(v)); return;
     case DType::kF16: t.data<uint16_t>()[i] = f32_to_f16_bits(static_cast<float>(v)); return;
-    default: std::abort();
+    case DType::kF8E4M3:
+    case DType::kI32:
+    case DType::kI16:
+    case DType::kU8: std::abort();  // random_tensor and tie_free_logits draw float tensors only
   }
 }
 double load(const TensorView& t, int64_t i) {
