@@ -24,7 +24,7 @@ Status check_topk(const MoeConfig& config, const MoeRunArgs& args, int64_t num_t
 // The workspace holds at least `needed` bytes.
 Status check_workspace(const Workspace& workspace, size_t needed);
 
-// problem_size() of the CPU kernels: hidden [M, H], w13 [E, n1, H], w2 [E, H, I]
+// CpuKernel::problem_size(): hidden [M, H], w13 [E, n1, H], w2 [E, H, I]
 // (n1 = 2I gated, I relu2), topk_ids [M, k] or absent (k from the config).
 StatusOr<ProblemSize> cpu_problem_size(const MoeConfig& config, const TensorView& hidden, const TensorView& w13,
                                        const TensorView& w2, const TensorView& topk_ids);

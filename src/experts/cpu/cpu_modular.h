@@ -3,14 +3,13 @@
 // local prepare -> experts stage -> local finalize.
 #pragma once
 
-#include "experts/cpu/cpu_experts.h"
-#include "moekit/kernel.h"
+#include "experts/cpu/cpu_kernel.h"
 
 namespace moekit::cpu {
 
-class CpuModular : public MoeKernel {
+class CpuModular : public CpuKernel {
  public:
-  explicit CpuModular(MoeConfig config) : MoeKernel(std::move(config)) {}
+  explicit CpuModular(MoeConfig config) : CpuKernel(std::move(config)) {}
 
   // Every dtype pair of f32|bf16, every activation and routing method (custom
   // too), all-to-all configs, capture (the router writes the ids) and replay.
@@ -18,10 +17,7 @@ class CpuModular : public MoeKernel {
 
   const char* name() const override { return "CpuModular"; }
   bool is_monolithic() const override { return false; }
-  Device device() const override { return Device::cpu(); }
 
-  StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
-                                     const TensorView& topk_ids) const override;
   size_t workspace_size(int64_t num_tokens) const override;
   // w13 [E, 2I, H] ([E, I, H] for relu2), w2 [E, H, I], in the config's weight
   // dtype; kept packed bf16 or as fp32 copies (2x a bf16 checkpoint in memory)
@@ -31,10 +27,6 @@ class CpuModular : public MoeKernel {
   // Reads hidden, topk_ids, topk_weights; writes out. Validates every argument
   // before writing anything; allocates nothing.
   Status run(const MoeRunArgs& args, Workspace workspace, Stream stream) override;
-
- private:
-  struct Scratch;
-  CpuExperts experts_;
 };
 
 }  // namespace moekit::cpu

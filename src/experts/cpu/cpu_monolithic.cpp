@@ -1,6 +1,5 @@
 #include "experts/cpu/cpu_monolithic.h"
 
-#include "dispatch/local_prepare_finalize.h"
 #include "experts/cpu/cpu_kernel_checks.h"
 #include "moekit/routing.h"
 
@@ -8,19 +7,14 @@ namespace moekit::cpu {
 
 // Workspace layout of one run() over M tokens.
 struct CpuMonolithic::Scratch {
-  float* x = nullptr;              // [M, H] f32, prepared activations (only when acts are bf16)
-  float* y = nullptr;              // [M, H] f32, layer output before finalize (only when acts are bf16)
-  int32_t* topk_ids = nullptr;     // [M, k] i32, routing output
-  float* topk_weights = nullptr;   // [M, k] f32, routing output
-  CpuExperts::Buffers experts;
+  StageBuffers stages;
+  int32_t* topk_ids = nullptr;    // [M, k] i32, routing output
+  float* topk_weights = nullptr;  // [M, k] f32, routing output
 
   Scratch(const MoeConfig& c, int64_t M, ScratchLayout& layout) {
-    const int64_t act_rows = c.quant.act_dtype == DType::kF32 ? 0 : M;
-    x = layout.take<float>(act_rows * c.hidden);
-    y = layout.take<float>(act_rows * c.hidden);
+    stages = take_stage_buffers(c, M, layout);
     topk_ids = layout.take<int32_t>(M * c.top_k());
     topk_weights = layout.take<float>(M * c.top_k());
-    experts = CpuExperts::take_buffers(c, M, layout);
   }
 };
 
@@ -52,11 +46,6 @@ Support CpuMonolithic::supports(const MoeConfig& config, const Platform& platfor
   return Support::yes();
 }
 
-StatusOr<ProblemSize> CpuMonolithic::problem_size(const TensorView& hidden, const TensorView& w13,
-                                                  const TensorView& w2, const TensorView& topk_ids) const {
-  return cpu_problem_size(config_, hidden, w13, w2, topk_ids);
-}
-
 size_t CpuMonolithic::workspace_size(int64_t num_tokens) const {
   ScratchLayout layout(nullptr);
   Scratch(config_, num_tokens, layout);
@@ -64,9 +53,7 @@ size_t CpuMonolithic::workspace_size(int64_t num_tokens) const {
 }
 
 Status CpuMonolithic::prepare_weights(const MoeWeights& weights) {
-  MOEKIT_RETURN_IF_ERROR(config_.validate());
-  const Support s = supports(config_, Platform::cpu_only());
-  if (!s.ok) return Unsupported(std::string(name()) + ": " + s.reason);
+  MOEKIT_RETURN_IF_ERROR(check_servable(supports(config_, Platform::cpu_only())));
   if (config_.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(
         check_tensor(weights.score_bias, "score_bias", {DType::kF32}, {config_.num_experts}, Device::cpu()));
@@ -84,9 +71,8 @@ Status CpuMonolithic::prepare_weights(const MoeWeights& weights) {
 }
 
 Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*stream: CPU runs inline*/) {
-  if (!experts_.prepared()) return FailedPrecondition(std::string(name()) + ": run() before prepare_weights()");
   int64_t M = 0;
-  MOEKIT_RETURN_IF_ERROR(check_hidden_and_out(config_, args, &M));
+  MOEKIT_RETURN_IF_ERROR(check_run_inputs(args, &M));
   MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_logits, "router_logits", {config_.logits_dtype},
                                       {M, config_.num_experts}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_workspace(workspace, workspace_size(M)));
@@ -104,15 +90,13 @@ Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*
   routing.topk_weights = TensorView::contiguous(s.topk_weights, DType::kF32, {M, k});
   routing.expert_counts = args.expert_counts;
   routing.replay_out = args.routing_replay_out;
-  // route_cpu validates logits values, forced ids, counts and replay_out before
-  // writing anything; on error nothing user-visible has been written.
+  // Shapes, dtypes, forced ids, counts and replay_out are checked here, logit
+  // values by route_cpu, all before anything is written: on error nothing
+  // user-visible has been touched.
   MOEKIT_RETURN_IF_ERROR(validate_routing_args(config_.routing, routing, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(route_cpu(config_.routing, routing));
 
-  const float* x = dispatch::local_prepare(args.hidden, s.x);
-  float* y = dispatch::local_output_buffer(args.out, s.y);
-  experts_.apply(x, s.topk_ids, s.topk_weights, M, y, s.experts);
-  dispatch::local_finalize(y, args.out);
+  run_stages(args, s.topk_ids, s.topk_weights, M, s.stages);
   return Status::Ok();
 }
 

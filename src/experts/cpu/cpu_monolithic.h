@@ -1,19 +1,19 @@
 // CpuMonolithic: router_logits and hidden in, out out, routing inside
-// (route_cpu), then the same experts stage as CpuModular, so both kernels give
-// bitwise equal outputs for the same routing. Writes the selected ids into
-// routing_replay_out when given (capture) and accepts forced ids (replay).
+// (route_cpu), then the same experts stage as CpuModular (CpuKernel), so both
+// kernels give bitwise equal outputs for the same routing. Writes the selected
+// ids into routing_replay_out when given (capture) and accepts forced ids
+// (replay).
 #pragma once
 
 #include <vector>
 
-#include "experts/cpu/cpu_experts.h"
-#include "moekit/kernel.h"
+#include "experts/cpu/cpu_kernel.h"
 
 namespace moekit::cpu {
 
-class CpuMonolithic : public MoeKernel {
+class CpuMonolithic : public CpuKernel {
  public:
-  explicit CpuMonolithic(MoeConfig config) : MoeKernel(std::move(config)) {}
+  explicit CpuMonolithic(MoeConfig config) : CpuKernel(std::move(config)) {}
 
   // Built-in routing methods only; no all-to-all, no EPLB.
   static Support supports(const MoeConfig& config, const Platform& platform);
@@ -21,10 +21,7 @@ class CpuMonolithic : public MoeKernel {
   const char* name() const override { return "CpuMonolithic"; }
   bool is_monolithic() const override { return true; }
   bool supports_routing_replay_capture() const override { return true; }
-  Device device() const override { return Device::cpu(); }
 
-  StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
-                                     const TensorView& topk_ids) const override;
   size_t workspace_size(int64_t num_tokens) const override;
   // w13 [E, 2I, H] ([E, I, H] for relu2), w2 [E, H, I], in the config's weight
   // dtype (kept packed bf16 or as fp32 copies, per cpu_gemm_path()); score_bias
@@ -37,7 +34,6 @@ class CpuMonolithic : public MoeKernel {
 
  private:
   struct Scratch;
-  CpuExperts experts_;
   std::vector<float> score_bias_;  // [E] f32 copy, empty unless routing.has_score_bias
 };
 

@@ -1,0 +1,43 @@
+#include "experts/cpu/cpu_kernel.h"
+
+#include <string>
+
+#include "dispatch/local_prepare_finalize.h"
+#include "experts/cpu/cpu_kernel_checks.h"
+
+namespace moekit::cpu {
+
+StatusOr<ProblemSize> CpuKernel::problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
+                                              const TensorView& topk_ids) const {
+  return cpu_problem_size(config_, hidden, w13, w2, topk_ids);
+}
+
+CpuKernel::StageBuffers CpuKernel::take_stage_buffers(const MoeConfig& c, int64_t M, ScratchLayout& layout) {
+  const int64_t act_rows = c.quant.act_dtype == DType::kF32 ? 0 : M;
+  StageBuffers b;
+  b.x = layout.take<float>(act_rows * c.hidden);
+  b.y = layout.take<float>(act_rows * c.hidden);
+  b.experts = CpuExperts::take_buffers(c, M, layout);
+  return b;
+}
+
+Status CpuKernel::check_servable(const Support& support) const {
+  MOEKIT_RETURN_IF_ERROR(config_.validate());
+  if (!support.ok) return Unsupported(std::string(name()) + ": " + support.reason);
+  return Status::Ok();
+}
+
+Status CpuKernel::check_run_inputs(const MoeRunArgs& args, int64_t* num_tokens) const {
+  if (!experts_.prepared()) return FailedPrecondition(std::string(name()) + ": run() before prepare_weights()");
+  return check_hidden_and_out(config_, args, num_tokens);
+}
+
+void CpuKernel::run_stages(const MoeRunArgs& args, const int32_t* topk_ids, const float* topk_weights,
+                           int64_t num_tokens, const StageBuffers& b) const {
+  const float* x = dispatch::local_prepare(args.hidden, b.x);
+  float* y = dispatch::local_output_buffer(args.out, b.y);
+  experts_.apply(x, topk_ids, topk_weights, num_tokens, y, b.experts);
+  dispatch::local_finalize(y, args.out);
+}
+
+}  // namespace moekit::cpu
