@@ -15,12 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
-
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +25,7 @@
 #include "moekit/capture.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
+#include "shape_file.h"
 
 namespace {
 
@@ -36,29 +34,6 @@ using moekit::HostTensor;
 
 constexpr int64_t kMaxTokens = 256;
 constexpr int64_t kRowsPerRequest = 1 << 16;  // a request is finished and re-added after this many rows
-
-struct Shape {
-  std::string name = "qwen3-30b-a3b";
-  int64_t E = 128, k = 8, H = 2048, I = 768;
-};
-
-Shape load_shape() {
-  Shape s;
-  std::ifstream f(MOEKIT_BENCH_SHAPES_FILE);
-  const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("shapes")) {
-    for (const auto& e : j["shapes"]) {
-      if (e.value("name", "") != s.name) continue;
-      s.E = e.value("experts", s.E);
-      s.k = e.value("top_k", s.k);
-      s.H = e.value("hidden", s.H);
-      s.I = e.value("intermediate", s.I);
-      return s;
-    }
-  }
-  std::fprintf(stderr, "shape %s not found in %s\n", s.name.c_str(), MOEKIT_BENCH_SHAPES_FILE);
-  std::exit(2);
-}
 
 void fill(HostTensor& t, uint64_t seed, float scale) {
   std::mt19937_64 rng(seed);
@@ -81,7 +56,7 @@ void die(const moekit::Status& st) {
 // One layer with its inputs, a bound capturer, and forced ids equal to what
 // routing selects (so replay does the same expert work).
 struct Bench {
-  Shape shape = load_shape();
+  moekit::bench::LayerShape shape = moekit::bench::load_layer_shape(MOEKIT_BENCH_SHAPES_FILE, "qwen3-30b-a3b");
   moekit::Model model;
   std::unique_ptr<moekit::RoutedExpertsCapturer> capturer;
   HostTensor hidden, logits, out;  // [256, H] bf16, [256, E] f32, [256, H] bf16

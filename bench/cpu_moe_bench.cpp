@@ -10,17 +10,17 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/parallel_for.h"
 #include "experts/cpu/cpu_monolithic.h"
 #include "moekit/config.h"
+#include "shape_file.h"
 
 namespace {
 
@@ -48,38 +48,15 @@ void fill_bf16(uint16_t* p, int64_t n, float scale, uint64_t seed) {
   });
 }
 
-struct Shape {
-  std::string name;
-  int64_t E = 128, k = 8, H = 2048, I = 768;
-};
-
-Shape load_shape() {
-  Shape s;
+// The shape of MOEKIT_BENCH_SHAPE, qwen3-30b-a3b by default.
+moekit::bench::LayerShape load_shape() {
   const char* want = std::getenv("MOEKIT_BENCH_SHAPE");
-  s.name = want ? want : "qwen3-30b-a3b";
-  std::ifstream f(MOEKIT_BENCH_SHAPES_FILE);
-  if (!f) {
-    std::fprintf(stderr, "cannot read %s\n", MOEKIT_BENCH_SHAPES_FILE);
-    std::exit(2);
-  }
-  const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("shapes")) {
-    for (const auto& e : j["shapes"]) {
-      if (e.value("name", "") != s.name) continue;
-      s.E = e.value("experts", s.E);
-      s.k = e.value("top_k", s.k);
-      s.H = e.value("hidden", s.H);
-      s.I = e.value("intermediate", s.I);
-      return s;
-    }
-  }
-  std::fprintf(stderr, "shape %s not found in %s\n", s.name.c_str(), MOEKIT_BENCH_SHAPES_FILE);
-  std::exit(2);
+  return moekit::bench::load_layer_shape(MOEKIT_BENCH_SHAPES_FILE, want ? want : "qwen3-30b-a3b");
 }
 
 // The layer, prepared once and shared by every M.
 struct Layer {
-  Shape shape;
+  moekit::bench::LayerShape shape;
   std::unique_ptr<moekit::cpu::CpuMonolithic> kernel;
   std::vector<uint16_t> hidden, out;  // [kMaxTokens, H] bf16
   std::vector<float> logits;          // [kMaxTokens, E] f32
