@@ -3,7 +3,7 @@
 // copies of the weights made once in prepare_weights (see ExpertWeightsF32):
 // sgemm packs its operands itself, and widening bf16 per call would add a pass
 // over all weights to every layer call. The other path, for bf16 models on CPUs
-// with AVX-512 BF16, is in packed_bf16_gemm.h.
+// with AVX-512F, is in packed_bf16_gemm.h.
 #pragma once
 
 #include <cstdint>
