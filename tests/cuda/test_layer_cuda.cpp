@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 #include "experts/cuda/moe_pipeline.h"
 #include "experts/cuda/sm90_kernels.h"
@@ -86,16 +87,6 @@ std::vector<LayerCase> layer_cases() {
   };
 }
 
-const KernelClass& sm90_class(const std::string& name) {
-  static const Backend backend = cuda::sm90_backend();
-  for (const KernelClass& k : backend.candidates) {
-    if (k.name == name) return k;
-  }
-  static const KernelClass none{};
-  ADD_FAILURE() << "no class " << name;
-  return none;
-}
-
 // Host inputs and the reference of one case.
 struct LayerData {
   HostTensor hidden, logits, w13, w2;
@@ -114,7 +105,7 @@ LayerData draw(const LayerCase& c, uint64_t seed) {
 }
 
 std::unique_ptr<MoeKernel> make_kernel(const LayerCase& c, const std::string& cls, const LayerData& d) {
-  const KernelClass& k = sm90_class(cls);
+  const KernelClass k = cuda_test::sm90_kernel_class(cls);
   auto kernel = k.create(c.config(), Platform::probe());
   EXPECT_TRUE(kernel.ok()) << kernel.status().to_string();
   if (!kernel.ok()) return nullptr;
