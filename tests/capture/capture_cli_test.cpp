@@ -13,6 +13,7 @@
 #include "moekit/io.h"
 #include "reference/reference.h"
 #include "util/cli_test_util.h"
+#include "util/temp_dir.h"
 #include "util/test_util.h"
 
 namespace moekit {

@@ -3,7 +3,6 @@
 // rejection: missing, bad magic/header, unsupported dtype, Fortran order,
 // truncation at every byte, overlapping or out-of-range offsets.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "moekit/io.h"
+#include "util/temp_dir.h"
 #include "util/test_util.h"
 
 namespace moekit {
@@ -23,21 +23,10 @@ using io::Bf16Storage;
 
 using Bytes = std::vector<uint8_t>;
 
-class TempDir {
+// A per-test folder; count() is how many entries it holds.
+class TempDir : public testing::ScopedTempDir {
  public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("moekit_test_io_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  size_t count() const { return std::distance(fs::directory_iterator(path_), fs::directory_iterator()); }
-
- private:
-  fs::path path_;
+  size_t count() const { return std::distance(fs::directory_iterator(path()), fs::directory_iterator()); }
 };
 
 void write_bytes(const std::string& path, const Bytes& b) {

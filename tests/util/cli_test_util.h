@@ -1,10 +1,7 @@
-// Helpers for tests that run the `moekit` command line as a user runs it: one
-// command line in, its exit code and output back; a fresh folder per test.
+// Runs the `moekit` command line as a user runs it: one command line in, its
+// exit code and output back (tests/util/temp_dir.h gives each test a folder).
 #pragma once
 
-#include <gtest/gtest.h>
-
-#include <filesystem>
 #include <string>
 
 namespace moekit::testing {
@@ -16,17 +13,5 @@ struct CommandResult {
 
 // Runs `command_line` through the shell, stderr merged into stdout.
 CommandResult run_command(const std::string& command_line);
-
-// A fixture that gives each test its own empty folder under the system's
-// temporary directory, named after the suite, the test and the process, and
-// removes it afterwards.
-class TempDirTest : public ::testing::Test {
- protected:
-  void SetUp() override;
-  void TearDown() override;
-  // The path of `name` inside this test's folder.
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  std::filesystem::path dir_;
-};
 
 }  // namespace moekit::testing
