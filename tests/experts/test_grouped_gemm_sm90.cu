@@ -1,8 +1,9 @@
 // The Hopper grouped GEMM paths (grouped_gemm_sm90.h) against an fp64 GEMM on
-// the host: every instance of the weight-streaming kernel, and whatever the
-// tile table picks through grouped_gemm(), over gather on/off, every epilogue,
-// bf16/f32 output, empty groups, groups larger than one token tile, and rows
-// between groups that must stay untouched.
+// the host: every instance of the weight-streaming kernel, every CUTLASS tile,
+// and whatever the tile table picks through grouped_gemm(), over gather on/off,
+// every epilogue, bf16/f32 output, empty groups, skewed and odd group sizes,
+// groups larger than one token tile, and rows between groups that must stay
+// untouched.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "experts/cuda/grouped_gemm.h"
@@ -35,6 +37,7 @@ struct Case {
   Activation act;
   DType out;
   int max_group_rows;  // rows per group drawn from [0, max_group_rows]
+  bool skewed = false;  // group 0 takes 4 x max_group_rows + 1 rows, the rest as drawn
 };
 
 double act_ref(Activation a, double g, double u) {
@@ -50,16 +53,19 @@ double act_ref(Activation a, double g, double u) {
   return 0.0;
 }
 
-// path: 1 + a streaming variant's index; 0 = grouped_gemm() (the table's choice).
+// path: 1 + a streaming variant's index; 0 = grouped_gemm() (the table's choice);
+// -1 - i = CUTLASS tile kAllCutlassTiles[i].
 void run_case(const Case& c, int path) {
   std::mt19937_64 rng(testing::seed_from({c.groups, c.n, c.k, c.gather, static_cast<int>(c.epilogue),
-                                          static_cast<int>(c.act), static_cast<int>(c.out), c.max_group_rows, path}));
+                                          static_cast<int>(c.act), static_cast<int>(c.out), c.max_group_rows,
+                                          c.skewed, path}));
   // Groups with a gap of 2 untouched rows after each.
   std::vector<int32_t> start(c.groups), rows(c.groups);
   std::uniform_int_distribution<int> rows_dist(0, c.max_group_rows);
   int64_t total = 0;
   for (int g = 0; g < c.groups; ++g) {
     rows[g] = (g % 3 == 1) ? 0 : rows_dist(rng);
+    if (c.skewed && g == 0) rows[g] = 4 * c.max_group_rows + 1;
     start[g] = static_cast<int32_t>(total);
     total += rows[g] + 2;
   }
@@ -111,8 +117,17 @@ void run_case(const Case& c, int path) {
   args.group_start = d_start;
   args.group_rows = d_rows;
   args.workspace = d_ws;
-  const Status st = path == 0 ? grouped_gemm(pr, args, nullptr)
-                              : sm90::streaming_gemm(pr, args, sm90::kAllStreamVariants[path - 1], nullptr);
+  Status st;
+  if (path == 0) {
+    st = grouped_gemm(pr, args, nullptr);
+  } else if (path > 0) {
+    st = sm90::streaming_gemm(pr, args, sm90::kAllStreamVariants[path - 1], nullptr);
+  } else {
+    Sm90GemmChoice choice;
+    choice.path = Sm90GemmPath::kCutlass;
+    choice.cutlass_tile = kAllCutlassTiles[-1 - path];
+    st = run_sm90_gemm(choice, pr, args, nullptr);
+  }
   ASSERT_TRUE(st.ok()) << st.to_string() << " for " << pr.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> out(max_rows * n_out * out_elem);
@@ -199,6 +214,30 @@ TEST_P(GroupedGemmSm90, StreamingVariantsMatchFp64) {
   }
 }
 
+// Every CUTLASS tile, forced: bf16 output runs, f32 output must be refused.
+TEST_P(GroupedGemmSm90, CutlassTilesMatchFp64) {
+  if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
+  const Case c = GetParam();
+  GroupedGemmProblem pr;
+  pr.num_groups = c.groups;
+  pr.max_rows = 8;
+  pr.a_rows = 8;
+  pr.n = c.n;
+  pr.k = c.k;
+  pr.out_dtype = c.out;
+  const Support s = sm90_cutlass_supports(pr);
+  if (!s.ok && s.reason.find("this build has no CUTLASS path") != std::string::npos) GTEST_SKIP() << s.reason;
+  if (c.out == DType::kF32) {
+    EXPECT_FALSE(s.ok) << pr.to_string();
+    return;
+  }
+  ASSERT_TRUE(s.ok) << s.reason << " for " << pr.to_string();
+  for (int i = 0; i < static_cast<int>(std::size(kAllCutlassTiles)); ++i) {
+    SCOPED_TRACE(cutlass_tile_name(kAllCutlassTiles[i]));
+    run_case(c, -1 - i);
+  }
+}
+
 TEST_P(GroupedGemmSm90, TableChoiceMatchesFp64) {
   if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
   run_case(GetParam(), 0);
@@ -223,7 +262,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{3, 128, 128, false, kAct, Activation::kRelu2, DType::kBF16, 150},
         // prefill-like rows per group (the table may pick another path)
         Case{4, 256, 256, true, kAct, Activation::kSiluGated, DType::kBF16, 700},
-        Case{4, 256, 256, false, kNone, Activation::kSiluGated, DType::kBF16, 700}));
+        Case{4, 256, 256, false, kNone, Activation::kSiluGated, DType::kBF16, 700},
+        // CUTLASS-size groups: several M and N tiles, partial tiles in N and K, odd row
+        // counts, one group far larger than the rest, every activation
+        Case{6, 544, 200, true, kAct, Activation::kSiluGated, DType::kBF16, 301, true},
+        Case{5, 320, 1032, false, kNone, Activation::kSiluGated, DType::kBF16, 257, true},
+        Case{9, 512, 136, true, kAct, Activation::kSwigluOai, DType::kBF16, 133},
+        Case{4, 288, 264, true, kAct, Activation::kGeluGated, DType::kBF16, 387},
+        Case{3, 264, 128, false, kAct, Activation::kRelu2, DType::kBF16, 515},
+        Case{40, 256, 96, true, kAct, Activation::kSiluGated, DType::kBF16, 3, true}));
 
 }  // namespace
 }  // namespace moekit::cuda

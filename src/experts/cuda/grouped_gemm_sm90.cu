@@ -7,18 +7,17 @@
 #include <optional>
 #include <sstream>
 
-#include "experts/cuda/moe_decode_sm90.h"
-#if MOEKIT_HAVE_CUTLASS
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
-#endif
+#include "experts/cuda/moe_decode_sm90.h"
 
 namespace moekit::cuda {
 namespace {
 
-// Rows per expert up to which streaming the weights wins: beyond it the
-// problem turns from reading weights to multiplying, where the CUTLASS
-// warp-specialized kernel is faster (bench/NOTES.md has the measurements).
-constexpr int64_t kStreamingMaxRowsPerGroup = 80;
+// Rows per expert up to which streaming the weights wins. Measured on the H200
+// (bench/NOTES.md, v3 A/B): at 2-4 rows per expert streaming and the m64_n256
+// CUTLASS tile are within 3%; from 8 rows (DeepSeek-V3 M=256: 81% vs 60% of the
+// floor) and 16 rows (Mixtral M=64: 76% vs 68%) on, CUTLASS wins.
+constexpr int64_t kStreamingMaxRowsPerGroup = 4;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
@@ -40,6 +39,25 @@ std::optional<sm90::StreamVariant> forced_variant() {
     return v == nullptr ? std::nullopt : sm90::parse_stream_variant(v);
   }();
   return forced;
+}
+
+std::optional<CutlassTile> forced_cutlass_tile() {
+  static const std::optional<CutlassTile> forced = []() -> std::optional<CutlassTile> {
+    const char* v = std::getenv("MOEKIT_SM90_CUTLASS");
+    return v == nullptr ? std::nullopt : parse_cutlass_tile(v);
+  }();
+  return forced;
+}
+
+// Rows per expert up to which the 64-row ping-pong tile beats the 128-row
+// cooperative one (less row padding in the last tile of each group). Measured:
+// m64 wins up to 256 rows (M=1024: 59-78% vs 46-56% of the floor), the two tie
+// at 512, m128 wins at 4096 (Mixtral M=16384: 78% vs 75%).
+constexpr int64_t kCutlassM64MaxRowsPerGroup = 512;
+
+CutlassTile cutlass_tile_for(int64_t rows_per_group) {
+  if (const auto forced = forced_cutlass_tile()) return *forced;
+  return rows_per_group <= kCutlassM64MaxRowsPerGroup ? CutlassTile::kM64N256 : CutlassTile::kM128N256;
 }
 
 Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
@@ -80,10 +98,26 @@ const char* sm90_gemm_path_name(Sm90GemmPath p) {
   return "?";
 }
 
+const char* cutlass_tile_name(CutlassTile t) {
+  switch (t) {
+    case CutlassTile::kM128N256: return "m128_n256";
+    case CutlassTile::kM64N256: return "m64_n256";
+  }
+  return "?";
+}
+
+std::optional<CutlassTile> parse_cutlass_tile(std::string_view name) {
+  for (CutlassTile t : kAllCutlassTiles) {
+    if (name == cutlass_tile_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
 std::string Sm90GemmChoice::to_string() const {
   std::ostringstream os;
   os << "Sm90Gemm{" << sm90_gemm_path_name(path);
   if (path == Sm90GemmPath::kStreaming) os << ", " << sm90::stream_variant_name(variant);
+  if (path == Sm90GemmPath::kCutlass) os << ", " << cutlass_tile_name(cutlass_tile);
   if (!reason.empty()) os << ", " << reason;
   os << "}";
   return os.str();
@@ -114,6 +148,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     if (s.ok) {
       Sm90GemmChoice c;
       c.path = Sm90GemmPath::kCutlass;
+      c.cutlass_tile = cutlass_tile_for(rows_per_group);
       c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
       return c;
     }
@@ -132,6 +167,15 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   return c;
 }
 
+Support sm90_cutlass_supports(const GroupedGemmProblem& pr) {
+#if MOEKIT_HAVE_CUTLASS
+  return cutlass_grouped_gemm_supports(pr);
+#else
+  (void)pr;
+  return Support::no("this build has no CUTLASS path (headers not found or MOEKIT_CUTLASS_KERNELS=OFF)");
+#endif
+}
+
 size_t sm90_gemm_workspace_size(const GroupedGemmProblem& pr) {
 #if MOEKIT_HAVE_CUTLASS
   // Sized for the CUTLASS path whenever it could be chosen at run time.
@@ -147,7 +191,7 @@ Status run_sm90_gemm(const Sm90GemmChoice& choice, const GroupedGemmProblem& pr,
       return sm90::streaming_gemm(pr, args, choice.variant, stream);
     case Sm90GemmPath::kCutlass:
 #if MOEKIT_HAVE_CUTLASS
-      return cutlass_grouped_gemm(pr, args, stream);
+      return cutlass_grouped_gemm(pr, args, choice.cutlass_tile, stream);
 #else
       return Unsupported("grouped GEMM: this build has no CUTLASS path");
 #endif

@@ -5,12 +5,13 @@
 //   kStreaming  decode-size groups: each expert's weights streamed once over many
 //               CTAs (moe_decode_sm90.cuh), gather and activation fused
 //   kCutlass    prefill-size groups: CUTLASS sm90 warp-specialized grouped GEMM
-//               (grouped_gemm_cutlass_sm90.cuh), built when the CUTLASS headers are found
+//               (grouped_gemm_cutlass_sm90.h), built when the CUTLASS headers are found
 //   kReference  the reference tiled kernel (grouped_gemm_mma.cu)
 //
 // The environment variable MOEKIT_SM90_GEMM=reference|streaming|cutlass forces a
 // path where it can serve the problem, and MOEKIT_SM90_STREAM=<variant name>
-// (moe_decode_sm90.h) a streaming instance (benchmarks and tests compare them).
+// (moe_decode_sm90.h) a streaming instance, MOEKIT_SM90_CUTLASS=<tile name>
+// (grouped_gemm_cutlass_sm90.h) a CUTLASS tile (benchmarks and tests compare them).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 #include "experts/cuda/moe_decode_sm90.h"
 #include "moekit/status.h"
 
@@ -33,6 +35,7 @@ struct Sm90GemmChoice {
   Sm90GemmPath path = Sm90GemmPath::kReference;
   sm90::StreamVariant variant = sm90::StreamVariant::kRows128K64;  // kStreaming: the instance
   std::string reason;    // why this path (the table's rule, or why a faster path could not serve)
+  CutlassTile cutlass_tile = CutlassTile::kM128N256;  // kCutlass: the instance
   std::string to_string() const;
 };
 
@@ -40,6 +43,9 @@ struct Sm90GemmChoice {
 // (max_rows bounds the routed rows M·k); the estimate only picks a speed, every
 // path is correct for any distribution of rows over groups.
 Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& problem);
+
+// ok, or why the CUTLASS path cannot serve the problem (also: not in this build).
+Support sm90_cutlass_supports(const GroupedGemmProblem& problem);
 
 // Scratch the chosen path needs (0 for kStreaming and kReference).
 size_t sm90_gemm_workspace_size(const GroupedGemmProblem& problem);

@@ -7,11 +7,16 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/moe_decode_sm90.cu
   )
   option(MOEKIT_CUTLASS_KERNELS "Build the CUTLASS grouped GEMM kernels (slow to compile)" ON)
-  set(MOEKIT_CUTLASS_SOURCES "")  # one instantiation per file, so they compile in parallel
+  set(MOEKIT_CUTLASS_SOURCES  # one instantiation per file, so they compile in parallel
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90.cu
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m128n256.cu
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
+  )
   if(MOEKIT_CUTLASS_INCLUDE AND MOEKIT_CUTLASS_KERNELS AND MOEKIT_CUTLASS_SOURCES)
     target_sources(moekit PRIVATE ${MOEKIT_CUTLASS_SOURCES})
     target_include_directories(moekit SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
+    # TARGET_DIRECTORY: the moekit target is made in the top directory, not here.
     set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${MOEKIT_CUTLASS_SOURCES}
-                                PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
+                                TARGET_DIRECTORY moekit PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
   endif()
 endif()

@@ -1,0 +1,213 @@
+// The CUTLASS sm90 grouped GEMM kernel family and its typed host launcher
+// (grouped_gemm_cutlass_sm90.h). Each instantiation lives in its own small .cu
+// file: one takes minutes to compile.
+//
+// Per group g:  D_g [M_g, N] = A_g [M_g, K] · B_gᵀ,  B_g [N, K] K-major.
+// The grouped problem (shapes, pointer and stride arrays) lives in device
+// memory, written by setup_kernel from group_start/group_rows; the host passes
+// no problem shapes, so the persistent grid is one CTA per SM and the tile
+// scheduler walks the groups on the device. Groups with M_g = 0 have no tiles.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/dispatch_policy.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/kernel_hardware_info.h"
+
+#include "core/cuda_check.h"
+#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+
+namespace moekit::cuda::sm90 {
+
+// Tile parameters of one instantiation (STYLE.md rule 7).
+template <int kTileM_, int kTileN_, int kTileK_, int kClusterM_, class KernelSchedule_, class EpilogueSchedule_>
+struct CutlassTileTraits {
+  static constexpr int kTileM = kTileM_;
+  static constexpr int kTileN = kTileN_;
+  static constexpr int kTileK = kTileK_;
+  static constexpr int kClusterM = kClusterM_;  // CTAs of one cluster along M share (multicast) the B tile
+  using KernelSchedule = KernelSchedule_;
+  using EpilogueSchedule = EpilogueSchedule_;
+  static_assert(kTileK * 2 % 128 == 0, "a K tile spans whole 128-byte swizzle rows");
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
+};
+
+template <class Traits>
+struct CutlassGroupedGemm {
+  using ElementA = cutlass::bfloat16_t;
+  using ElementB = cutlass::bfloat16_t;
+  using ElementD = cutlass::bfloat16_t;
+  using ElementAccumulator = float;
+  using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // (K, N) column-major = [N, K] K contiguous
+  using LayoutD = cutlass::layout::RowMajor;     // [M, N]
+  static constexpr int kAlignment = 8;           // 16 bytes of bf16: TMA's granule
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
+  using TileShape = cute::Shape<cute::Int<Traits::kTileM>, cute::Int<Traits::kTileN>, cute::Int<Traits::kTileK>>;
+  using ClusterShape = cute::Shape<cute::Int<Traits::kClusterM>, cute::_1, cute::_1>;
+
+  // No source C (void): D = acc, rounded once to bf16.
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, void, LayoutD*,
+      kAlignment, ElementD, LayoutD*, kAlignment, typename Traits::EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, void, ElementAccumulator>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignment, ElementB, LayoutB*,
+      kAlignment, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Traits::KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+
+  // Device tables at the start of the workspace, each 256-byte aligned, then CUTLASS's own workspace.
+  struct Tables {
+    size_t shapes = 0;    // [G] (M, N, K)
+    size_t ptr_a = 0;     // [G] const ElementA*
+    size_t ptr_b = 0;     // [G] const ElementB*
+    size_t ptr_d = 0;     // [G] ElementD*
+    size_t stride_a = 0;  // [G] StrideA
+    size_t stride_b = 0;  // [G] StrideB
+    size_t stride_d = 0;  // [G] StrideD
+    size_t cutlass = 0;   // Gemm::get_workspace_size bytes
+    size_t total = 0;
+  };
+};
+
+// Writes the grouped problem: one thread per group.
+template <class G>
+__global__ void setup_kernel(CutlassGemmLaunch p, typename G::Shape* shapes, const typename G::ElementA** ptr_a,
+                             const typename G::ElementB** ptr_b, typename G::ElementD** ptr_d,
+                             typename G::StrideA* stride_a, typename G::StrideB* stride_b,
+                             typename G::StrideD* stride_d) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= p.num_groups) return;
+  // The group's rows clipped to the launch's chunk; a group outside it gets 0 rows (no tiles).
+  const int start = p.group_start[g];
+  const int lo = max(start, p.row_begin), hi = min(start + p.group_rows[g], p.row_end);
+  const int rows = max(0, hi - lo);
+  shapes[g] = typename G::Shape{rows, p.n, p.k};
+  ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k;
+  ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(p.b) + static_cast<int64_t>(g) * p.n * p.k;
+  ptr_d[g] = reinterpret_cast<typename G::ElementD*>(p.d) + static_cast<int64_t>(lo - p.d_row0) * p.n;
+  typename G::StrideA sa{};
+  cute::get<0>(sa) = p.k;  // A: row stride K (M mode), K mode unit
+  typename G::StrideB sb{};
+  cute::get<0>(sb) = p.k;  // B: row stride K (N mode), K mode unit
+  typename G::StrideD sd{};
+  cute::get<0>(sd) = p.n;  // D: row stride N (M mode), N mode unit
+  stride_a[g] = sa;
+  stride_b[g] = sb;
+  stride_d[g] = sd;
+}
+
+template <class G>
+typename G::Gemm::Arguments make_arguments(int num_groups, int sm_count, char* ws, const typename G::Tables& t) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = 0;  // unused when sm_count is given
+  hw.sm_count = sm_count;
+  typename G::Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {num_groups, reinterpret_cast<typename G::Shape*>(ws + t.shapes), nullptr},
+      {reinterpret_cast<const typename G::ElementA**>(ws + t.ptr_a),
+       reinterpret_cast<typename G::StrideA*>(ws + t.stride_a),
+       reinterpret_cast<const typename G::ElementB**>(ws + t.ptr_b),
+       reinterpret_cast<typename G::StrideB*>(ws + t.stride_b)},
+      {{}, nullptr, nullptr, reinterpret_cast<typename G::ElementD**>(ws + t.ptr_d),
+       reinterpret_cast<typename G::StrideD*>(ws + t.stride_d)},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  return args;
+}
+
+template <class G>
+typename G::Tables cutlass_tables(int64_t num_groups) {
+  constexpr size_t kAlign = 256;
+  auto take = [](size_t* c, size_t bytes) {
+    const size_t at = *c;
+    *c += (bytes + kAlign - 1) / kAlign * kAlign;
+    return at;
+  };
+  const size_t n = static_cast<size_t>(num_groups);
+  typename G::Tables t;
+  size_t c = 0;
+  t.shapes = take(&c, n * sizeof(typename G::Shape));
+  t.ptr_a = take(&c, n * sizeof(void*));
+  t.ptr_b = take(&c, n * sizeof(void*));
+  t.ptr_d = take(&c, n * sizeof(void*));
+  t.stride_a = take(&c, n * sizeof(typename G::StrideA));
+  t.stride_b = take(&c, n * sizeof(typename G::StrideB));
+  t.stride_d = take(&c, n * sizeof(typename G::StrideD));
+  // Host-only: with sm_count given and no host problem shapes, the size needs no device call.
+  const auto args = make_arguments<G>(static_cast<int>(num_groups), kCutlassMaxSmCount, nullptr, t);
+  t.cutlass = take(&c, G::Gemm::get_workspace_size(args));
+  t.total = c;
+  return t;
+}
+
+template <class G>
+size_t cutlass_workspace_size(int64_t num_groups) {
+  return cutlass_tables<G>(num_groups).total;
+}
+
+template <class G>
+Status run_cutlass_gemm(const CutlassGemmLaunch& p, cudaStream_t stream) {
+  if (p.num_groups < 1) return InvalidArgument("CUTLASS grouped GEMM: no groups");
+  if (p.sm_count < 1 || p.sm_count > kCutlassMaxSmCount) {
+    return InvalidArgument("CUTLASS grouped GEMM: sm_count " + std::to_string(p.sm_count) + " outside [1, " +
+                           std::to_string(kCutlassMaxSmCount) + "]");
+  }
+  const typename G::Tables t = cutlass_tables<G>(p.num_groups);
+  char* ws = static_cast<char*>(p.workspace);
+  constexpr int kSetupThreads = 128;
+  setup_kernel<G><<<(p.num_groups + kSetupThreads - 1) / kSetupThreads, kSetupThreads, 0, stream>>>(
+      p, reinterpret_cast<typename G::Shape*>(ws + t.shapes),
+      reinterpret_cast<const typename G::ElementA**>(ws + t.ptr_a),
+      reinterpret_cast<const typename G::ElementB**>(ws + t.ptr_b),
+      reinterpret_cast<typename G::ElementD**>(ws + t.ptr_d), reinterpret_cast<typename G::StrideA*>(ws + t.stride_a),
+      reinterpret_cast<typename G::StrideB*>(ws + t.stride_b),
+      reinterpret_cast<typename G::StrideD*>(ws + t.stride_d));
+  MOEKIT_CUDA_CHECK_LAUNCH("cutlass setup_kernel");
+
+  const auto args = make_arguments<G>(p.num_groups, p.sm_count, ws, t);
+  typename G::Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s != cutlass::Status::kSuccess) {
+    return Unsupported(std::string("CUTLASS grouped GEMM cannot implement N=") + std::to_string(p.n) +
+                       ", K=" + std::to_string(p.k) + ": " + cutlassGetStatusString(s));
+  }
+  s = gemm.initialize(args, ws + t.cutlass, stream);
+  if (s != cutlass::Status::kSuccess) {
+    return Internal(std::string("CUTLASS grouped GEMM initialize: ") + cutlassGetStatusString(s));
+  }
+  s = gemm.run(stream);
+  if (s != cutlass::Status::kSuccess) {
+    return Internal(std::string("CUTLASS grouped GEMM run: ") + cutlassGetStatusString(s));
+  }
+  MOEKIT_CUDA_CHECK_LAUNCH("cutlass grouped GEMM");
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda::sm90

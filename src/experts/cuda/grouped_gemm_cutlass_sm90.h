@@ -1,0 +1,89 @@
+// The CUTLASS path of the Hopper grouped GEMM (grouped_gemm_sm90.h, kCutlass):
+// a CUTLASS 3.x sm90 warp-specialized persistent grouped GEMM (TMA loads, wgmma,
+// fp32 accumulation, per-group shapes read from device memory) for groups of
+// prefill size.
+//
+// Layout "TN": A [rows, K] K-major, B[g] [N, K] K-major, D [rows, N] row-major.
+// A tiny setup kernel writes the per-group problem shapes, pointers and strides
+// from group_start/group_rows on the device, so nothing waits on the host. What
+// the TMA mainloop cannot do is done around it, in the caller's workspace:
+//   gather_a      rows of A copied in group order into a [chunk, K] buffer first
+//   kActivation   the GEMM writes the pre-activation [chunk, N] bf16, and a
+//                 small kernel applies the activation (kGateUpBlock pairs) into C
+// Where a problem needs those buffers, its rows are done in chunks so that they
+// take at most about C's size (max_rows x n_out) plus 32 rows per group of
+// (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of H.
+// Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
+// in two tile shapes, one per .cu file.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "experts/cuda/grouped_gemm.h"
+#include "moekit/kernel.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// The instantiated tiles (rows x output columns per CTA tile, K 64, clusters of
+// 2 CTAs along M sharing the B tile by TMA multicast).
+enum class CutlassTile : uint8_t {
+  kM128N256,  // cooperative: two consumer warpgroups on one 128x256 tile
+  kM64N256,   // ping-pong: two consumer warpgroups on alternate 64x256 tiles
+};
+inline constexpr CutlassTile kAllCutlassTiles[] = {CutlassTile::kM128N256, CutlassTile::kM64N256};
+const char* cutlass_tile_name(CutlassTile t);  // "m128_n256", ...
+std::optional<CutlassTile> parse_cutlass_tile(std::string_view name);
+
+// ok, or why the CUTLASS path cannot serve the problem.
+Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& problem);
+
+// Scratch bytes of one launch: setup tables, CUTLASS's own workspace, and the
+// gathered A / pre-activation buffers where the problem needs them.
+size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
+
+// Enqueues setup (+ gather) + GEMM (+ activation) on `stream`. No allocation,
+// no host synchronization.
+Status cutlass_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, CutlassTile tile,
+                            cudaStream_t stream);
+
+namespace sm90 {
+
+// One launch of an instantiated kernel (grouped_gemm_cutlass_sm90_<tile>.cu):
+// for the rows r of each group g inside [row_begin, row_end),
+//   D[r - d_row0] = A[r - a_row0] · B[g]ᵀ,  bf16 in, fp32 accumulate, bf16 out.
+struct CutlassGemmLaunch {
+  int num_groups = 0;                    // G
+  int n = 0;                             // N
+  int k = 0;                             // K
+  int sm_count = 0;                      // persistent CTAs, <= kCutlassMaxSmCount
+  int row_begin = 0, row_end = 0;        // the rows of this launch (a chunk of [0, max_rows))
+  int a_row0 = 0, d_row0 = 0;            // the row held by a[0] / d[0]
+  const uint16_t* a = nullptr;           // [.., K] bf16
+  const uint16_t* b = nullptr;           // [G, N, K] bf16
+  uint16_t* d = nullptr;                 // [.., N] bf16; only the launch's group rows written
+  const int32_t* group_start = nullptr;  // [G] i32
+  const int32_t* group_rows = nullptr;   // [G] i32, may be 0
+  void* workspace = nullptr;             // >= cutlass_gemm_workspace_size(tile, G) bytes, 256-byte aligned
+};
+
+// The SM count CUTLASS's workspace (per-SM TMA descriptors) is sized for: a
+// bound, not the device's count (the launch uses min(device SMs, this)).
+inline constexpr int kCutlassMaxSmCount = 160;
+
+size_t cutlass_gemm_workspace_size(CutlassTile tile, int64_t num_groups);
+Status cutlass_gemm(CutlassTile tile, const CutlassGemmLaunch& launch, cudaStream_t stream);
+
+// One per instantiation file.
+size_t cutlass_m128n256_workspace_size(int64_t num_groups);
+Status cutlass_m128n256_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+size_t cutlass_m64n256_workspace_size(int64_t num_groups);
+Status cutlass_m64n256_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+
+}  // namespace sm90
+}  // namespace moekit::cuda
