@@ -220,10 +220,19 @@ TEST(CudaLayer, WorkspaceReuseAcrossTokenCounts) {
   DeviceBytes fresh(mono->workspace_size(3));
   const HostTensor small_fresh = run_rows(3, fresh);
   EXPECT_EQ(cuda_test::first_difference(small_shared, small_fresh), "");
-  // Rows are independent: the first 3 rows of the M = 256 run are the same bits.
+  // And a larger M after a smaller one on the same workspace repeats its bits.
+  const HostTensor big_again = run_rows(256, shared);
+  EXPECT_EQ(cuda_test::first_difference(big_again, big), "");
+  // Rows are independent, though not bit-identical across M: the tile table
+  // picks the GEMM path by rows per expert (weight streaming at M = 3, CUTLASS
+  // at M = 256), and the paths sum K in different orders before the bf16
+  // roundings of the intermediate and the output. By the triangle inequality
+  // the two differ by at most the sum of their errors against fp64 (each
+  // <= 3.3e-3 on the layer grid): bound 1e-2. A wrong expert or a stale
+  // workspace row is an O(1) error.
   HostTensor head(DType::kBF16, {3, c.H});
   std::memcpy(head.data<void>(), big.data<void>(), head.nbytes());
-  EXPECT_EQ(cuda_test::first_difference(head, small_fresh), "");
+  EXPECT_LE(testing::rel_l2_error(testing::to_double(head.view()), testing::to_double(small_fresh.view())), 1e-2);
   // Too small a workspace is an error, not a crash.
   MoeRunArgs a;
   DeviceTensor out(DType::kBF16, {256, c.H});
