@@ -42,6 +42,8 @@ fi
 if command -v nvcc >/dev/null; then
   export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
   echo "setup: nvcc found ($CUDACXX): building the CUDA backend too"
+  # The CUDA build compiles the CUTLASS grouped GEMMs too, so they cannot rot.
+  [[ -f .deps/cutlass/include/cutlass/cutlass.h ]] || scripts/fetch_cutlass.sh
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release

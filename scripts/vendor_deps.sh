@@ -8,12 +8,11 @@
 #   .deps/include/{CLI,nlohmann}  CLI11 and nlohmann-json headers
 #   .deps/openblas.tar.xz       Debian's OpenBLAS (pthread) + libgfortran/libquadmath,
 #                               unpacked by CMake into <build>/_deps/openblas
-#   .deps/cutlass/include/      CUTLASS/CuTe headers of PyPI nvidia-cutlass (pinned)
+#   .deps/cutlass/include/      CUTLASS/CuTe headers of PyPI nvidia-cutlass (scripts/fetch_cutlass.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DEPS=.deps
-readonly CUTLASS_VERSION=4.2.0.0
 readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
 
 # The header-only libraries and GoogleTest come from the Debian packages.
@@ -29,7 +28,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rm -rf "$DEPS"
-mkdir -p "$DEPS/include" "$DEPS/cutlass"
+mkdir -p "$DEPS/include"
 
 echo "vendor_deps: googletest, CLI11, nlohmann-json"
 cp -r /usr/src/googletest "$DEPS/googletest"
@@ -49,23 +48,7 @@ for deb in "$tmp"/debs/*.deb; do dpkg -x "$deb" "$tmp/root"; done
   usr/lib/x86_64-linux-gnu/libgfortran.so.5* \
   usr/lib/x86_64-linux-gnu/libquadmath.so.0*) > "$DEPS/openblas.tar.xz"
 
-echo "vendor_deps: CUTLASS headers from nvidia-cutlass==$CUTLASS_VERSION"
-python3 -m pip download --quiet --no-deps --dest "$tmp/whl" "nvidia-cutlass==$CUTLASS_VERSION"
-# The wheel holds the headers under cutlass_library/source/include/{cutlass,cute}.
-python3 - "$tmp"/whl/nvidia_cutlass-*.whl "$DEPS/cutlass" <<'PY'
-import os, sys, zipfile
-wheel, dest = sys.argv[1], sys.argv[2]
-prefix = "cutlass_library/source/"
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.startswith(prefix + "include/") and not name.endswith("/"):
-            out = os.path.join(dest, name[len(prefix):])
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            with z.open(name) as src, open(out, "wb") as dst:
-                dst.write(src.read())
-PY
-test -f "$DEPS/cutlass/include/cutlass/cutlass.h"
-test -f "$DEPS/cutlass/include/cute/tensor.hpp"
+scripts/fetch_cutlass.sh
 
 du -sh "$DEPS"/*
 du -sh "$DEPS"
