@@ -43,6 +43,16 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
   }
   const Support s = kernel_class.supports(config, platform);
   if (!s.ok) return Unsupported("layer: " + kernel_class.name + " cannot serve this configuration: " + s.reason);
+  // NOTE: the oracle answers for parallel configurations (which class would
+  // serve them), but only the local prepare/finalize exists: running such a
+  // layer here would silently compute every expert on one rank.
+  const ParallelConfig& par = config.parallel;
+  if (par.tp_size > 1 || par.ep_size > 1 || par.dp_size > 1) {
+    return Unsupported("layer: tp/ep/dp > 1 (tp=" + std::to_string(par.tp_size) + ", ep=" +
+                       std::to_string(par.ep_size) + ", dp=" + std::to_string(par.dp_size) +
+                       ") needs the NCCL prepare/finalize, which this version does not have; only the backend "
+                       "selection (moekit backends) answers for it");
+  }
   if (weights.score_bias.defined() != config.routing.has_score_bias) {
     return InvalidArgument(config.routing.has_score_bias
                                ? "weights.score_bias: routing.has_score_bias is set but no bias was given"

@@ -82,6 +82,26 @@ std::unique_ptr<Model> spy_model(const KernelClass& kc, int layers, const ModelS
 
 // ---------------------------------------------------------------- allocation
 
+TEST(Layer, ParallelConfigsAreSelectedButNotRunLocally) {
+  // The oracle picks CpuModular for an all-to-all configuration, but a layer
+  // refuses to run it rather than compute every expert on one rank.
+  ModelShape s;
+  MoeConfig cfg = testing::config_for(s);
+  cfg.parallel.dp_size = cfg.parallel.ep_size = 2;
+  cfg.parallel.all2all = All2AllBackend::kNccl;
+  auto chosen = select_backend(cfg, Platform::cpu_only());
+  ASSERT_TRUE(chosen.ok()) << chosen.status().to_string();
+  EXPECT_EQ(chosen->kernel.name, "CpuModular");
+  std::mt19937_64 rng(testing::seed_from({91}));
+  HostTensor w13 = testing::random_tensor(rng, s.act, {s.E, 2 * s.I, s.H}, 0.1);
+  HostTensor w2 = testing::random_tensor(rng, s.act, {s.E, s.H, s.I}, 0.1);
+  auto layer = MoeLayer::create(cfg, MoeWeights{w13.view(), w2.view(), {}}, Platform::cpu_only());
+  ASSERT_FALSE(layer.ok());
+  EXPECT_EQ(layer.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(layer.status().message().find("needs the NCCL prepare/finalize"), std::string::npos)
+      << layer.status().to_string();
+}
+
 TEST(Capturer, DisabledAllocatesNothingAndLayersGetNoTarget) {
   ModelShape s;
   auto model = make_model(s, "CpuMonolithic", 1);
