@@ -80,7 +80,30 @@ int weight_scale_log2(int64_t reduction) {
 }
 constexpr int kHiddenScaleLog2 = 0;   // hidden in [-1, 1)
 constexpr int kLogitsScaleLog2 = 2;   // logits in [-4, 4)
-constexpr int kBiasScaleLog2 = -3;    // score bias in [-1/8, 1/8)
+// Score bias in [-2^-12, 2^-12): present (the bias path runs) but far too small
+// to pin the selection, so with i.i.d. logits every expert is equally likely, as
+// in a served model whose bias has balanced the load.
+constexpr int kBiasScaleLog2 = -12;
+
+// The skewed variant (--skew ALPHA > 0): expert e's logits get the offset
+// -ALPHA * ln(1 + e), computed in double and rounded to f32 once, so expert
+// popularity falls off like a Zipf law of exponent ~ALPHA. The offsets go into
+// the JSON so the peers add the same f32 values.
+std::vector<float> logit_offsets(int64_t num_experts, double skew) {
+  std::vector<float> off(static_cast<size_t>(num_experts), 0.0f);
+  if (skew > 0) {
+    for (int64_t e = 0; e < num_experts; ++e) off[e] = static_cast<float>(-skew * std::log1p(static_cast<double>(e)));
+  }
+  return off;
+}
+
+__global__ void add_expert_offsets_kernel(float* logits, int64_t m, int64_t e, const float* off) {
+  const int64_t n = m * e;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    logits[i] += off[i % e];
+  }
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -135,6 +158,7 @@ struct CaseResult {
   std::string backend, kernel;
   double time_s = 0, time_min_s = 0, time_max_s = 0;
   double touched_experts = 0;  // mean over the sets
+  double max_over_mean = 0;    // busiest expert's tokens / (M·k / E), mean over the sets
   double weight_bytes = 0, act_bytes = 0, flops = 0;
   double floor_s = 0;
   bool floor_is_memory = true;
@@ -163,8 +187,13 @@ Status write_npy_u16(const std::string& path, const std::vector<uint16_t>& data,
   return Status::Ok();
 }
 
-// Distinct experts the CPU routing picks for `logits` (host [M, E] f32).
-StatusOr<int64_t> touched_experts(const RoutingConfig& routing, int64_t num_experts, const std::vector<float>& logits,
+struct ExpertLoad {
+  int64_t touched = 0;    // experts with at least one token
+  int64_t max_tokens = 0; // tokens of the busiest expert
+};
+
+// Expert load of the CPU routing of `logits` (host [M, E] f32).
+StatusOr<ExpertLoad> expert_load(const RoutingConfig& routing, int64_t num_experts, const std::vector<float>& logits,
                                   const std::vector<float>& bias, int64_t m) {
   HostTensor ids(DType::kI32, {m, routing.top_k});
   HostTensor weights(DType::kF32, {m, routing.top_k});
@@ -178,9 +207,13 @@ StatusOr<int64_t> touched_experts(const RoutingConfig& routing, int64_t num_expe
   args.topk_weights = weights.view();
   args.expert_counts = counts.view();
   MOEKIT_RETURN_IF_ERROR(route_cpu(routing, args));
-  int64_t touched = 0;
-  for (int64_t e = 0; e < num_experts; ++e) touched += counts.data<int32_t>()[e] > 0 ? 1 : 0;
-  return touched;
+  ExpertLoad load;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = counts.data<int32_t>()[e];
+    load.touched += n > 0 ? 1 : 0;
+    load.max_tokens = std::max(load.max_tokens, n);
+  }
+  return load;
 }
 
 class ShapeRunner {
@@ -197,6 +230,7 @@ class ShapeRunner {
     MOEKIT_RETURN_IF_ERROR(c.validate());
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
+    offsets_ = logit_offsets(E, opt_.skew);
     // Weights exist only until the layer has prepared its own copy.
     DeviceBuffer w13, w2, bias;
     MOEKIT_RETURN_IF_ERROR(w13.allocate(static_cast<size_t>(E * n13_ * H) * 2));  // [E, N13, H] bf16
@@ -241,7 +275,13 @@ class ShapeRunner {
     r.workspace_bytes = layer_->workspace_bytes();
 
     std::vector<DeviceBuffer> hidden(sets), logits(sets), out(sets);
-    double touched_sum = 0;
+    double touched_sum = 0, imbalance_sum = 0;
+    DeviceBuffer offsets;
+    const bool skewed = opt_.skew > 0;
+    if (skewed) {
+      MOEKIT_RETURN_IF_ERROR(offsets.allocate(static_cast<size_t>(E) * 4));
+      BENCH_CUDA_RETURN(cudaMemcpy(offsets.ptr, offsets_.data(), E * 4, cudaMemcpyHostToDevice));
+    }
     for (int s = 0; s < sets; ++s) {
       MOEKIT_RETURN_IF_ERROR(hidden[s].allocate(static_cast<size_t>(m * H) * 2));  // [M, H] bf16
       MOEKIT_RETURN_IF_ERROR(logits[s].allocate(static_cast<size_t>(m * E) * 4));  // [M, E] f32
@@ -252,13 +292,20 @@ class ShapeRunner {
       r.logits_seeds.push_back(ls);
       BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(hidden[s].ptr), m * H, hs, kHiddenScaleLog2, nullptr));
       BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(logits[s].ptr), m * E, ls, kLogitsScaleLog2, nullptr));
+      if (skewed) {
+        add_expert_offsets_kernel<<<256, 256>>>(static_cast<float*>(logits[s].ptr), m, E,
+                                                static_cast<const float*>(offsets.ptr));
+        BENCH_CUDA_RETURN(cudaGetLastError());
+      }
       std::vector<float> host_logits(static_cast<size_t>(m * E));
       BENCH_CUDA_RETURN(cudaMemcpy(host_logits.data(), logits[s].ptr, m * E * 4, cudaMemcpyDeviceToHost));
-      auto touched = touched_experts(c.routing, E, host_logits, host_bias_, m);
-      if (!touched.ok()) return touched.status();
-      touched_sum += static_cast<double>(*touched);
+      auto load = expert_load(c.routing, E, host_logits, host_bias_, m);
+      if (!load.ok()) return load.status();
+      touched_sum += static_cast<double>(load->touched);
+      imbalance_sum += static_cast<double>(load->max_tokens) * static_cast<double>(E) / static_cast<double>(m * k);
     }
     r.touched_experts = touched_sum / sets;
+    r.max_over_mean = imbalance_sum / sets;
     r.weight_bytes = r.touched_experts * static_cast<double>(n13_ * H + H * I) * 2.0;
     r.act_bytes = 2.0 * static_cast<double>(m * H) * 2.0;
     r.flops = 2.0 * static_cast<double>(m * k) * static_cast<double>(n13_ * H + H * I);
@@ -362,10 +409,11 @@ class ShapeRunner {
   MoeConfig config_;
   int64_t n13_ = 0;
   std::vector<float> host_bias_;  // [E] f32 (deepseek_v3 only)
+  std::vector<float> offsets_;    // [E] f32 logit offsets (all zero unless --skew)
   std::unique_ptr<MoeLayer> layer_;
 };
 
-json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed) {
+json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed, double skew) {
   const MoeConfig& c = s.config;
   json j = {{"name", s.name},
             {"experts", c.num_experts},
@@ -388,6 +436,7 @@ json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed) {
     j["bias_seed"] = seed_of(base_seed, shape_index, TensorKind::kBias, 0, 0);
     j["bias_scale_log2"] = kBiasScaleLog2;
   }
+  if (skew > 0) j["logit_offsets"] = logit_offsets(c.num_experts, skew);
   return j;
 }
 
@@ -403,6 +452,7 @@ json case_json(const CaseResult& r) {
           {"tflops", r.flops / r.time_s * 1e-12},
           {"weight_gbps", r.weight_bytes / r.time_s * 1e-9},
           {"touched_experts", r.touched_experts},
+          {"max_over_mean_tokens", r.max_over_mean},
           {"weight_bytes", r.weight_bytes},
           {"act_bytes", r.act_bytes},
           {"flops", r.flops},
@@ -423,13 +473,13 @@ void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, s
                 ceil.device_name.c_str(), ceil.read_bytes_per_s * 1e-9, ceil.read_gib, ceil.matmul_flops_per_s * 1e-12,
                 ceil.matmul_n);
   os << line;
-  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %10s %4s %7s %8s\n", "shape", "M", "time_us", "TFLOP/s",
-                "wGB/s", "exp", "floor_us", "bnd", "%floor", "ws_MiB");
+  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s\n", "shape", "M", "time_us",
+                "TFLOP/s", "wGB/s", "exp", "max/mu", "floor_us", "bnd", "%floor", "ws_MiB");
   os << line;
   for (const CaseResult& r : results) {
-    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %10.1f %4s %6.1f%% %8.1f\n", r.shape.c_str(),
-                  static_cast<long long>(r.m), r.time_s * 1e6, r.flops / r.time_s * 1e-12,
-                  r.weight_bytes / r.time_s * 1e-9, r.touched_experts, r.floor_s * 1e6,
+    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %7.2f %10.1f %4s %6.1f%% %8.1f\n",
+                  r.shape.c_str(), static_cast<long long>(r.m), r.time_s * 1e6, r.flops / r.time_s * 1e-12,
+                  r.weight_bytes / r.time_s * 1e-9, r.touched_experts, r.max_over_mean, r.floor_s * 1e6,
                   r.floor_is_memory ? "mem" : "mma", 100.0 * r.floor_s / r.time_s, r.workspace_bytes / 1048576.0);
     os << line;
   }
@@ -462,7 +512,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   for (int si = 0; si < static_cast<int>(shapes.size()); ++si) {
     const ShapeSpec& spec = shapes[si];
     if (!opt.only.empty() && std::find(opt.only.begin(), opt.only.end(), spec.name) == opt.only.end()) continue;
-    j_shapes.push_back(shape_json(spec, si, opt.seed));
+    j_shapes.push_back(shape_json(spec, si, opt.seed, opt.skew));
     ShapeRunner runner(opt, ceil, si, spec, max_m, log);
     Status st = runner.setup();
     if (!st.ok()) {
@@ -493,6 +543,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
                 {"matmul_n", ceil.matmul_n}}},
               {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
               {"num_sets", opt.num_sets},
+              {"skew", opt.skew},
               {"shapes", j_shapes},
               {"cases", j_cases},
               {"failures", failures}};

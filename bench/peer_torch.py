@@ -66,6 +66,35 @@ def fill_uniform(shape, seed, scale_log2, dtype, device, chunk=1 << 26):
     return out.view(shape)
 
 
+# ---- the benchmark's inputs, from the moekit JSON (shared by every peer) ----
+def shape_weights(shape, dev):
+    """(w13 [E, N13, H] bf16, w2 [E, H, I] bf16, score bias [E] f32 or None) of a shape."""
+    e, h, i = shape["experts"], shape["hidden"], shape["intermediate"]
+    n13 = 2 * i if shape["activation"] != "relu2" else i
+    w13 = fill_uniform((e, n13, h), shape["w13_seed"], shape["w13_scale_log2"], torch.bfloat16, dev)
+    w2 = fill_uniform((e, h, i), shape["w2_seed"], shape["w2_scale_log2"], torch.bfloat16, dev)
+    bias = None
+    if shape.get("score_bias"):
+        bias = fill_uniform((e,), shape["bias_seed"], shape["bias_scale_log2"], torch.float32, dev)
+    return w13, w2, bias
+
+
+def case_inputs(shape, case, sets, dev):
+    """[(hidden [M, H] bf16, logits [M, E] f32)] per input set; the skewed variant's
+    per-expert logit offsets (f32, in the JSON) are added in f32, as moekit does."""
+    m, e, h = case["m"], shape["experts"], shape["hidden"]
+    offsets = shape.get("logit_offsets")
+    off = torch.tensor(offsets, dtype=torch.float32, device=dev) if offsets else None
+    inputs = []
+    for s in range(sets):
+        hid = fill_uniform((m, h), case["hidden_seeds"][s], case["hidden_scale_log2"], torch.bfloat16, dev)
+        lg = fill_uniform((m, e), case["logits_seeds"][s], case["logits_scale_log2"], torch.float32, dev)
+        if off is not None:
+            lg = lg + off
+        inputs.append((hid, lg))
+    return inputs
+
+
 # ---- the layer in torch ----
 def route(shape, logits, bias):
     k = shape["top_k"]
@@ -199,22 +228,12 @@ def main():
         cases = [c for c in mk["cases"] if c["shape"] == shape["name"]]
         if not cases:
             continue
-        e, h, i = shape["experts"], shape["hidden"], shape["intermediate"]
-        n13 = 2 * i if shape["activation"] != "relu2" else i
-        w13 = fill_uniform((e, n13, h), shape["w13_seed"], shape["w13_scale_log2"], torch.bfloat16, dev)
-        w2 = fill_uniform((e, h, i), shape["w2_seed"], shape["w2_scale_log2"], torch.bfloat16, dev)
-        bias = None
-        if shape.get("score_bias"):
-            bias = fill_uniform((e,), shape["bias_seed"], shape["bias_scale_log2"], torch.float32, dev)
+        w13, w2, bias = shape_weights(shape, dev)
         # [G, K, N] views of the [G, N, K] weights: column-major B, as _grouped_mm takes it.
         layer = make_layer(shape, w13.transpose(1, 2), w2.transpose(1, 2), bias)
         for case in cases:
             m = case["m"]
-            inputs = []
-            for s in range(sets):
-                hid = fill_uniform((m, h), case["hidden_seeds"][s], case["hidden_scale_log2"], torch.bfloat16, dev)
-                lg = fill_uniform((m, e), case["logits_seeds"][s], case["logits_scale_log2"], torch.float32, dev)
-                inputs.append((hid, lg))
+            inputs = case_inputs(shape, case, sets, dev)
             fns = [lambda hid=hid, lg=lg: layer(hid, lg) for hid, lg in inputs]
             try:
                 t, graphs, outs = time_graphs(fns, args.seconds, args.min_reps)
