@@ -54,11 +54,12 @@ double act_ref(Activation a, double g, double u) {
 }
 
 // path: 1 + a streaming variant's index; 0 = grouped_gemm() (the table's choice);
-// -1 - i = CUTLASS tile kAllCutlassTiles[i].
-void run_case(const Case& c, int path) {
+// -1 - i = CUTLASS tile kAllCutlassTiles[i]. k_splits > 1 (streaming only, no
+// epilogue): C holds f32 partials per K slice, and their sum is what is checked.
+void run_case(const Case& c, int path, int k_splits = 1) {
   std::mt19937_64 rng(testing::seed_from({c.groups, c.n, c.k, c.gather, static_cast<int>(c.epilogue),
                                           static_cast<int>(c.act), static_cast<int>(c.out), c.max_group_rows,
-                                          c.skewed, path}));
+                                          c.skewed, path, k_splits}));
   // Groups with a gap of 2 untouched rows after each.
   std::vector<int32_t> start(c.groups), rows(c.groups);
   std::uniform_int_distribution<int> rows_dist(0, c.max_group_rows);
@@ -85,19 +86,21 @@ void run_case(const Case& c, int path) {
   pr.a_rows = a_rows;
   pr.n = c.n;
   pr.k = c.k;
-  pr.out_dtype = c.out;
+  pr.out_dtype = k_splits > 1 ? DType::kF32 : c.out;
+  pr.k_splits = k_splits;
   pr.gather_a = c.gather;
   pr.epilogue = c.epilogue;
   pr.activation.kind = c.act;
   const int64_t n_out = pr.n_out();
-  const size_t out_elem = dtype_size(c.out);
+  const size_t out_elem = dtype_size(pr.out_dtype);
+  const int64_t slice = max_rows * n_out;  // elements per K slice
 
   void *d_a, *d_b, *d_c, *d_ws;
   int32_t *d_start, *d_rows, *d_index;
   const size_t ws_bytes = std::max<size_t>(256, grouped_gemm_workspace_size(pr));
   ASSERT_EQ(cudaMalloc(&d_a, a.nbytes()), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_b, b.nbytes()), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_c, max_rows * n_out * out_elem), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_c, k_splits * slice * out_elem), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_ws, ws_bytes), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_start, c.groups * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_rows, c.groups * 4), cudaSuccess);
@@ -107,7 +110,7 @@ void run_case(const Case& c, int path) {
   cudaMemcpy(d_start, start.data(), c.groups * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_rows, rows.data(), c.groups * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_index, row_index.data(), max_rows * 4, cudaMemcpyHostToDevice);
-  cudaMemset(d_c, 0xff, max_rows * n_out * out_elem);  // NaN poison
+  cudaMemset(d_c, 0xff, k_splits * slice * out_elem);  // NaN poison
 
   GroupedGemmArgs args;
   args.a = static_cast<const uint16_t*>(d_a);
@@ -130,7 +133,7 @@ void run_case(const Case& c, int path) {
   }
   ASSERT_TRUE(st.ok()) << st.to_string() << " for " << pr.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint8_t> out(max_rows * n_out * out_elem);
+  std::vector<uint8_t> out(k_splits * slice * out_elem);
   cudaMemcpy(out.data(), d_c, out.size(), cudaMemcpyDeviceToHost);
   for (void* p : {d_a, d_b, d_c, d_ws, static_cast<void*>(d_start), static_cast<void*>(d_rows),
                   static_cast<void*>(d_index)}) {
@@ -138,10 +141,14 @@ void run_case(const Case& c, int path) {
   }
 
   auto value = [&](int64_t i) -> double {
-    if (c.out == DType::kF32) {
-      float f;
-      std::memcpy(&f, out.data() + 4 * i, 4);
-      return f;
+    if (pr.out_dtype == DType::kF32) {
+      double sum = 0;
+      for (int s = 0; s < k_splits; ++s) {
+        float f;
+        std::memcpy(&f, out.data() + 4 * (s * slice + i), 4);
+        sum += f;
+      }
+      return sum;
     }
     uint16_t h;
     std::memcpy(&h, out.data() + 2 * i, 2);
@@ -177,15 +184,19 @@ void run_case(const Case& c, int path) {
   // Outputs are rounded once (bf16: relative 2^-9 per element, ~1e-3 in L2) after an fp32
   // sum of exact bf16 products (relative ~1e-6 for these K), so bf16 must land under 4e-3
   // and f32 under 1e-4; a wrong row, column or group gives O(1), a NaN gives inf.
-  const double bound = c.out == DType::kF32 ? 1e-4 : 4e-3;
+  const double bound = pr.out_dtype == DType::kF32 ? 1e-4 : 4e-3;
   const double err = testing::rel_l2_error(got, want);
   EXPECT_LE(err, bound) << pr.to_string() << " path " << path;
   // Rows outside every group keep the poison bits.
   int touched = 0;
-  for (int64_t r = 0; r < max_rows; ++r) {
-    if (in_group[r]) continue;
-    for (int64_t col = 0; col < n_out; ++col) {
-      for (size_t byte = 0; byte < out_elem; ++byte) touched += out[(r * n_out + col) * out_elem + byte] != 0xff;
+  for (int s = 0; s < k_splits; ++s) {
+    for (int64_t r = 0; r < max_rows; ++r) {
+      if (in_group[r]) continue;
+      for (int64_t col = 0; col < n_out; ++col) {
+        for (size_t byte = 0; byte < out_elem; ++byte) {
+          touched += out[(s * slice + r * n_out + col) * out_elem + byte] != 0xff;
+        }
+      }
     }
   }
   EXPECT_EQ(touched, 0) << "bytes written outside the groups, " << pr.to_string();
@@ -238,6 +249,27 @@ TEST_P(GroupedGemmSm90, CutlassTilesMatchFp64) {
   }
 }
 
+// K slices (GEMM2 at decode sizes): every streaming instance whose granules fit,
+// with 2 and 3 slices (uneven slices when K steps do not divide), summed on the host.
+TEST_P(GroupedGemmSm90, StreamingKSlicesMatchFp64) {
+  if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
+  const Case& c = GetParam();
+  if (c.epilogue != GemmEpilogue::kNone) GTEST_SKIP() << "K slices are for problems without an epilogue";
+  if (c.k < 128) GTEST_SKIP() << "K=" << c.k << " is one K step: nothing to slice";
+  int ran = 0;
+  for (size_t i = 0; i < std::size(sm90::kAllStreamVariants); ++i) {
+    const auto v = sm90::kAllStreamVariants[i];
+    if (c.n % sm90::stream_variant_rows(v) != 0 || c.k % sm90::stream_variant_block_k(v) != 0) continue;
+    for (int splits : {2, 3}) {
+      if (splits > c.k / sm90::stream_variant_block_k(v)) continue;
+      SCOPED_TRACE(std::string(sm90::stream_variant_name(v)) + " x" + std::to_string(splits));
+      run_case(c, static_cast<int>(i) + 1, splits);
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0) << "no streaming instance could take K slices of this case";
+}
+
 TEST_P(GroupedGemmSm90, TableChoiceMatchesFp64) {
   if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
   run_case(GetParam(), 0);
@@ -257,6 +289,7 @@ INSTANTIATE_TEST_SUITE_P(
         // GEMM2-like: not gathered, no epilogue, N a multiple of 64 only
         Case{8, 320, 128, false, kNone, Activation::kSiluGated, DType::kBF16, 5},
         Case{4, 256, 64, false, kNone, Activation::kSiluGated, DType::kF32, 40},
+        Case{7, 128, 448, false, kNone, Activation::kSiluGated, DType::kBF16, 6},  // 7 K steps: uneven slices
         // groups larger than one token tile (64 / 128 rows): the slab is streamed again
         Case{3, 256, 128, true, kAct, Activation::kSiluGated, DType::kBF16, 300},
         Case{3, 128, 128, false, kAct, Activation::kRelu2, DType::kBF16, 150},

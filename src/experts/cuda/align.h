@@ -5,7 +5,8 @@
 //
 // Three launches: per-chunk histogram (integer atomics: order-free) -> one
 // block scans chunks and experts into each expert's first row -> one warp per
-// chunk assigns rows in pair order. No host synchronization.
+// chunk assigns rows in pair order; up to 1024 pairs all of it in one launch
+// (decode sizes, where launches cost more than the work). No host synchronization.
 #pragma once
 
 #include <cuda_runtime_api.h>

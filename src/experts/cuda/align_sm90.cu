@@ -97,6 +97,68 @@ __global__ void align_scatter_kernel(const int32_t* __restrict__ ids, int pairs,
   }
 }
 
+// Few pairs: the whole sort in one launch (one block): shared-memory histogram,
+// scan into group_start, then one warp assigns rows in pair order as
+// align_scatter_kernel does for one chunk. Same result as the three launches.
+__global__ void __launch_bounds__(kScanThreads) align_small_kernel(const int32_t* __restrict__ ids, int pairs,
+                                                                   int top_k, int num_experts, int32_t* group_start,
+                                                                   int32_t* group_rows, int32_t* expert_counts,
+                                                                   int32_t* pair_row, int32_t* row_token) {
+  extern __shared__ int32_t shared[];
+  int32_t* count = shared;              // [E]
+  int32_t* next = shared + num_experts;  // [E]
+  __shared__ int32_t partial[kScanThreads];
+  const int t = threadIdx.x;
+  for (int e = t; e < num_experts; e += kScanThreads) count[e] = 0;
+  __syncthreads();
+  for (int p = t; p < pairs; p += kScanThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < num_experts) atomicAdd(&count[e], 1);  // integer: order-free
+  }
+  __syncthreads();
+  const int per = (num_experts + kScanThreads - 1) / kScanThreads;
+  const int begin = min(num_experts, t * per), end = min(num_experts, begin + per);
+  int32_t sum = 0;
+  for (int e = begin; e < end; ++e) sum += count[e];
+  partial[t] = sum;
+  __syncthreads();
+  for (int off = 1; off < kScanThreads; off *= 2) {
+    const int32_t v = t >= off ? partial[t - off] : 0;
+    __syncthreads();
+    partial[t] += v;
+    __syncthreads();
+  }
+  int32_t run = partial[t] - sum;
+  for (int e = begin; e < end; ++e) {
+    group_start[e] = run;
+    group_rows[e] = count[e];
+    if (expert_counts != nullptr) expert_counts[e] = count[e];
+    next[e] = run;
+    run += count[e];
+  }
+  __syncthreads();
+  if (t >= kWarpSize) return;
+  for (int base = 0; base < pairs; base += kWarpSize) {
+    const int p = base + t;
+    const int e = p < pairs ? ids[p] : -1;
+    const bool valid = e >= 0 && e < num_experts;
+    const unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
+    const int rank = __popc(same & ((1u << t) - 1u));
+    const int32_t row = valid ? next[e] + rank : -1;
+    __syncwarp();
+    if (valid && rank == 0) next[e] += __popc(same);
+    __syncwarp();
+    if (p < pairs) {
+      pair_row[p] = row;
+      if (valid) row_token[row] = p / top_k;
+    }
+  }
+}
+
+// Pairs and experts up to which align_small_kernel runs instead of the three launches.
+constexpr int64_t kSmallMaxPairs = 1024;
+constexpr int64_t kSmallMaxExperts = 4096;
+
 }  // namespace
 
 size_t align_workspace_size(int64_t max_pairs, int64_t num_experts) {
@@ -108,6 +170,15 @@ Status align_by_expert(const AlignProblem& pr, const AlignArgs& args, cudaStream
   const int64_t E = pr.num_experts;
   if (pairs > INT32_MAX / 2 || E < 1 || E > INT32_MAX / kMaxChunks) {
     return InvalidArgument("align: M*k or E out of range");
+  }
+  if (pairs <= kSmallMaxPairs && E <= kSmallMaxExperts) {
+    const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(E);
+    align_small_kernel<<<1, kScanThreads, smem, stream>>>(args.topk_ids, static_cast<int>(pairs),
+                                                          static_cast<int>(pr.top_k), static_cast<int>(E),
+                                                          args.group_start, args.group_rows, args.expert_counts,
+                                                          args.pair_row, args.row_token);
+    MOEKIT_CUDA_CHECK_LAUNCH("align_small_kernel");
+    return Status::Ok();
   }
   const int64_t chunks = num_chunks(pairs), chunk = chunk_size(pairs);
   auto* chunk_counts = static_cast<int32_t*>(args.workspace);  // [chunks, E]

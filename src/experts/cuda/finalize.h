@@ -16,12 +16,18 @@ struct FinalizeArgs {
   int64_t top_k = 0;                  // k
   int64_t hidden = 0;                 // H, a multiple of 8
   const uint16_t* expert_out = nullptr;  // [rows, H] bf16 bits: the expert output of each permuted row
+  // Instead of expert_out: [k_splits, partial_rows, H] f32 partial sums of the expert
+  // output over K slices; a row's output is their sum in slice order, rounded to bf16.
+  const float* expert_partials = nullptr;
+  int64_t k_splits = 1;
+  int64_t partial_rows = 0;
   const int32_t* pair_row = nullptr;     // [M, k] i32: permuted row of each (token, slot), -1 = invalid id
   const float* topk_weights = nullptr;   // [M, k] f32
   uint16_t* out = nullptr;               // [M, H] bf16 bits, every element written
 };
 
-// out[t, :] = sum_j w[t, j] * expert_out[pair_row[t, j], :], j ascending. A pair
+// out[t, :] = sum_j w[t, j] * expert_out[pair_row[t, j], :], j ascending (with
+// partials, expert_out[r] = bf16(sum_s partials[s, r]), s ascending). A pair
 // without a row (an id outside [0, E)) makes the token's row NaN.
 Status finalize_weighted_sum(const FinalizeArgs& args, cudaStream_t stream);
 

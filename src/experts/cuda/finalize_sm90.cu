@@ -29,10 +29,27 @@ __global__ void finalize_kernel(FinalizeArgs a) {
       for (int i = 0; i < kVec; ++i) acc[i] = __int_as_float(0x7fc00000);  // NaN: invalid expert id
       continue;
     }
-    const uint4 v = *reinterpret_cast<const uint4*>(a.expert_out + static_cast<int64_t>(row) * a.hidden + h);
-    const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&v);
+    float y[kVec];
+    if (a.expert_partials != nullptr) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, __bfloat162float(y[i]), acc[i]);
+      for (int i = 0; i < kVec; ++i) y[i] = 0.0f;
+      for (int64_t s = 0; s < a.k_splits; ++s) {
+        const float4* p =
+            reinterpret_cast<const float4*>(a.expert_partials + (s * a.partial_rows + row) * a.hidden + h);
+        const float4 lo = p[0], hi = p[1];
+        y[0] += lo.x, y[1] += lo.y, y[2] += lo.z, y[3] += lo.w;
+        y[4] += hi.x, y[5] += hi.y, y[6] += hi.z, y[7] += hi.w;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[i] = __bfloat162float(__float2bfloat16_rn(y[i]));  // as a bf16 expert row
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(a.expert_out + static_cast<int64_t>(row) * a.hidden + h);
+      const __nv_bfloat16* yb = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[i] = __bfloat162float(yb[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, y[i], acc[i]);
   }
   uint4 o;
   __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&o);

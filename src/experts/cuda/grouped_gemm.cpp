@@ -19,6 +19,7 @@ std::string GroupedGemmProblem::to_string() const {
      << ", K=" << k << ", out=" << dtype_name(out_dtype) << ", gather_a=" << (gather_a ? "yes" : "no")
      << ", epilogue=" << gemm_epilogue_name(epilogue);
   if (epilogue == GemmEpilogue::kActivation) os << "(" << activation.to_string() << ")";
+  if (k_splits > 1) os << ", k_splits=" << k_splits;
   os << "}";
   return os.str();
 }

@@ -54,6 +54,10 @@ struct GroupedGemmProblem {
   bool gather_a = false;           // A rows read through a_row_index
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   ActivationConfig activation;     // used by GemmEpilogue::kActivation
+  // > 1: K is cut into this many slices and C is [k_splits, max_rows, n] f32, slice s
+  // holding the partial sums over the s-th K slice (the caller adds them in order).
+  // Only where grouped_gemm_k_splits() asked for it, with epilogue kNone.
+  int64_t k_splits = 1;
 
   int64_t n_out() const {
     return epilogue == GemmEpilogue::kActivation && activation.gated() ? n / 2 : n;
@@ -74,6 +78,10 @@ struct GroupedGemmArgs {
 
 // ok, or why this implementation cannot serve the problem (dtype, alignment of N/K, ...).
 Support grouped_gemm_supports(const GroupedGemmProblem& problem);
+
+// K slices the fastest path for `problem` would like (1: none). A caller that can
+// add f32 partial outputs sets problem.k_splits to it (and sizes C for them).
+int64_t grouped_gemm_k_splits(const GroupedGemmProblem& problem);
 
 // Scratch bytes a launch needs (tile schedules, ...); may be 0. Host-only, no device call.
 size_t grouped_gemm_workspace_size(const GroupedGemmProblem& problem);

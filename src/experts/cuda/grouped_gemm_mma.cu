@@ -201,8 +201,14 @@ Support grouped_gemm_supports(const GroupedGemmProblem& pr) {
     return Support::no("grouped GEMM rows exceed int32 indexing");
   }
   if ((pr.n / MmaTraits::kBlockN) > 65535) return Support::no("grouped GEMM N too large for the grid");
+  if (pr.k_splits < 1) return Support::no("grouped GEMM k_splits must be >= 1");
+  if (pr.k_splits > 1 && (pr.epilogue != GemmEpilogue::kNone || pr.out_dtype != DType::kF32)) {
+    return Support::no("grouped GEMM K slices need an f32 output without an epilogue");
+  }
   return Support::yes();
 }
+
+int64_t grouped_gemm_k_splits(const GroupedGemmProblem& pr) { return sm90_gemm_k_splits(pr); }
 
 size_t grouped_gemm_workspace_size(const GroupedGemmProblem& pr) {
   // tile_prefix, or what the Hopper path the table may pick needs.
@@ -220,6 +226,7 @@ Status grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, c
   // The Hopper paths (grouped_gemm_sm90.h) serve every problem their table picks them for.
   const Sm90GemmChoice choice = choose_sm90_gemm(pr);
   if (choice.path != Sm90GemmPath::kReference) return run_sm90_gemm(choice, pr, args, stream);
+  if (pr.k_splits > 1) return Unsupported("grouped GEMM: the reference kernel has no K slices; " + choice.reason);
   auto* tile_prefix = static_cast<int32_t*>(args.workspace);
   tile_prefix_kernel<<<1, kScanThreads, 0, stream>>>(args.group_rows, static_cast<int>(pr.num_groups), tile_prefix);
   MOEKIT_CUDA_CHECK_LAUNCH("tile_prefix_kernel");

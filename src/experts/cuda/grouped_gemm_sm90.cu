@@ -125,6 +125,12 @@ std::string Sm90GemmChoice::to_string() const {
 
 Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   const Forced forced = forced_path();
+  if (pr.k_splits > 1) {  // only the streaming kernel has K slices (grouped_gemm_k_splits asked for them)
+    std::string why;
+    Sm90GemmChoice c = streaming_choice(pr, &why);
+    c.reason = c.path == Sm90GemmPath::kStreaming ? std::to_string(pr.k_splits) + " K slices" : "streaming: " + why;
+    return c;
+  }
   if (forced == Forced::kReference) {
     Sm90GemmChoice c;
     c.reason = "forced by MOEKIT_SM90_GEMM";
@@ -165,6 +171,23 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   Sm90GemmChoice c;
   c.reason = "streaming: " + why_streaming + "; cutlass: " + why_cutlass;
   return c;
+}
+
+int64_t sm90_gemm_k_splits(const GroupedGemmProblem& pr) {
+  if (pr.epilogue != GemmEpilogue::kNone) return 1;
+  GroupedGemmProblem whole = pr;
+  whole.k_splits = 1;
+  const Sm90GemmChoice c = choose_sm90_gemm(whole);
+  if (c.path != Sm90GemmPath::kStreaming) return 1;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    return 1;
+  }
+  whole.out_dtype = DType::kF32;
+  const int splits = sm90::streaming_k_splits(whole, c.variant, sms);
+  whole.k_splits = splits;
+  return splits > 1 && sm90::streaming_gemm_supports(whole, c.variant).ok ? splits : 1;
 }
 
 Support sm90_cutlass_supports(const GroupedGemmProblem& pr) {

@@ -47,6 +47,10 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& problem);
 // ok, or why the CUTLASS path cannot serve the problem (also: not in this build).
 Support sm90_cutlass_supports(const GroupedGemmProblem& problem);
 
+// K slices the chosen path wants (grouped_gemm_k_splits): > 1 only for the
+// streaming path on problems with too few slabs to fill the GPU.
+int64_t sm90_gemm_k_splits(const GroupedGemmProblem& problem);
+
 // Scratch the chosen path needs (0 for kStreaming and kReference).
 size_t sm90_gemm_workspace_size(const GroupedGemmProblem& problem);
 

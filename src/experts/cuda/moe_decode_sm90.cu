@@ -17,6 +17,9 @@ using Rows64K64 = StreamTraits<2, 8, 4, 64>;      // 4 x (8 + 8) KB
 using Rows64K64T32 = StreamTraits<2, 4, 6, 64>;   // 6 x (8 + 4) KB
 using Rows64K192 = StreamTraits<2, 4, 4, 192>;    // 4 x (24 + 12) KB
 using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
+using Rows32K64T16 = StreamTraits<1, 2, 6, 64>;   // 6 x (4 + 2) KB
+using Rows32K64T32 = StreamTraits<1, 4, 4, 64>;   // 4 x (4 + 4) KB
+using Rows32K128T16 = StreamTraits<1, 2, 4, 128>; // 4 x (8 + 4) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
@@ -27,6 +30,9 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows64K64T32: return f(Rows64K64T32{});
     case StreamVariant::kRows64K192: return f(Rows64K192{});
     case StreamVariant::kRows64K256: return f(Rows64K256{});
+    case StreamVariant::kRows32K64T16: return f(Rows32K64T16{});
+    case StreamVariant::kRows32K64T32: return f(Rows32K64T32{});
+    case StreamVariant::kRows32K128T16: return f(Rows32K128T16{});
   }
   return f(Rows128K64{});
 }
@@ -41,6 +47,9 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows64K64T32: return "rows64_k64_t32";
     case StreamVariant::kRows64K192: return "rows64_k192";
     case StreamVariant::kRows64K256: return "rows64_k256";
+    case StreamVariant::kRows32K64T16: return "rows32_k64_t16";
+    case StreamVariant::kRows32K64T32: return "rows32_k64_t32";
+    case StreamVariant::kRows32K128T16: return "rows32_k128_t16";
   }
   return "?";
 }
@@ -61,6 +70,20 @@ int stream_variant_block_k(StreamVariant v) {
 int stream_variant_tokens(StreamVariant v) {
   return with_traits(v, [](auto t) { return decltype(t)::kTokens; });
 }
+int stream_variant_smem_bytes(StreamVariant v) {
+  return with_traits(v, [](auto t) { return decltype(t)::kSmemBytes; });
+}
+
+int streaming_k_splits(const GroupedGemmProblem& pr, StreamVariant v, int sm_count) {
+  if (pr.epilogue != GemmEpilogue::kNone || pr.max_rows == 0) return 1;
+  constexpr int kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 8, kMinKStepsPerSplit = 4;
+  const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (stream_variant_smem_bytes(v) + 1024), 1, kMaxCtasPerSm);
+  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
+  const int64_t ctas = std::min(pr.num_groups, pr.max_rows) * (pr.n / stream_variant_rows(v));
+  const int64_t want = (4 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
+  const int64_t by_k = pr.k / stream_variant_block_k(v) / kMinKStepsPerSplit;
+  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, by_k), 1, kMaxStreamKSplits));
+}
 
 Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {
   if (pr.out_dtype != DType::kBF16 && pr.out_dtype != DType::kF32) {
@@ -77,6 +100,12 @@ Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {
   }
   if (pr.num_groups < 1 || pr.max_rows > INT32_MAX / 2 || pr.n > INT32_MAX / 2 || pr.k > INT32_MAX / 2) {
     return Support::no("streaming GEMM sizes exceed int32 indexing");
+  }
+  if (pr.k_splits < 1 || pr.k_splits > kMaxStreamKSplits || pr.k_splits > pr.k / bk) {
+    return Support::no("streaming GEMM: " + std::to_string(pr.k_splits) + " K slices for K=" + std::to_string(pr.k));
+  }
+  if (pr.k_splits > 1 && (pr.epilogue != GemmEpilogue::kNone || pr.out_dtype != DType::kF32)) {
+    return Support::no("streaming GEMM: K slices need an f32 partial output without an epilogue");
   }
   return Support::yes();
 }
@@ -98,6 +127,8 @@ Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
   p.k = static_cast<int>(pr.k);
   p.n_out = static_cast<int>(pr.n_out());
   p.n_slabs = p.n / stream_variant_rows(v);
+  p.k_splits = static_cast<int>(pr.k_splits);
+  p.c_split_stride = pr.max_rows * pr.n;
   p.out_f32 = pr.out_dtype == DType::kF32;
   p.activation = pr.epilogue == GemmEpilogue::kActivation;
   p.gated = p.activation && pr.activation.gated();

@@ -13,8 +13,12 @@
 // of the kGateUpBlock layout, so the gated epilogue pairs gate and up values
 // that sit in the same thread's registers.
 //
-// Blocks: blockIdx.x = j * n_slabs + slab, j = index among non-empty groups;
-// blocks past the number of non-empty groups exit at once. Groups with more
+// Blocks: blockIdx.x = (j * n_slabs + slab) * k_splits + split, j = index among
+// non-empty groups; blocks past the number of non-empty groups exit at once.
+// With k_splits > 1 each block streams one K slice of its slab and writes fp32
+// partial sums to its own slice of C (summed later in a fixed order, so the
+// result does not depend on scheduling): that keeps every SM streaming when a
+// few experts with long K would otherwise give fewer slabs than SMs. Groups with more
 // rows than kTokens are done in several token tiles (the slab is re-read);
 // within a tile only the n8 token tiles that hold tokens are loaded and
 // multiplied, so a wide kTokens costs shared memory, not MMA work.
@@ -64,6 +68,8 @@ struct StreamParams {
   int num_groups;
   int n, k, n_out;
   int n_slabs;                 // n / kRows
+  int k_splits;                // K slices per slab (1: whole K)
+  int64_t c_split_stride;      // elements between the K slices' outputs (k_splits > 1)
   bool out_f32;
   bool activation;             // epilogue applies the activation
   bool gated;
@@ -132,8 +138,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   __shared__ int32_t s_group;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int j = blockIdx.x / p.n_slabs;
-  const int slab = blockIdx.x % p.n_slabs;
+  const int split = blockIdx.x % p.k_splits;
+  const int j = blockIdx.x / p.k_splits / p.n_slabs;
+  const int slab = blockIdx.x / p.k_splits % p.n_slabs;
 
   // ---- Which group: the j-th non-empty one.
   const int per = (p.num_groups + Tr::kThreads - 1) / Tr::kThreads;
@@ -167,7 +174,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   const int row0 = p.group_start[g];
   const int n0 = slab * Tr::kRows;
   const __nv_bfloat16* w_slab = p.b + (static_cast<int64_t>(g) * p.n + n0) * p.k;  // (kRows, K)
-  const int k_tiles = p.k / Tr::kBlockK;
+  const int all_k_tiles = p.k / Tr::kBlockK;
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(all_k_tiles) * split / p.k_splits);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (split + 1) / p.k_splits) - kt_begin;
+  void* const c_out = p.k_splits > 1 ? static_cast<void*>(static_cast<float*>(p.c) + split * p.c_split_stride) : p.c;
   const uint32_t w_base = smem_addr(w_smem), x_base = smem_addr(x_smem);
 
   for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
@@ -180,7 +190,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
     __syncthreads();
 
     auto load_stage = [&](int stage, int kt) {
-      const int k0 = kt * Tr::kBlockK;
+      const int k0 = (kt_begin + kt) * Tr::kBlockK;
       const uint32_t ws = w_base + stage * Tr::kWStageBytes;
 #pragma unroll
       for (int i = tid; i < Tr::kRows * Tr::kChunks; i += Tr::kThreads) {
@@ -268,13 +278,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
           // of intermediate columns [16 * pair, 16 * pair + 16).
           const int pair = (n0 >> 5) + warp;
           const float v = gated_activation(p.act, acc[0][nt][i], acc[1][nt][i]);
-          store_out(p.c, p.out_f32, out_row + pair * kGateUpBlock + m, v);
+          store_out(c_out, p.out_f32, out_row + pair * kGateUpBlock + m, v);
         } else {
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float v = acc[mt][nt][i];
             if (p.activation) v = plain_activation(p.act, v);
-            store_out(p.c, p.out_f32, out_row + n0 + warp * 32 + mt * 16 + m, v);
+            store_out(c_out, p.out_f32, out_row + n0 + warp * 32 + mt * 16 + m, v);
           }
         }
       }
@@ -290,7 +300,7 @@ cudaError_t launch_streaming_gemm(const StreamParams& p, int max_nonempty_groups
   const cudaError_t e =
       cudaFuncSetAttribute(streaming_gemm_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
-  const int64_t blocks = static_cast<int64_t>(max_nonempty_groups) * p.n_slabs;
+  const int64_t blocks = static_cast<int64_t>(max_nonempty_groups) * p.n_slabs * p.k_splits;
   if (blocks == 0) return cudaSuccess;
   streaming_gemm_kernel<Tr><<<static_cast<unsigned>(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -22,18 +22,32 @@ enum class StreamVariant : uint8_t {
   kRows64K64T32, // 2 warps, 32-token tile, 6 stages (three CTAs per SM)
   kRows64K192,   // 2 warps, 32-token tile, 4 stages
   kRows64K256,   // 2 warps, 32-token tile, 4 stages
+  kRows32K64T16,  // 1 warp, 16-token tile, 6 stages (six CTAs per SM)
+  kRows32K64T32,  // 1 warp, 32-token tile, 4 stages (seven CTAs per SM)
+  kRows32K128T16, // 1 warp, 16-token tile, 4 stages, K 128 per stage (four CTAs per SM)
 };
 inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
                                                        StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
                                                        StreamVariant::kRows64K192,
-                                                       StreamVariant::kRows64K256};
+                                                       StreamVariant::kRows64K256,
+                                                       StreamVariant::kRows32K64T16,
+                                                       StreamVariant::kRows32K64T32,
+                                                       StreamVariant::kRows32K128T16};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);
 int stream_variant_block_k(StreamVariant v);
 int stream_variant_tokens(StreamVariant v);
+int stream_variant_smem_bytes(StreamVariant v);  // dynamic shared memory per CTA
 
-// ok, or why the variant cannot serve the problem (N, K granules, dtype, sizes).
+// K slices that keep every SM streaming for `problem` with `variant` (1: none):
+// enough CTAs for ~4 waves, at most kMaxStreamKSplits, at least 4 K steps each.
+// Only for problems a split can serve (no epilogue); see StreamParams::k_splits.
+inline constexpr int kMaxStreamKSplits = 8;
+int streaming_k_splits(const GroupedGemmProblem& problem, StreamVariant variant, int sm_count);
+
+// ok, or why the variant cannot serve the problem (N, K granules, dtype, sizes,
+// a K split without an f32 partial output).
 Support streaming_gemm_supports(const GroupedGemmProblem& problem, StreamVariant variant);
 
 Status streaming_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, StreamVariant variant,

@@ -2,6 +2,7 @@
 
 #ifdef MOEKIT_WITH_CUDA
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/cuda_check.h"
@@ -12,6 +13,13 @@ namespace moekit::cuda {
 
 namespace {
 constexpr size_t kAlign = 256;
+// GEMM2 may cut K into slices (grouped_gemm_k_splits) only up to this many routed
+// rows: the f32 partials then need at most kMaxStreamKSplits x this many rows of H,
+// a bound that grows with M, so the workspace sized for max_num_tokens holds any M.
+constexpr int64_t kSplitMaxRows = 128;
+constexpr int64_t kMaxKSplits = 8;
+
+size_t split_partial_rows(int64_t pairs) { return static_cast<size_t>(kMaxKSplits * std::min(pairs, kSplitMaxRows)); }
 size_t take(size_t* cursor, size_t bytes) {
   const size_t at = *cursor;
   *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
@@ -61,7 +69,9 @@ ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t n
   l.gemm1_scratch = take(&c, grouped_gemm_workspace_size(gemm1_problem(s, num_tokens)));
   l.gemm2_scratch = take(&c, grouped_gemm_workspace_size(gemm2_problem(s, num_tokens)));
   l.intermediate = take(&c, pairs * static_cast<size_t>(s.intermediate) * 2);
-  l.expert_out = take(&c, pairs * static_cast<size_t>(s.hidden) * 2);
+  // bf16 GEMM2 rows, or the f32 partial sums of its K slices.
+  l.expert_out = take(&c, std::max(pairs * 2, split_partial_rows(static_cast<int64_t>(pairs)) * 4) *
+                              static_cast<size_t>(s.hidden));
   l.total = c;
   return l;
 }
@@ -107,6 +117,14 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   g1.workspace = ws + l.gemm1_scratch;
   MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm1_problem(s, M), g1, stream));
 
+  // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
+  GroupedGemmProblem p2 = gemm2_problem(s, M);
+  if (p2.max_rows <= kSplitMaxRows) {
+    GroupedGemmProblem split = p2;
+    split.out_dtype = DType::kF32;
+    split.k_splits = std::min(kMaxKSplits, grouped_gemm_k_splits(split));
+    if (split.k_splits > 1) p2 = split;
+  }
   GroupedGemmArgs g2;
   g2.a = inter;
   g2.b = run.w2;
@@ -114,13 +132,19 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   g2.group_start = group_start;
   g2.group_rows = group_rows;
   g2.workspace = ws + l.gemm2_scratch;
-  MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm2_problem(s, M), g2, stream));
+  MOEKIT_RETURN_IF_ERROR(grouped_gemm(p2, g2, stream));
 
   FinalizeArgs fa;
   fa.num_tokens = M;
   fa.top_k = s.top_k;
   fa.hidden = s.hidden;
-  fa.expert_out = y;
+  if (p2.k_splits > 1) {
+    fa.expert_partials = reinterpret_cast<const float*>(y);
+    fa.k_splits = p2.k_splits;
+    fa.partial_rows = p2.max_rows;
+  } else {
+    fa.expert_out = y;
+  }
   fa.pair_row = pair_row;
   fa.topk_weights = run.topk_weights;
   fa.out = run.out;

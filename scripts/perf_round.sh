@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# One performance round on a CUDA machine: builds the GPU benchmark, runs it on
+# the balanced data (every shape x M of bench/shapes/moe_layers.json) and on the
+# skewed variant, runs the peers on the same data (bench/peer_torch.py, and
+# bench/peer_triton.py when present), optionally an Nsight Compute breakdown per
+# kernel of a few cases and an A/B of forced GEMM paths, and prints the tables last.
+#
+#   scripts/perf_round.sh [RESULTS_DIR]            (default bench/results/latest)
+#
+# Environment:
+#   BUILD_DIR    build folder (default build-gpu)
+#   SKEW         skew of the second table (default 1.0; 0 skips it)
+#   PEERS        peers to run, space-separated: "torch triton" (default "triton")
+#   PEER_ARGS    extra arguments for the peers (e.g. --tune)
+#   NCU_CASES    "shape:M ..." cases whose kernels ncu times one forward of (default none)
+#   AB           "NAME:VAR=VALUE,VAR=VALUE:M1,M2 ..." extra benchmark runs with forced paths (default none)
+#   BENCH_ARGS   extra arguments for every benchmark run
+#   TESTS        gpu test binaries to build and run first (default none), e.g. "test_layer_cuda"
+#   BALANCED_M   M values of the balanced run (default: the shape list's)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${BUILD_DIR:-$root/build-gpu}"
+out="${1:-$root/bench/results/latest}"
+skew="${SKEW:-1.0}"
+peers="${PEERS:-triton}"
+mkdir -p "$out"
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | head -1 | tee "$out/device.txt"
+
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_DEPS_DIR="$root/.deps" \
+  >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+# shellcheck disable=SC2086
+ninja -C "$build" -j"$(nproc)" moekit_gpu_bench_bin ${TESTS:-} >"$out/build.log" 2>&1 \
+  || { grep -E 'error|FAILED' "$out/build.log" | head -20; exit 1; }
+echo "[perf] build ok in $(( $(date +%s) - t0 ))s"
+bench="$build/bench/moekit_gpu_bench"
+for t in ${TESTS:-}; do
+  bin="$(find "$build/tests" -name "$t" -type f -perm -u+x | head -1)"
+  "$bin" >"$out/$t.log" 2>&1
+  echo "[perf] $t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | paste -sd' ')"
+  grep -E '^\[  FAILED  \]' "$out/$t.log" | head -n 6
+done
+shapes="$root/bench/shapes/moe_layers.json"
+
+# ---- the benchmark, balanced then skewed, with output dumps for the peers' checks
+run_bench() {  # tag, extra args...
+  local tag="$1"; shift
+  mkdir -p "$out/dumps_$tag"
+  # shellcheck disable=SC2086
+  "$bench" --shapes "$shapes" --json "$out/moekit_$tag.json" --dump-dir "$out/dumps_$tag" --dump-m 1 64 4096 \
+    ${BENCH_ARGS:-} "$@" >"$out/moekit_$tag.log" 2>&1
+  echo "[perf] moekit $tag rc=$? ($(( $(date +%s) - t0 ))s)"
+}
+# shellcheck disable=SC2046
+run_bench balanced ${BALANCED_M:+--m $BALANCED_M}
+[ "$skew" != "0" ] && run_bench skewed --skew "$skew"
+
+# ---- peers on the same data
+for peer in $peers; do
+  script="$root/bench/peer_$peer.py"
+  [ -f "$script" ] || { echo "[perf] no $script"; continue; }
+  for tag in balanced skewed; do
+    [ -f "$out/moekit_$tag.json" ] || continue
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 timeout 900 python3 "$script" --moekit-json "$out/moekit_$tag.json" --dump-dir "$out/dumps_$tag" \
+      --json "$out/${peer}_$tag.json" ${PEER_ARGS:-} >"$out/${peer}_$tag.log" 2>&1
+    echo "[perf] peer $peer $tag rc=$? ($(( $(date +%s) - t0 ))s)"
+  done
+done
+
+# ---- A/B runs of forced paths
+for ab in ${AB:-}; do
+  name="${ab%%:*}"; rest="${ab#*:}"; vars="${rest%%:*}"; ms="${rest#*:}"
+  # shellcheck disable=SC2046
+  env $(echo "$vars" | tr ',' ' ') "$bench" --shapes "$shapes" --m $(echo "$ms" | tr ',' ' ') \
+    --json "$out/ab_$name.json" ${BENCH_ARGS:-} >"$out/ab_$name.log" 2>&1
+  echo "[perf] A/B $name ($vars) rc=$?"
+done
+
+# ---- kernel breakdown of a few cases: one eager forward, every kernel of the layer
+if [ -n "${NCU_CASES:-}" ] && command -v ncu >/dev/null; then
+  for c in $NCU_CASES; do
+    shape="${c%%:*}"; m="${c##*:}"
+    ncu --clock-control none --kernel-name regex:'align|finalize|gather|activation|prefix|setup|streaming|routing|device_kernel|moe_' \
+      --launch-count 12 --csv --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+      "$bench" --shapes "$shapes" --only "$shape" --m "$m" --sets 1 --seconds 0 --min-reps 1 --read-gib 4 --matmul-n 2048 \
+      >"$out/ncu_${shape}_m$m.csv" 2>"$out/ncu_${shape}_m$m.err"
+    echo "[perf] ncu $shape M=$m rc=$?"
+  done
+fi
+
+echo
+echo "==== perf round ($(( $(date +%s) - t0 ))s) on $(cat "$out/device.txt") ===="
+for f in "$out"/ncu_*.csv; do
+  [ -f "$f" ] || continue
+  echo "-- $(basename "$f" .csv): kernel, us, dram%, grid, regs, warps%"
+  python3 - "$f" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: sys.exit()
+h = rows[0]; idx = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+k = collections.OrderedDict()
+for r in rows[1:]:
+    key = (r[idx["ID"]], r[idx["Kernel Name"]][:40])
+    k.setdefault(key, {})[r[idx["Metric Name"]]] = r[idx["Metric Value"]]
+seen = 0
+for (i, name), m in k.items():
+    if seen >= 8: break
+    seen += 1
+    t = float(m.get("gpu__time_duration.sum", "0").replace(",", "")) / 1000.0
+    print(f"   {name:<40} {t:9.1f} {m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed','-'):>6} "
+          f"{m.get('launch__grid_size','-'):>7} {m.get('launch__registers_per_thread','-'):>4} "
+          f"{m.get('sm__warps_active.avg.pct_of_peak_sustained_active','-'):>6}")
+PY
+done
+for ab in "$out"/ab_*.log; do [ -f "$ab" ] && { echo "-- $(basename "$ab" .log)"; grep -E '^\S+ +[0-9]+ ' "$ab" | awk '{printf "   %-18s %6s %9s us %7s\n", $1, $2, $3, $(NF-1)}'; }; done
+for tag in balanced skewed; do
+  [ -f "$out/moekit_$tag.log" ] || continue
+  echo "-- moekit $tag"; grep -E '^(ceilings|shape|\S+ +[0-9]+ )' "$out/moekit_$tag.log" | tail -n 30
+  for peer in $peers; do
+    [ -f "$out/${peer}_$tag.log" ] && { echo "-- $peer $tag"; grep -vE '^  ' "$out/${peer}_$tag.log" | tail -n 32; }
+  done
+done
