@@ -43,6 +43,12 @@ import peer_torch  # noqa: E402
 
 OUTPUT_BOUND = peer_torch.OUTPUT_BOUND
 
+# Triton's interpreter multiplies bf16 tiles as their raw 16-bit patterns and
+# truncates fp32 -> bf16 unless told to round; there the kernel widens the tiles to
+# fp32 first (exact, the sums are fp32 either way) and asks for round-to-nearest,
+# what the GPU does by default.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
 # H200 shared memory per block (227 KiB) less room for the epilogue's layout change.
 SMEM_BUDGET = 200 * 1024
 
@@ -163,7 +169,7 @@ def fused_moe_kernel(
         a_ptr, b_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,
         N, K, max_padded, num_valid,
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-        A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr,
+        A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr):
     """C[pair, :] = A[pair // A_ROW_DIV, :] @ B[expert(pair)]^T (* topk_w[pair]) for the
     pairs of one BLOCK_M block of the sorted list and one BLOCK_N tile of N."""
@@ -205,6 +211,9 @@ def fused_moe_kernel(
             k_ok = offs_k < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        if INTERPRETED:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -215,7 +224,11 @@ def fused_moe_kernel(
 
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_cn[None, :] < N))
+    if INTERPRETED:
+        c = acc.to(c_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    else:
+        c = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptrs, c, mask=row_ok[:, None] & (offs_cn[None, :] < N))
 
 
 def grouped_gemm(a, w, sorted_ids, expert_ids, ntpp, num_pairs, a_row_div, c, topk_w=None, out=None):
@@ -231,7 +244,7 @@ def grouped_gemm(a, w, sorted_ids, expert_ids, ntpp, num_pairs, a_row_div, c, to
         a, w, out, topk_w if topk_w is not None else a, sorted_ids, expert_ids, ntpp,
         n, kdim, max_padded, num_pairs,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        A_ROW_DIV=a_row_div, MUL_WEIGHT=topk_w is not None, EVEN_K=kdim % c["BLOCK_K"] == 0,
+        A_ROW_DIV=a_row_div, MUL_WEIGHT=topk_w is not None, EVEN_K=kdim % c["BLOCK_K"] == 0, INTERPRETED=INTERPRET,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], GROUP_SIZE_M=c["GROUP_SIZE_M"],
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     return out

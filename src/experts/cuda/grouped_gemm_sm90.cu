@@ -14,10 +14,11 @@ namespace moekit::cuda {
 namespace {
 
 // Rows per expert up to which streaming the weights wins. Measured on the H200
-// (bench/NOTES.md, v3 A/B): at 2-4 rows per expert streaming and the m64_n256
-// CUTLASS tile are within 3%; from 8 rows (DeepSeek-V3 M=256: 81% vs 60% of the
-// floor) and 16 rows (Mixtral M=64: 76% vs 68%) on, CUTLASS wins.
-constexpr int64_t kStreamingMaxRowsPerGroup = 4;
+// (bench/NOTES.md, v4 A/B): with the one-warp instances, streaming beats the
+// m64_n256 CUTLASS tile at 8 rows per expert (DeepSeek-V3 M=256: 5738 vs 5971 us,
+// gpt-oss M=256: 1653 vs 1705 us) and loses at 16 (Qwen3 M=256: 548 vs 380 us,
+// Mixtral M=64: 1143 vs 878 us).
+constexpr int64_t kStreamingMaxRowsPerGroup = 8;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
@@ -68,13 +69,16 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_n
     c.variant = *forced;
     return c;
   }
-  // Measured on the H200 (bench/NOTES.md): 64-row slabs with three CTAs per SM
-  // stream ~1.5-2x faster than one 128-row CTA per SM; a 32-token tile leaves
-  // room for 6 stages when groups are small.
+  // Measured on the H200 (bench/NOTES.md, v4 A/B): one-warp CTAs with 32-row
+  // slabs (six per SM) stream best up to 16 rows per group; at one row per group
+  // K 128 per stage is better still where K allows (DeepSeek-V3 M=1: 240 vs 275 us,
+  // Qwen3 M=1: 51 vs 59 us). Larger groups keep the 64-row, 32/64-token instances.
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
-  const StreamVariant order[] = {rows_per_group <= 24 ? StreamVariant::kRows64K64T32 : StreamVariant::kRows64K64,
-                                 StreamVariant::kRows64K64, StreamVariant::kRows128K64};
+  const StreamVariant order[] = {
+      rows_per_group <= 1 ? StreamVariant::kRows32K128T16 : StreamVariant::kRows32K64T16,
+      rows_per_group <= 16 ? StreamVariant::kRows32K64T16 : StreamVariant::kRows64K64T32,
+      StreamVariant::kRows64K64, StreamVariant::kRows128K64};
   for (StreamVariant v : order) {
     const Support s = sm90::streaming_gemm_supports(pr, v);
     if (s.ok) {
