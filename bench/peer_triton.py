@@ -141,28 +141,37 @@ def padded_len(m, k, e, block_m):
     return triton.cdiv(m * k + min(e, m * k) * (block_m - 1), block_m) * block_m
 
 
-def moe_align(ids, num_experts, block_m, max_padded):
-    """ids [M, k] -> (sorted_token_ids [max_padded] i32 with sentinel M*k,
+def make_align(num_pairs, num_experts, block_m, max_padded, device):
+    """align(ids [M, k]) -> (sorted_token_ids [max_padded] i32 with sentinel M*k,
     expert_ids [max_padded / BLOCK_M] i32, num_tokens_post_padded [1] i32).
-    Expert e's pairs (index token*k + slot, in order) occupy a BLOCK_M-aligned
-    run; no host sync, so it can be captured in a CUDA graph."""
-    dev = ids.device
-    flat = ids.reshape(-1)
-    n = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # not bincount: that syncs on CUDA
-    padded = (counts + (block_m - 1)) // block_m * block_m
-    ends_padded = torch.cumsum(padded, 0)
-    starts_padded = ends_padded - padded
-    starts = torch.cumsum(counts, 0) - counts
-    order = torch.argsort(flat, stable=True)
-    expert_sorted = flat[order]
-    dest = starts_padded[expert_sorted] + torch.arange(n, device=dev) - starts[expert_sorted]
-    sorted_ids = torch.full((max_padded,), n, dtype=torch.int32, device=dev)
-    sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    block_starts = torch.arange(0, max_padded, block_m, device=dev)
-    expert_ids = torch.searchsorted(ends_padded, block_starts, right=True).clamp_(max=num_experts - 1)
-    return sorted_ids, expert_ids.to(torch.int32), ends_padded[-1:].to(torch.int32)
+    Expert e's pairs (index token*k + slot, in order) fill a BLOCK_M-aligned run,
+    padded with the sentinel. Torch ops only, no host sync, so it is captured in the
+    layer's CUDA graph; the index ranges are made once, outside the graph."""
+    pair_idx = torch.arange(num_pairs, device=device)
+    expert_idx = torch.arange(num_experts + 1, device=device)
+    block_starts = torch.arange(0, max_padded, block_m, dtype=torch.int32, device=device)
+
+    def align(ids):
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        expert_sorted = flat[order]
+        # bounds[e] = first sorted position of expert e (not bincount: it syncs on CUDA).
+        bounds = torch.searchsorted(expert_sorted, expert_idx)
+        counts = bounds[1:] - bounds[:-1]
+        padded = (counts + (block_m - 1)) & ~(block_m - 1)  # BLOCK_M is a power of two
+        ends_padded = torch.cumsum(padded, 0, dtype=torch.int32)
+        shift = (ends_padded - padded) - bounds[:-1]  # padded start minus unpadded start
+        sorted_ids = torch.full((max_padded,), num_pairs, dtype=torch.int32, device=device)
+        sorted_ids.scatter_(0, shift[expert_sorted] + pair_idx, order.to(torch.int32))
+        # Blocks past the padded end get expert E; the kernel never reads them.
+        expert_ids = torch.searchsorted(ends_padded, block_starts, right=True, out_int32=True)
+        return sorted_ids, expert_ids, ends_padded[-1:]
+
+    return align
+
+
+def moe_align(ids, num_experts, block_m, max_padded):
+    return make_align(ids.numel(), num_experts, block_m, max_padded, ids.device)(ids)
 
 
 # ---- the grouped GEMM kernel ----
@@ -271,16 +280,17 @@ def activate(shape, h):
 def make_layer(shape, w13, w2, bias, m, c):
     """The layer for M tokens with launch config c; w13 [E, N13, H], w2 [E, H, I] bf16."""
     e, k, h = shape["experts"], shape["top_k"], shape["hidden"]
-    max_padded = padded_len(m, k, e, c["BLOCK_M"])
+    align = make_align(m * k, e, c["BLOCK_M"], padded_len(m, k, e, c["BLOCK_M"]), w13.device)
 
     def layer(hidden, logits):
         ids, w = peer_torch.route(shape, logits, bias)
-        sorted_ids, expert_ids, ntpp = moe_align(ids, e, c["BLOCK_M"], max_padded)
+        sorted_ids, expert_ids, ntpp = align(ids)
         h13 = grouped_gemm(hidden, w13, sorted_ids, expert_ids, ntpp, m * k, k, c)
         a = activate(shape, h13)
         y = grouped_gemm(a, w2, sorted_ids, expert_ids, ntpp, m * k, 1, c,
                          topk_w=w.reshape(-1).to(torch.float32).contiguous())
-        return y.view(m, k, h).sum(1, dtype=torch.float32).to(torch.bfloat16)
+        # A bf16 sum reduces in fp32 and rounds once: the fp32 top-k sum, one launch.
+        return y.view(m, k, h).sum(1)
 
     return layer
 
