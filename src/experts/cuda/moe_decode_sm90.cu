@@ -10,7 +10,7 @@
 namespace moekit::cuda::sm90 {
 namespace {
 
-//                          N warps  n8 token tiles  stages  K per stage  [K warps]   smem per CTA
+//                                 warps  n8 token tiles  stages  K per stage   smem per CTA
 using Rows128K64 = StreamTraits<4, 16, 6, 64>;    // 6 x (16 + 16) KB
 using Rows128K128 = StreamTraits<4, 8, 4, 128>;   // 4 x (32 + 16) KB
 using Rows64K64 = StreamTraits<2, 8, 4, 64>;      // 4 x (8 + 8) KB
@@ -20,10 +20,6 @@ using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
 using Rows32K64T16 = StreamTraits<1, 2, 6, 64>;   // 6 x (4 + 2) KB
 using Rows32K64T32 = StreamTraits<1, 4, 4, 64>;   // 4 x (4 + 4) KB
 using Rows32K128T16 = StreamTraits<1, 2, 4, 128>; // 4 x (8 + 4) KB
-using Rows32K64T16W4 = StreamTraits<1, 2, 6, 64, 4>;    // 6 x (4 + 2) KB
-using Rows32K128T16W4 = StreamTraits<1, 2, 4, 128, 4>;  // 4 x (8 + 4) KB
-using Rows32K64T32W4 = StreamTraits<1, 4, 4, 64, 4>;    // 4 x (4 + 4) KB
-using Rows32K64T64W4 = StreamTraits<1, 8, 4, 64, 4>;    // 4 x (4 + 8) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
@@ -37,10 +33,6 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows32K64T16: return f(Rows32K64T16{});
     case StreamVariant::kRows32K64T32: return f(Rows32K64T32{});
     case StreamVariant::kRows32K128T16: return f(Rows32K128T16{});
-    case StreamVariant::kRows32K64T16W4: return f(Rows32K64T16W4{});
-    case StreamVariant::kRows32K128T16W4: return f(Rows32K128T16W4{});
-    case StreamVariant::kRows32K64T32W4: return f(Rows32K64T32W4{});
-    case StreamVariant::kRows32K64T64W4: return f(Rows32K64T64W4{});
   }
   return f(Rows128K64{});
 }
@@ -58,10 +50,6 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows32K64T16: return "rows32_k64_t16";
     case StreamVariant::kRows32K64T32: return "rows32_k64_t32";
     case StreamVariant::kRows32K128T16: return "rows32_k128_t16";
-    case StreamVariant::kRows32K64T16W4: return "rows32_k64_t16_w4";
-    case StreamVariant::kRows32K128T16W4: return "rows32_k128_t16_w4";
-    case StreamVariant::kRows32K64T32W4: return "rows32_k64_t32_w4";
-    case StreamVariant::kRows32K64T64W4: return "rows32_k64_t64_w4";
   }
   return "?";
 }

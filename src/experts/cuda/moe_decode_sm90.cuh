@@ -34,15 +34,10 @@
 
 namespace moekit::cuda::sm90 {
 
-// kKWarps > 1: that many warps share each 32-row slab, each multiplying every
-// kKWarps-th 16-wide K step of a stage, and their sums are added in warp order
-// at the end. More warps per SM hide the MMA and shared-memory latency without
-// more shared memory or fewer independent weight streams.
-template <int kWarps_, int kTokenTiles_, int kStages_, int kBlockK_, int kKWarps_ = 1>
+template <int kWarps_, int kTokenTiles_, int kStages_, int kBlockK_>
 struct StreamTraits {
-  static constexpr int kWarps = kWarps_;            // warps along N (one 32-row gate/up pair each)
-  static constexpr int kKWarps = kKWarps_;          // warps along K per 32-row pair
-  static constexpr int kThreads = 32 * kWarps * kKWarps;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 32 * kWarps;         // weight rows (N) per CTA: one gate/up pair per warp
   static constexpr int kTokenTiles = kTokenTiles_;  // n8 MMA tiles per token tile
   static constexpr int kTokens = 8 * kTokenTiles;   // token rows per token tile
@@ -61,10 +56,6 @@ struct StreamTraits {
   static_assert(kTokens <= kThreads, "one thread per token row resolves the row index");
   static_assert(kBlockK % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kSmemBytes <= 200 * 1024, "stages must fit the 227 KB shared memory of an SM");
-  static_assert((kBlockK / 16) % kKWarps == 0, "every K warp takes the same number of K steps per stage");
-  // Partial sums of the K warps past the first, staged in the (drained) stage buffers.
-  static constexpr int kAccFloats = 2 * kTokenTiles * 4;  // per lane
-  static_assert((kKWarps - 1) * kWarps * 32 * kAccFloats * 4 <= kSmemBytes, "K-warp sums fit the stages");
 };
 
 struct StreamParams {
@@ -146,9 +137,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   __shared__ int32_t token_src[Tr::kTokens];             // A row of each token of the tile, -1 = none
   __shared__ int32_t s_group;
 
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int warp = (tid >> 5) % Tr::kWarps;   // which 32-row gate/up pair
-  const int k_warp = (tid >> 5) / Tr::kWarps;  // which K steps of each stage
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x % p.k_splits;
   const int j = blockIdx.x / p.k_splits / p.n_slabs;
   const int slab = blockIdx.x / p.k_splits % p.n_slabs;
@@ -242,8 +231,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
       const uint32_t ws = w_base + stage * Tr::kWStageBytes;
       const uint32_t xs = x_base + stage * Tr::kXStageBytes;
 #pragma unroll
-      for (int kq = 0; kq < Tr::kBlockK / 16 / Tr::kKWarps; ++kq) {
-        const int kk = kq * Tr::kKWarps + k_warp;
+      for (int kk = 0; kk < Tr::kBlockK / 16; ++kk) {
         uint32_t a[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
@@ -274,38 +262,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
     }
     cp_async_wait<0>();
 
-    if constexpr (Tr::kKWarps > 1) {
-      // K warps past the first park their sums in the drained stages; the first adds
-      // them in K-warp order (a fixed order: the result never depends on timing).
-      float* park = reinterpret_cast<float*>(smem);
-      auto slot = [&](int kw, int i) { return ((kw - 1) * Tr::kWarps * 32 + warp * 32 + lane) * Tr::kAccFloats + i; };
-      __syncthreads();  // every warp is done reading the stages
-      if (k_warp > 0) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) park[slot(k_warp, (mt * Tr::kTokenTiles + nt) * 4 + i)] = acc[mt][nt][i];
-      }
-      __syncthreads();
-      if (k_warp == 0) {
-        for (int kw = 1; kw < Tr::kKWarps; ++kw) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[mt][nt][i] += park[slot(kw, (mt * Tr::kTokenTiles + nt) * 4 + i)];
-        }
-      }
-    }
-
-    // ---- Epilogue, by the first K warp of each pair. acc[mt][nt][i]: weight row
-    // warp*32 + mt*16 + lane/4 (+8 for i >= 2), token nt*8 + 2*(lane%4) + (i & 1).
+    // ---- Epilogue. acc[mt][nt][i]: weight row warp*32 + mt*16 + lane/4 (+8 for i >= 2),
+    // token nt*8 + 2*(lane%4) + (i & 1).
 #pragma unroll
     for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
-      if (nt >= used_tiles || k_warp != 0) break;
+      if (nt >= used_tiles) break;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int tok = nt * 8 + 2 * (lane & 3) + (i & 1);

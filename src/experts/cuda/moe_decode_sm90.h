@@ -25,11 +25,6 @@ enum class StreamVariant : uint8_t {
   kRows32K64T16,  // 1 warp, 16-token tile, 6 stages (six CTAs per SM)
   kRows32K64T32,  // 1 warp, 32-token tile, 4 stages (seven CTAs per SM)
   kRows32K128T16, // 1 warp, 16-token tile, 4 stages, K 128 per stage (four CTAs per SM)
-  // Four warps on one 32-row slab, splitting each stage's K steps (StreamTraits::kKWarps):
-  kRows32K64T16W4,   // 16-token tile, 6 stages (six CTAs per SM)
-  kRows32K128T16W4,  // 16-token tile, 4 stages, K 128 per stage (four CTAs per SM)
-  kRows32K64T32W4,   // 32-token tile, 4 stages (seven CTAs per SM)
-  kRows32K64T64W4,   // 64-token tile, 4 stages (four CTAs per SM)
 };
 inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
                                                        StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
@@ -37,11 +32,7 @@ inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K6
                                                        StreamVariant::kRows64K256,
                                                        StreamVariant::kRows32K64T16,
                                                        StreamVariant::kRows32K64T32,
-                                                       StreamVariant::kRows32K128T16,
-                                                       StreamVariant::kRows32K64T16W4,
-                                                       StreamVariant::kRows32K128T16W4,
-                                                       StreamVariant::kRows32K64T32W4,
-                                                       StreamVariant::kRows32K64T64W4};
+                                                       StreamVariant::kRows32K128T16};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);
