@@ -44,9 +44,8 @@ import peer_torch  # noqa: E402
 OUTPUT_BOUND = peer_torch.OUTPUT_BOUND
 
 # Triton's interpreter multiplies bf16 tiles as their raw 16-bit patterns and
-# truncates fp32 -> bf16 unless told to round; there the kernel widens the tiles to
-# fp32 first (exact, the sums are fp32 either way) and asks for round-to-nearest,
-# what the GPU does by default.
+# truncates fp32 -> bf16; there the kernel widens the tiles to fp32 first (exact,
+# the sums are fp32 either way) and rounds to nearest even itself, as the GPU does.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # H200 shared memory per block (227 KiB) less room for the epilogue's layout change.
@@ -68,15 +67,17 @@ def smem_bytes(c):
     return c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2
 
 
-# Keyed by rows per expert (M*k/E): BLOCK_M past an expert's rows is padding
-# (wasted MMA rows), BLOCK_M far below them re-reads each weight tile once per
-# block (from L2 when grouped). Up to ~16 rows the layer streams weights from HBM:
-# 16-row blocks, long K steps and enough CTAs in flight; past that it turns
-# matmul-bound and takes the large wgmma tiles with grouped ordering for L2 reuse.
+# Keyed by rows per expert (M*k/E). Each expert pads its rows to a multiple of
+# BLOCK_M (~BLOCK_M/2 wasted rows per expert), and every BLOCK_M block of an expert
+# reads the expert's whole weight matrix again (from L2 only when grouped ordering
+# runs those blocks together). Up to ~16 rows the layer streams weights from HBM:
+# one block per expert (16 or 32 rows, the smallest MMA tiles), enough CTAs and
+# stages in flight to cover HBM latency. Past that it turns matmul-bound: wgmma
+# tiles (64 rows, then 128 where the padding is a small share) with grouped
+# ordering for L2 reuse of the weight tiles.
 DEFAULT_TABLE = [
-    (4, cfg(16, 64, 128, 1, 4, 4)),
-    (16, cfg(16, 128, 128, 1, 4, 3)),
-    (64, cfg(32, 128, 64, 8, 4, 4)),
+    (4, cfg(16, 64, 128, 8, 4, 4)),
+    (16, cfg(32, 128, 64, 8, 4, 4)),
     (256, cfg(64, 128, 64, 16, 4, 4)),
     (1024, cfg(128, 128, 64, 16, 8, 4)),
     (math.inf, cfg(128, 256, 64, 32, 8, 3)),
@@ -84,13 +85,13 @@ DEFAULT_TABLE = [
 
 # --tune candidates per regime (the table's entry is always tried as well).
 TUNE_DECODE = [cfg(*c) for c in [
-    (16, 32, 128, 1, 4, 4), (16, 32, 256, 1, 4, 3), (16, 64, 64, 1, 4, 5), (16, 64, 128, 1, 4, 4),
-    (16, 64, 128, 1, 4, 5), (16, 64, 256, 1, 4, 3), (16, 128, 64, 1, 4, 4), (16, 128, 128, 1, 4, 3),
-    (16, 128, 128, 1, 8, 4), (16, 256, 64, 1, 8, 3), (32, 64, 128, 1, 4, 4), (32, 128, 64, 1, 4, 4),
-    (64, 64, 64, 1, 4, 4), (64, 128, 64, 1, 4, 4)]]
+    (16, 32, 128, 8, 4, 4), (16, 32, 256, 8, 4, 3), (16, 64, 64, 8, 4, 5), (16, 64, 128, 1, 4, 4),
+    (16, 64, 128, 8, 4, 4), (16, 64, 256, 8, 4, 3), (16, 128, 64, 8, 4, 4), (16, 128, 128, 8, 4, 3),
+    (16, 128, 128, 8, 8, 4), (32, 64, 128, 8, 4, 4), (32, 128, 64, 8, 4, 4), (32, 128, 128, 8, 4, 3),
+    (64, 64, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4)]]
 TUNE_MID = [cfg(*c) for c in [
-    (16, 128, 128, 1, 4, 3), (32, 64, 128, 8, 4, 4), (32, 128, 64, 8, 4, 4), (32, 128, 128, 16, 4, 3),
-    (64, 64, 64, 8, 4, 4), (64, 128, 64, 1, 4, 4), (64, 128, 64, 8, 4, 4), (64, 128, 64, 16, 4, 3),
+    (16, 128, 128, 8, 4, 3), (32, 64, 128, 8, 4, 4), (32, 128, 64, 8, 4, 4), (32, 128, 128, 16, 4, 3),
+    (64, 64, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4), (64, 128, 64, 16, 4, 3), (64, 128, 128, 16, 4, 3),
     (64, 128, 128, 16, 8, 3), (64, 256, 64, 16, 8, 3), (128, 64, 64, 16, 4, 4), (128, 128, 64, 16, 8, 4),
     (128, 128, 64, 32, 8, 3), (128, 256, 64, 16, 8, 3)]]
 TUNE_LARGE = [cfg(*c) for c in [
@@ -135,8 +136,9 @@ def tune_candidates(m, k, e, n13, h):
 
 # ---- the align step (torch, on the device, graph-capturable) ----
 def padded_len(m, k, e, block_m):
-    """Host upper bound of the padded pair list: every touched expert adds < BLOCK_M."""
-    return m * k + min(e, m * k) * (block_m - 1)
+    """Host upper bound of the padded pair list (every touched expert adds < BLOCK_M),
+    in whole blocks."""
+    return triton.cdiv(m * k + min(e, m * k) * (block_m - 1), block_m) * block_m
 
 
 def make_align(num_pairs, num_experts, block_m, max_padded, device):
@@ -173,14 +175,16 @@ def moe_align(ids, num_experts, block_m, max_padded):
 
 
 # ---- the grouped GEMM kernel ----
-@triton.jit
+# num_valid (M*k) and a_row_div (top_k, or 1) vary per case and shape: left
+# unspecialized so that one compiled kernel per config serves every case.
+@triton.jit(do_not_specialize=["num_valid", "a_row_div"])
 def fused_moe_kernel(
         a_ptr, b_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,
-        N, K, max_padded, num_valid,
+        N, K, max_padded, num_valid, a_row_div,
         stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-        A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr,
+        MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr, INTERPRETED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr):
-    """C[pair, :] = A[pair // A_ROW_DIV, :] @ B[expert(pair)]^T (* topk_w[pair]) for the
+    """C[pair, :] = A[pair // a_row_div, :] @ B[expert(pair)]^T (* topk_w[pair]) for the
     pairs of one BLOCK_M block of the sorted list and one BLOCK_N tile of N."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
@@ -207,7 +211,7 @@ def fused_moe_kernel(
     # The last N tile wraps around instead of masking its loads; its stores are masked.
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_k = tl.arange(0, BLOCK_K)
-    a_rows = (pair // A_ROW_DIV).to(tl.int64)
+    a_rows = (pair // a_row_div).to(tl.int64)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
 
@@ -234,9 +238,11 @@ def fused_moe_kernel(
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     if INTERPRETED:
-        c = acc.to(c_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-    else:
-        c = acc.to(c_ptr.dtype.element_ty)
+        # Round to nearest even by hand; the interpreter's cast then only truncates.
+        bits = acc.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        acc = bits.to(tl.float32, bitcast=True)
+    c = acc.to(tl.bfloat16)
     tl.store(c_ptrs, c, mask=row_ok[:, None] & (offs_cn[None, :] < N))
 
 
@@ -245,15 +251,16 @@ def grouped_gemm(a, w, sorted_ids, expert_ids, ntpp, num_pairs, a_row_div, c, to
     w is [E, N, K] with K contiguous."""
     e, n, kdim = w.shape
     assert a.shape[1] == kdim and w.stride(2) == 1 and a.stride(1) == 1
+    assert a.dtype == w.dtype == torch.bfloat16
     if out is None:
         out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
     max_padded = sorted_ids.numel()
     grid = (triton.cdiv(max_padded, c["BLOCK_M"]) * triton.cdiv(n, c["BLOCK_N"]),)
     fused_moe_kernel[grid](
         a, w, out, topk_w if topk_w is not None else a, sorted_ids, expert_ids, ntpp,
-        n, kdim, max_padded, num_pairs,
+        n, kdim, max_padded, num_pairs, a_row_div,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        A_ROW_DIV=a_row_div, MUL_WEIGHT=topk_w is not None, EVEN_K=kdim % c["BLOCK_K"] == 0, INTERPRETED=INTERPRET,
+        MUL_WEIGHT=topk_w is not None, EVEN_K=kdim % c["BLOCK_K"] == 0, INTERPRETED=INTERPRET,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], GROUP_SIZE_M=c["GROUP_SIZE_M"],
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     return out
