@@ -70,13 +70,15 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_n
     return c;
   }
   // Measured on the H200 (bench/NOTES.md, v4 A/B): one-warp CTAs with 32-row
-  // slabs (six per SM) stream best up to 16 rows per group; at one row per group
-  // K 128 per stage is better still where K allows (DeepSeek-V3 M=1: 240 vs 275 us,
-  // Qwen3 M=1: 51 vs 59 us). Larger groups keep the 64-row, 32/64-token instances.
+  // slabs (six per SM) stream best up to 16 rows per group; with very few rows in
+  // all (one token: few slabs in flight) K 128 per stage is better still where K
+  // allows (DeepSeek-V3 M=1: 240 vs 275 us, Qwen3 M=1: 51 vs 59 us; at M=16 it
+  // loses: 2308 vs 2150 us, 262 vs 243 us). Larger groups keep the 64-row instances.
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  constexpr int64_t kLongStageMaxRows = 16;
   const StreamVariant order[] = {
-      rows_per_group <= 1 ? StreamVariant::kRows32K128T16 : StreamVariant::kRows32K64T16,
+      pr.max_rows <= kLongStageMaxRows ? StreamVariant::kRows32K128T16 : StreamVariant::kRows32K64T16,
       rows_per_group <= 16 ? StreamVariant::kRows32K64T16 : StreamVariant::kRows64K64T32,
       StreamVariant::kRows64K64, StreamVariant::kRows128K64};
   for (StreamVariant v : order) {
