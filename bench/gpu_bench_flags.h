@@ -22,6 +22,9 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
   app->add_option("--read-gib", opt->read_gib, "bytes read by the bandwidth ceiling, GiB")->check(CLI::Range(4.0, 64.0));
   app->add_option("--matmul-n", opt->matmul_n, "size of the matmul ceiling");
   app->add_option("--seed", opt->seed, "base seed of every input");
+  app->add_option("--variant", opt->variants,
+                  "NAME:VAR=VALUE,... environment overrides (e.g. MOEKIT_SM90_STREAM=rows32_k64_t16) whose graphs "
+                  "are timed interleaved with the default's; repeatable");
   app->add_option("--skew", opt->skew, "expert popularity skew: 0 balanced (default), ALPHA > 0 adds -ALPHA*ln(1+e) "
                   "to expert e's logits (Zipf-like)")->check(CLI::Range(0.0, 8.0));
 }

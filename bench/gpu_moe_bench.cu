@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <ostream>
@@ -25,6 +26,7 @@
 #include "gpu_ceilings.h"
 #include "gpu_fill.h"
 #include "moekit/config.h"
+#include "moekit/dtype.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
 
@@ -166,7 +168,76 @@ struct CaseResult {
   int launches = 0;
   std::vector<uint32_t> hidden_seeds, logits_seeds;
   std::string dump_file;  // empty when not dumped
+  std::vector<double> variant_time_s;    // median per --variant, in order
+  std::vector<double> variant_rel_diff;  // set-0 output vs the default's, relative L2
 };
+
+// A --variant: environment overrides (e.g. MOEKIT_SM90_STREAM=rows32_k64_t16)
+// under which a second set of graphs is captured and timed beside the default.
+struct Variant {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+// "NAME:VAR=VALUE,VAR=VALUE" -> Variant.
+StatusOr<Variant> parse_variant(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos || colon == 0) return InvalidArgument("--variant " + spec + ": expected NAME:VAR=VALUE,...");
+  Variant v;
+  v.name = spec.substr(0, colon);
+  std::stringstream rest(spec.substr(colon + 1));
+  std::string item;
+  while (std::getline(rest, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) return InvalidArgument("--variant " + spec + ": '" + item + "' is not VAR=VALUE");
+    v.env.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  if (v.env.empty()) return InvalidArgument("--variant " + spec + ": no VAR=VALUE");
+  return v;
+}
+
+// Sets a variant's variables for its scope, then restores what was there.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name.c_str());
+      saved_.push_back({name, old != nullptr, old != nullptr ? old : ""});
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) {
+      if (s.had) {
+        setenv(s.name.c_str(), s.value.c_str(), 1);
+      } else {
+        unsetenv(s.name.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    std::string name;
+    bool had;
+    std::string value;
+  };
+  std::vector<Saved> saved_;
+};
+
+// ||a - b|| / ||b|| of two bf16 vectors (inf when a has a non-finite value).
+double rel_l2_bf16(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_bits_to_f32(a[i]), y = bf16_bits_to_f32(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
 
 Status write_npy_u16(const std::string& path, const std::vector<uint16_t>& data, int64_t rows, int64_t cols) {
   std::ostringstream header;
@@ -219,8 +290,14 @@ StatusOr<ExpertLoad> expert_load(const RoutingConfig& routing, int64_t num_exper
 class ShapeRunner {
  public:
   ShapeRunner(const GpuBenchOptions& opt, const Ceilings& ceil, int shape_index, const ShapeSpec& spec,
-              int64_t max_m, std::ostream& log)
-      : opt_(opt), ceil_(ceil), shape_index_(shape_index), spec_(spec), max_m_(max_m), log_(log) {}
+              int64_t max_m, const std::vector<Variant>& variants, std::ostream& log)
+      : opt_(opt),
+        ceil_(ceil),
+        shape_index_(shape_index),
+        spec_(spec),
+        max_m_(max_m),
+        variants_(variants),
+        log_(log) {}
 
   Status setup() {
     MoeConfig& c = config_;
@@ -327,34 +404,42 @@ class ShapeRunner {
   }
 
  private:
+  // One graph per (variant, input set); variant 0 is the default configuration,
+  // the others set their environment overrides while their graphs are captured.
   Status capture_and_time(int64_t m, int sets, std::vector<DeviceBuffer>& hidden, std::vector<DeviceBuffer>& logits,
                           std::vector<DeviceBuffer>& out, cudaStream_t stream, std::vector<cudaGraphExec_t>* graphs,
                           CaseResult* r) {
     const int64_t E = config_.num_experts, H = config_.hidden;
-    for (int s = 0; s < sets; ++s) {
-      LayerForwardArgs args;
-      args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
-      args.router_logits = TensorView::contiguous(logits[s].ptr, DType::kF32, {m, E}, Device::cuda(0));
-      args.out = TensorView::contiguous(out[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
-      // One eager forward first: errors surface outside capture, and lazy setup happens here.
-      MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
-      BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
-      cudaGraph_t graph;
-      BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status fwd = layer_->forward(args, stream);
-      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-      MOEKIT_RETURN_IF_ERROR(fwd);
-      BENCH_CUDA_RETURN(end);
-      BENCH_CUDA_RETURN(cudaGraphInstantiate(&(*graphs)[s], graph, 0));
-      cudaGraphDestroy(graph);
+    const int nv = static_cast<int>(variants_.size());
+    graphs->assign(static_cast<size_t>(nv) * sets, nullptr);
+    for (int v = 0; v < nv; ++v) {
+      ScopedEnv env(variants_[v].env);
+      for (int s = 0; s < sets; ++s) {
+        LayerForwardArgs args;
+        args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
+        args.router_logits = TensorView::contiguous(logits[s].ptr, DType::kF32, {m, E}, Device::cuda(0));
+        args.out = TensorView::contiguous(out[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
+        // One eager forward first: errors surface outside capture, and lazy setup happens here.
+        MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
+        BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+        cudaGraph_t graph;
+        BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        const Status fwd = layer_->forward(args, stream);
+        const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        MOEKIT_RETURN_IF_ERROR(fwd);
+        BENCH_CUDA_RETURN(end);
+        BENCH_CUDA_RETURN(cudaGraphInstantiate(&(*graphs)[v * sets + s], graph, 0));
+        cudaGraphDestroy(graph);
+      }
     }
+    const int n_graphs = nv * sets;
     // Warm-up, and a first estimate of one launch to size the timed loop.
     cudaEvent_t t0, t1;
     BENCH_CUDA_RETURN(cudaEventCreate(&t0));
     BENCH_CUDA_RETURN(cudaEventCreate(&t1));
     BENCH_CUDA_RETURN(cudaEventRecord(t0, stream));
     for (int w = 0; w < 2; ++w) {
-      for (int s = 0; s < sets; ++s) BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[s], stream));
+      for (int g = 0; g < n_graphs; ++g) BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[g], stream));
     }
     BENCH_CUDA_RETURN(cudaEventRecord(t1, stream));
     BENCH_CUDA_RETURN(cudaEventSynchronize(t1));
@@ -362,40 +447,51 @@ class ShapeRunner {
     BENCH_CUDA_RETURN(cudaEventElapsedTime(&warm_ms, t0, t1));
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);
-    const double est = std::max(1e-6, warm_ms * 1e-3 / (2.0 * sets));
+    const double est = std::max(1e-6, warm_ms * 1e-3 / (2.0 * n_graphs));
     const int reps = std::clamp(static_cast<int>(opt_.seconds_per_case / (est * sets)), opt_.min_reps, 500);
 
-    // Timed: events between consecutive launches, graphs round-robin over the sets.
-    const int launches = reps * sets;
+    // Timed: events between consecutive launches, graphs round-robin over variants and sets,
+    // so slow drifts of the machine touch every variant alike.
+    const int launches = reps * n_graphs;
     std::vector<cudaEvent_t> ev(launches + 1);
     for (auto& e : ev) BENCH_CUDA_RETURN(cudaEventCreate(&e));
     BENCH_CUDA_RETURN(cudaEventRecord(ev[0], stream));
     for (int i = 0; i < launches; ++i) {
-      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[i % sets], stream));
+      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[i % n_graphs], stream));
       BENCH_CUDA_RETURN(cudaEventRecord(ev[i + 1], stream));
     }
     BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
-    std::vector<double> secs;
+    std::vector<std::vector<double>> secs(nv);
     for (int i = 0; i < launches; ++i) {
       float ms = 0;
       BENCH_CUDA_RETURN(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-      secs.push_back(ms * 1e-3);
+      secs[(i % n_graphs) / sets].push_back(ms * 1e-3);
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    r->time_s = median(secs);
-    r->time_min_s = *std::min_element(secs.begin(), secs.end());
-    r->time_max_s = *std::max_element(secs.begin(), secs.end());
-    r->launches = launches;
+    r->time_s = median(secs[0]);
+    r->time_min_s = *std::min_element(secs[0].begin(), secs[0].end());
+    r->time_max_s = *std::max_element(secs[0].begin(), secs[0].end());
+    r->launches = static_cast<int>(secs[0].size());
+    for (int v = 1; v < nv; ++v) r->variant_time_s.push_back(median(secs[v]));
 
-    if (!opt_.dump_dir.empty() && std::find(opt_.dump_m.begin(), opt_.dump_m.end(), m) != opt_.dump_m.end()) {
-      // The output of set 0, from its graph (the timed path), for the peer check.
+    // Output of set 0 per variant: the default's is dumped for the peers' check, the
+    // others are compared with it (a variant that is fast but wrong must show).
+    std::vector<uint16_t> host_default;
+    for (int v = 0; v < nv; ++v) {
       BENCH_CUDA_RETURN(cudaMemset(out[0].ptr, 0xff, out[0].bytes));  // NaN poison: unwritten rows show
-      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[0], stream));
+      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[v * sets], stream));
       BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
       std::vector<uint16_t> host(static_cast<size_t>(m * H));
       BENCH_CUDA_RETURN(cudaMemcpy(host.data(), out[0].ptr, host.size() * 2, cudaMemcpyDeviceToHost));
+      if (v == 0) {
+        host_default = std::move(host);
+        continue;
+      }
+      r->variant_rel_diff.push_back(rel_l2_bf16(host, host_default));
+    }
+    if (!opt_.dump_dir.empty() && std::find(opt_.dump_m.begin(), opt_.dump_m.end(), m) != opt_.dump_m.end()) {
       r->dump_file = spec_.name + "_m" + std::to_string(m) + "_set0.npy";
-      MOEKIT_RETURN_IF_ERROR(write_npy_u16(opt_.dump_dir + "/" + r->dump_file, host, m, H));
+      MOEKIT_RETURN_IF_ERROR(write_npy_u16(opt_.dump_dir + "/" + r->dump_file, host_default, m, H));
     }
     return Status::Ok();
   }
@@ -405,6 +501,7 @@ class ShapeRunner {
   int shape_index_;
   const ShapeSpec& spec_;
   int64_t max_m_;
+  const std::vector<Variant>& variants_;  // [0] is the default configuration
   std::ostream& log_;
   MoeConfig config_;
   int64_t n13_ = 0;
@@ -464,24 +561,39 @@ json case_json(const CaseResult& r) {
           {"logits_seeds", r.logits_seeds},
           {"hidden_scale_log2", kHiddenScaleLog2},
           {"logits_scale_log2", kLogitsScaleLog2},
-          {"dump", r.dump_file.empty() ? json(nullptr) : json(r.dump_file)}};
+          {"dump", r.dump_file.empty() ? json(nullptr) : json(r.dump_file)},
+          {"variant_time_us", [&] {
+             json t = json::array();
+             for (double v : r.variant_time_s) t.push_back(v * 1e6);
+             return t;
+           }()},
+          {"variant_rel_diff", r.variant_rel_diff}};
 }
 
-void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, std::ostream& os) {
+void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, const std::vector<Variant>& variants,
+                 std::ostream& os) {
   char line[256];
   std::snprintf(line, sizeof(line), "ceilings on %s: HBM read %.0f GB/s (%.1f GiB), bf16 matmul %.0f TFLOP/s (n=%d)\n",
                 ceil.device_name.c_str(), ceil.read_bytes_per_s * 1e-9, ceil.read_gib, ceil.matmul_flops_per_s * 1e-12,
                 ceil.matmul_n);
   os << line;
-  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s\n", "shape", "M", "time_us",
+  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s", "shape", "M", "time_us",
                 "TFLOP/s", "wGB/s", "exp", "max/mu", "floor_us", "bnd", "%floor", "ws_MiB");
   os << line;
+  // Variants: their time over the default's (< 1: faster), and their output's distance from it.
+  for (size_t v = 1; v < variants.size(); ++v) os << "  " << variants[v].name << "(x, diff)";
+  os << "\n";
   for (const CaseResult& r : results) {
-    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %7.2f %10.1f %4s %6.1f%% %8.1f\n",
+    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %7.2f %10.1f %4s %6.1f%% %8.1f",
                   r.shape.c_str(), static_cast<long long>(r.m), r.time_s * 1e6, r.flops / r.time_s * 1e-12,
                   r.weight_bytes / r.time_s * 1e-9, r.touched_experts, r.max_over_mean, r.floor_s * 1e6,
                   r.floor_is_memory ? "mem" : "mma", 100.0 * r.floor_s / r.time_s, r.workspace_bytes / 1048576.0);
     os << line;
+    for (size_t v = 0; v < r.variant_time_s.size(); ++v) {
+      std::snprintf(line, sizeof(line), "  %6.3f %7.1e", r.variant_time_s[v] / r.time_s, r.variant_rel_diff[v]);
+      os << line;
+    }
+    os << "\n";
   }
 }
 
@@ -496,6 +608,12 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   auto shapes_or = load_shapes(opt.shapes_path, &m_list);
   if (!shapes_or.ok()) return shapes_or.status();
   std::vector<ShapeSpec> shapes = std::move(*shapes_or);
+  std::vector<Variant> variants = {Variant{"default", {}}};
+  for (const std::string& spec : opt.variants) {
+    auto v = parse_variant(spec);
+    if (!v.ok()) return v.status();
+    variants.push_back(std::move(*v));
+  }
   const int64_t max_m = *std::max_element(m_list.begin(), m_list.end());
 
   Ceilings ceil;
@@ -513,7 +631,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
     const ShapeSpec& spec = shapes[si];
     if (!opt.only.empty() && std::find(opt.only.begin(), opt.only.end(), spec.name) == opt.only.end()) continue;
     j_shapes.push_back(shape_json(spec, si, opt.seed, opt.skew));
-    ShapeRunner runner(opt, ceil, si, spec, max_m, log);
+    ShapeRunner runner(opt, ceil, si, spec, max_m, variants, log);
     Status st = runner.setup();
     if (!st.ok()) {
       failures.push_back(spec.name + ": " + st.to_string());
@@ -544,6 +662,11 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
               {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},
+              {"variants", [&] {
+                 json vs = json::array();
+                 for (size_t v = 1; v < variants.size(); ++v) vs.push_back(opt.variants[v - 1]);
+                 return vs;
+               }()},
               {"shapes", j_shapes},
               {"cases", j_cases},
               {"failures", failures}};
@@ -551,7 +674,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
     if (!out) return IoError(opt.json_path + ": cannot open for writing");
     out << j.dump(1) << "\n";
   }
-  print_table(ceil, results, log);
+  print_table(ceil, results, variants, log);
   if (!failures.empty()) {
     std::string msg = "gpu bench: " + std::to_string(failures.size()) + " case(s) failed:";
     for (const auto& f : failures) msg += "\n  " + f;

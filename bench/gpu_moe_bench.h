@@ -27,6 +27,7 @@ struct GpuBenchOptions {
   int matmul_n = 8192;            // matmul ceiling: n x n x n bf16
   int ceiling_repeats = 10;
   uint32_t seed = 20261129u;
+  std::vector<std::string> variants;  // "NAME:VAR=VALUE,..." timed beside the default, interleaved
   double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)
 };
 

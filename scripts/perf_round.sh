@@ -13,7 +13,9 @@
 #   PEERS        peers to run, space-separated: "torch triton" (default "triton")
 #   PEER_ARGS    extra arguments for the peers (e.g. --tune)
 #   NCU_CASES    "shape:M ..." cases whose kernels ncu times one forward of (default none)
-#   AB           "NAME:VAR=VALUE,VAR=VALUE:M1,M2 ..." extra benchmark runs with forced paths (default none)
+#   AB_RUNS      extra benchmark runs comparing forced paths in one process, one per line:
+#                "NAME M1,M2 VNAME:VAR=VALUE,VAR=VALUE VNAME2:..." (each variant's graphs are
+#                timed interleaved with the default's; bench/NOTES.md)
 #   BENCH_ARGS   extra arguments for every benchmark run
 #   TESTS        gpu test binaries to build and run first (default none), e.g. "test_layer_cuda"
 #   BALANCED_M   M values of the balanced run (default: the shape list's)
@@ -68,14 +70,16 @@ for peer in $peers; do
   done
 done
 
-# ---- A/B runs of forced paths
-for ab in ${AB:-}; do
-  name="${ab%%:*}"; rest="${ab#*:}"; vars="${rest%%:*}"; ms="${rest#*:}"
-  # shellcheck disable=SC2046
-  env $(echo "$vars" | tr ',' ' ') "$bench" --shapes "$shapes" --m $(echo "$ms" | tr ',' ' ') \
-    --json "$out/ab_$name.json" ${BENCH_ARGS:-} >"$out/ab_$name.log" 2>&1
-  echo "[perf] A/B $name ($vars) rc=$?"
-done
+# ---- A/B runs: variants timed interleaved with the default, in one process each
+while read -r name ms specs; do
+  [ -n "${name:-}" ] || continue
+  vargs=()
+  for v in $specs; do vargs+=(--variant "$v"); done
+  # shellcheck disable=SC2046,SC2086
+  "$bench" --shapes "$shapes" --m $(echo "$ms" | tr ',' ' ') "${vargs[@]}" --json "$out/ab_$name.json" ${BENCH_ARGS:-} \
+    >"$out/ab_$name.log" 2>&1
+  echo "[perf] A/B $name rc=$? ($(( $(date +%s) - t0 ))s)"
+done <<< "${AB_RUNS:-}"
 
 # ---- kernel breakdown of a few cases: one eager forward, every kernel of the layer
 if [ -n "${NCU_CASES:-}" ] && command -v ncu >/dev/null; then
@@ -113,7 +117,7 @@ for (i, name), m in k.items():
           f"{m.get('sm__warps_active.avg.pct_of_peak_sustained_active','-'):>6}")
 PY
 done
-for ab in "$out"/ab_*.log; do [ -f "$ab" ] && { echo "-- $(basename "$ab" .log)"; grep -E '^\S+ +[0-9]+ ' "$ab" | awk '{printf "   %-18s %6s %9s us %7s\n", $1, $2, $3, $(NF-1)}'; }; done
+for ab in "$out"/ab_*.log; do [ -f "$ab" ] && { echo "-- $(basename "$ab" .log) (variant time / default time, output diff)"; grep -E '^(shape|\S+ +[0-9]+ )' "$ab" | awk '{printf "   %-18s %6s %9s %7s", $1, $2, $3, $10; for (i = 12; i <= NF; ++i) printf " %s", $i; printf "\n"}'; }; done
 for tag in balanced skewed; do
   [ -f "$out/moekit_$tag.log" ] || continue
   echo "-- moekit $tag"; grep -E '^(ceilings|shape|\S+ +[0-9]+ )' "$out/moekit_$tag.log" | tail -n 30

@@ -22,32 +22,25 @@ constexpr int64_t kStreamingMaxRowsPerGroup = 8;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
+// The overrides are read at every choice (not cached) so that one process can
+// compare paths: the benchmark's --variant captures one graph per setting.
 Forced forced_path() {
-  static const Forced forced = [] {
-    const char* v = std::getenv("MOEKIT_SM90_GEMM");
-    if (v == nullptr) return Forced::kAuto;
-    if (std::strcmp(v, "reference") == 0) return Forced::kReference;
-    if (std::strcmp(v, "streaming") == 0) return Forced::kStreaming;
-    if (std::strcmp(v, "cutlass") == 0) return Forced::kCutlass;
-    return Forced::kAuto;
-  }();
-  return forced;
+  const char* v = std::getenv("MOEKIT_SM90_GEMM");
+  if (v == nullptr) return Forced::kAuto;
+  if (std::strcmp(v, "reference") == 0) return Forced::kReference;
+  if (std::strcmp(v, "streaming") == 0) return Forced::kStreaming;
+  if (std::strcmp(v, "cutlass") == 0) return Forced::kCutlass;
+  return Forced::kAuto;
 }
 
 std::optional<sm90::StreamVariant> forced_variant() {
-  static const std::optional<sm90::StreamVariant> forced = []() -> std::optional<sm90::StreamVariant> {
-    const char* v = std::getenv("MOEKIT_SM90_STREAM");
-    return v == nullptr ? std::nullopt : sm90::parse_stream_variant(v);
-  }();
-  return forced;
+  const char* v = std::getenv("MOEKIT_SM90_STREAM");
+  return v == nullptr ? std::nullopt : sm90::parse_stream_variant(v);
 }
 
 std::optional<CutlassTile> forced_cutlass_tile() {
-  static const std::optional<CutlassTile> forced = []() -> std::optional<CutlassTile> {
-    const char* v = std::getenv("MOEKIT_SM90_CUTLASS");
-    return v == nullptr ? std::nullopt : parse_cutlass_tile(v);
-  }();
-  return forced;
+  const char* v = std::getenv("MOEKIT_SM90_CUTLASS");
+  return v == nullptr ? std::nullopt : parse_cutlass_tile(v);
 }
 
 // Rows per expert up to which the 64-row ping-pong tile beats the 128-row

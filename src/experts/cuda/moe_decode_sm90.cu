@@ -20,6 +20,10 @@ using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
 using Rows32K64T16 = StreamTraits<1, 2, 6, 64>;   // 6 x (4 + 2) KB
 using Rows32K64T32 = StreamTraits<1, 4, 4, 64>;   // 4 x (4 + 4) KB
 using Rows32K128T16 = StreamTraits<1, 2, 4, 128>; // 4 x (8 + 4) KB
+using Rows32K64T16S4 = StreamTraits<1, 2, 4, 64>;    // 4 x (4 + 2) KB
+using Rows32K64T16S8 = StreamTraits<1, 2, 8, 64>;    // 8 x (4 + 2) KB
+using Rows32K128T16S3 = StreamTraits<1, 2, 3, 128>;  // 3 x (8 + 4) KB
+using Rows32K256T16S2 = StreamTraits<1, 2, 2, 256>;  // 2 x (16 + 8) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
@@ -33,6 +37,10 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows32K64T16: return f(Rows32K64T16{});
     case StreamVariant::kRows32K64T32: return f(Rows32K64T32{});
     case StreamVariant::kRows32K128T16: return f(Rows32K128T16{});
+    case StreamVariant::kRows32K64T16S4: return f(Rows32K64T16S4{});
+    case StreamVariant::kRows32K64T16S8: return f(Rows32K64T16S8{});
+    case StreamVariant::kRows32K128T16S3: return f(Rows32K128T16S3{});
+    case StreamVariant::kRows32K256T16S2: return f(Rows32K256T16S2{});
   }
   return f(Rows128K64{});
 }
@@ -50,6 +58,10 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows32K64T16: return "rows32_k64_t16";
     case StreamVariant::kRows32K64T32: return "rows32_k64_t32";
     case StreamVariant::kRows32K128T16: return "rows32_k128_t16";
+    case StreamVariant::kRows32K64T16S4: return "rows32_k64_t16_s4";
+    case StreamVariant::kRows32K64T16S8: return "rows32_k64_t16_s8";
+    case StreamVariant::kRows32K128T16S3: return "rows32_k128_t16_s3";
+    case StreamVariant::kRows32K256T16S2: return "rows32_k256_t16_s2";
   }
   return "?";
 }

@@ -25,6 +25,10 @@ enum class StreamVariant : uint8_t {
   kRows32K64T16,  // 1 warp, 16-token tile, 6 stages (six CTAs per SM)
   kRows32K64T32,  // 1 warp, 32-token tile, 4 stages (seven CTAs per SM)
   kRows32K128T16, // 1 warp, 16-token tile, 4 stages, K 128 per stage (four CTAs per SM)
+  kRows32K64T16S4,   // as kRows32K64T16 with 4 stages (nine CTAs per SM)
+  kRows32K64T16S8,   // as kRows32K64T16 with 8 stages (four CTAs per SM)
+  kRows32K128T16S3,  // as kRows32K128T16 with 3 stages (six CTAs per SM)
+  kRows32K256T16S2,  // 1 warp, 16-token tile, 2 stages, K 256 per stage (four CTAs per SM)
 };
 inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
                                                        StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
@@ -32,7 +36,11 @@ inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K6
                                                        StreamVariant::kRows64K256,
                                                        StreamVariant::kRows32K64T16,
                                                        StreamVariant::kRows32K64T32,
-                                                       StreamVariant::kRows32K128T16};
+                                                       StreamVariant::kRows32K128T16,
+                                                       StreamVariant::kRows32K64T16S4,
+                                                       StreamVariant::kRows32K64T16S8,
+                                                       StreamVariant::kRows32K128T16S3,
+                                                       StreamVariant::kRows32K256T16S2};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);
