@@ -79,8 +79,9 @@ struct GroupedGemmArgs {
 // ok, or why this implementation cannot serve the problem (dtype, alignment of N/K, ...).
 Support grouped_gemm_supports(const GroupedGemmProblem& problem);
 
-// K slices the fastest path for `problem` would like (1: none). A caller that can
-// add f32 partial outputs sets problem.k_splits to it (and sizes C for them).
+// K slices the fastest path for `problem` (unsplit, as the caller would run it)
+// would like (1: none). A caller that can add f32 partial outputs then sets
+// problem.k_splits to it and out_dtype to f32 (and sizes C for them).
 int64_t grouped_gemm_k_splits(const GroupedGemmProblem& problem);
 
 // Scratch bytes a launch needs (tile schedules, ...); may be 0. Host-only, no device call.

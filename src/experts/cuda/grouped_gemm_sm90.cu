@@ -44,10 +44,11 @@ std::optional<CutlassTile> forced_cutlass_tile() {
 }
 
 // Rows per expert up to which the 64-row ping-pong tile beats the 128-row
-// cooperative one (less row padding in the last tile of each group). Measured:
-// m64 wins up to 256 rows (M=1024: 59-78% vs 46-56% of the floor), the two tie
-// at 512, m128 wins at 4096 (Mixtral M=16384: 78% vs 75%).
-constexpr int64_t kCutlassM64MaxRowsPerGroup = 512;
+// cooperative one (less row padding in the last tile of each group). Measured in
+// one process (bench --variant): m64 wins up to 256 rows by 1.1-1.5x, and still at
+// 1024 rows (Mixtral M=4096: m64 0.93x, Qwen3 M=16384: 0.96x; gpt-oss M=16384:
+// 1.01x); m128 wins at 4096 rows (Mixtral M=16384: m64 1.02x).
+constexpr int64_t kCutlassM64MaxRowsPerGroup = 1024;
 
 CutlassTile cutlass_tile_for(int64_t rows_per_group) {
   if (const auto forced = forced_cutlass_tile()) return *forced;
@@ -62,18 +63,22 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_n
     c.variant = *forced;
     return c;
   }
-  // Measured on the H200 (bench/NOTES.md, v4 A/B): one-warp CTAs with 32-row
-  // slabs (six per SM) stream best up to 16 rows per group; with very few rows in
-  // all (one token: few slabs in flight) K 128 per stage is better still where K
-  // allows (DeepSeek-V3 M=1: 240 vs 275 us, Qwen3 M=1: 51 vs 59 us; at M=16 it
-  // loses: 2308 vs 2150 us, 262 vs 243 us). Larger groups keep the 64-row instances.
+  // Measured on the H200 in one process (bench --variant; bench/NOTES.md, v4):
+  // one-warp CTAs over 32-row slabs, as many per SM as fit, win. With more than one
+  // token, K 128 per stage in 3 stages (six CTAs per SM) is best where K allows
+  // (DeepSeek-V3 M=256: 0.87x the 6-stage K 64 instance, M=64: 0.92x), else K 64 in
+  // 4 stages (nine per SM; gpt-oss M=256: 0.94x). One token with a long K likes the
+  // nine-per-SM instance too (Mixtral M=1: 0.88x); a short K (Qwen3-30B-A3B, K=2048
+  // and 768) wants K 128 in 4 stages (1.15x slower with the nine-per-SM one).
+  constexpr int64_t kOneTokenMaxRows = 16;
+  constexpr int64_t kLongK = 4096;
+  const bool one_token = pr.max_rows <= kOneTokenMaxRows;
+  const StreamVariant first = one_token ? (pr.k >= kLongK ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows32K128T16)
+                                        : StreamVariant::kRows32K128T16S3;
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
-  constexpr int64_t kLongStageMaxRows = 16;
-  const StreamVariant order[] = {
-      pr.max_rows <= kLongStageMaxRows ? StreamVariant::kRows32K128T16 : StreamVariant::kRows32K64T16,
-      rows_per_group <= 16 ? StreamVariant::kRows32K64T16 : StreamVariant::kRows64K64T32,
-      StreamVariant::kRows64K64, StreamVariant::kRows128K64};
+  const StreamVariant order[] = {first, rows_per_group <= 16 ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows64K64T32,
+                                 StreamVariant::kRows64K64, StreamVariant::kRows128K64};
   for (StreamVariant v : order) {
     const Support s = sm90::streaming_gemm_supports(pr, v);
     if (s.ok) {
@@ -174,7 +179,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
 
 int64_t sm90_gemm_k_splits(const GroupedGemmProblem& pr) {
   if (pr.epilogue != GemmEpilogue::kNone) return 1;
-  GroupedGemmProblem whole = pr;
+  GroupedGemmProblem whole = pr;  // as the caller would run it unsplit (its output dtype decides the path)
   whole.k_splits = 1;
   const Sm90GemmChoice c = choose_sm90_gemm(whole);
   if (c.path != Sm90GemmPath::kStreaming) return 1;

@@ -24,6 +24,8 @@ using Rows32K64T16S4 = StreamTraits<1, 2, 4, 64>;    // 4 x (4 + 2) KB
 using Rows32K64T16S8 = StreamTraits<1, 2, 8, 64>;    // 8 x (4 + 2) KB
 using Rows32K128T16S3 = StreamTraits<1, 2, 3, 128>;  // 3 x (8 + 4) KB
 using Rows32K256T16S2 = StreamTraits<1, 2, 2, 256>;  // 2 x (16 + 8) KB
+using Rows32K128T16S2 = StreamTraits<1, 2, 2, 128>;  // 2 x (8 + 4) KB
+using Rows32K64T16S3 = StreamTraits<1, 2, 3, 64>;    // 3 x (4 + 2) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
@@ -41,6 +43,8 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows32K64T16S8: return f(Rows32K64T16S8{});
     case StreamVariant::kRows32K128T16S3: return f(Rows32K128T16S3{});
     case StreamVariant::kRows32K256T16S2: return f(Rows32K256T16S2{});
+    case StreamVariant::kRows32K128T16S2: return f(Rows32K128T16S2{});
+    case StreamVariant::kRows32K64T16S3: return f(Rows32K64T16S3{});
   }
   return f(Rows128K64{});
 }
@@ -62,6 +66,8 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows32K64T16S8: return "rows32_k64_t16_s8";
     case StreamVariant::kRows32K128T16S3: return "rows32_k128_t16_s3";
     case StreamVariant::kRows32K256T16S2: return "rows32_k256_t16_s2";
+    case StreamVariant::kRows32K128T16S2: return "rows32_k128_t16_s2";
+    case StreamVariant::kRows32K64T16S3: return "rows32_k64_t16_s3";
   }
   return "?";
 }
@@ -88,7 +94,7 @@ int stream_variant_smem_bytes(StreamVariant v) {
 
 int streaming_k_splits(const GroupedGemmProblem& pr, StreamVariant v, int sm_count) {
   if (pr.epilogue != GemmEpilogue::kNone || pr.max_rows == 0) return 1;
-  constexpr int kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 8, kMinKStepsPerSplit = 4;
+  constexpr int kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 16, kMinKStepsPerSplit = 4;
   const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (stream_variant_smem_bytes(v) + 1024), 1, kMaxCtasPerSm);
   const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
   const int64_t ctas = std::min(pr.num_groups, pr.max_rows) * (pr.n / stream_variant_rows(v));

@@ -120,10 +120,11 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
   GroupedGemmProblem p2 = gemm2_problem(s, M);
   if (p2.max_rows <= kSplitMaxRows) {
-    GroupedGemmProblem split = p2;
-    split.out_dtype = DType::kF32;
-    split.k_splits = std::min(kMaxKSplits, grouped_gemm_k_splits(split));
-    if (split.k_splits > 1) p2 = split;
+    const int64_t splits = std::min(kMaxKSplits, grouped_gemm_k_splits(p2));
+    if (splits > 1) {
+      p2.out_dtype = DType::kF32;
+      p2.k_splits = splits;
+    }
   }
   GroupedGemmArgs g2;
   g2.a = inter;
