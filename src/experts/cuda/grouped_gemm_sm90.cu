@@ -65,19 +65,22 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_n
   }
   // Measured on the H200 in one process (bench --variant; bench/NOTES.md, v4):
   // one-warp CTAs over 32-row slabs, as many per SM as fit, win. With more than one
-  // token, K 128 per stage in 3 stages (six CTAs per SM) is best where K allows
-  // (DeepSeek-V3 M=256: 0.87x the 6-stage K 64 instance, M=64: 0.92x), else K 64 in
-  // 4 stages (nine per SM; gpt-oss M=256: 0.94x). One token with a long K likes the
-  // nine-per-SM instance too (Mixtral M=1: 0.88x); a short K (Qwen3-30B-A3B, K=2048
-  // and 768) wants K 128 in 4 stages (1.15x slower with the nine-per-SM one).
+  // token, K 128 per stage in 2 stages (nine CTAs per SM) is best where K allows
+  // (DeepSeek-V3 M=256: 0.87x the 6-stage K 64 instance with 3 stages, 0.93x that
+  // with 2), else K 64 in 4 stages (nine per SM; gpt-oss M=256: 0.94x). One token
+  // with a long K likes K 64 x 4 stages too (Mixtral M=1: 0.88x); a short K
+  // (Qwen3-30B-A3B, K=2048 and 768) wants K 128 in 4 stages (1.15x slower with
+  // the nine-per-SM ones).
   constexpr int64_t kOneTokenMaxRows = 16;
   constexpr int64_t kLongK = 4096;
   const bool one_token = pr.max_rows <= kOneTokenMaxRows;
-  const StreamVariant first = one_token ? (pr.k >= kLongK ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows32K128T16)
-                                        : StreamVariant::kRows32K128T16S3;
+  const StreamVariant first =
+      one_token ? (pr.k >= kLongK ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows32K128T16)
+                : StreamVariant::kRows32K128T16S2;
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
-  const StreamVariant order[] = {first, rows_per_group <= 16 ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows64K64T32,
+  const StreamVariant order[] = {first,
+                                 rows_per_group <= 16 ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows64K64T32,
                                  StreamVariant::kRows64K64, StreamVariant::kRows128K64};
   for (StreamVariant v : order) {
     const Support s = sm90::streaming_gemm_supports(pr, v);
