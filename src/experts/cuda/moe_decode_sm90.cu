@@ -26,6 +26,8 @@ using Rows32K128T16S3 = StreamTraits<1, 2, 3, 128>;  // 3 x (8 + 4) KB
 using Rows32K256T16S2 = StreamTraits<1, 2, 2, 256>;  // 2 x (16 + 8) KB
 using Rows32K128T16S2 = StreamTraits<1, 2, 2, 128>;  // 2 x (8 + 4) KB
 using Rows32K64T16S3 = StreamTraits<1, 2, 3, 64>;    // 3 x (4 + 2) KB
+using Rows32K128T32S2 = StreamTraits<1, 4, 2, 128>;  // 2 x (8 + 8) KB
+using Rows32K128T64S2 = StreamTraits<1, 8, 2, 128>;  // 2 x (8 + 16) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
@@ -45,6 +47,8 @@ auto with_traits(StreamVariant v, F&& f) {
     case StreamVariant::kRows32K256T16S2: return f(Rows32K256T16S2{});
     case StreamVariant::kRows32K128T16S2: return f(Rows32K128T16S2{});
     case StreamVariant::kRows32K64T16S3: return f(Rows32K64T16S3{});
+    case StreamVariant::kRows32K128T32S2: return f(Rows32K128T32S2{});
+    case StreamVariant::kRows32K128T64S2: return f(Rows32K128T64S2{});
   }
   return f(Rows128K64{});
 }
@@ -68,6 +72,8 @@ const char* stream_variant_name(StreamVariant v) {
     case StreamVariant::kRows32K256T16S2: return "rows32_k256_t16_s2";
     case StreamVariant::kRows32K128T16S2: return "rows32_k128_t16_s2";
     case StreamVariant::kRows32K64T16S3: return "rows32_k64_t16_s3";
+    case StreamVariant::kRows32K128T32S2: return "rows32_k128_t32_s2";
+    case StreamVariant::kRows32K128T64S2: return "rows32_k128_t64_s2";
   }
   return "?";
 }

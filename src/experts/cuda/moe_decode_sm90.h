@@ -31,6 +31,8 @@ enum class StreamVariant : uint8_t {
   kRows32K256T16S2,  // 1 warp, 16-token tile, 2 stages, K 256 per stage (four CTAs per SM)
   kRows32K128T16S2,  // as kRows32K128T16 with 2 stages (nine CTAs per SM)
   kRows32K64T16S3,   // as kRows32K64T16 with 3 stages (twelve CTAs per SM)
+  kRows32K128T32S2,  // 1 warp, 32-token tile, 2 stages, K 128 per stage (seven CTAs per SM)
+  kRows32K128T64S2,  // 1 warp, 64-token tile, 2 stages, K 128 per stage (four CTAs per SM)
 };
 inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
                                                        StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
@@ -44,7 +46,9 @@ inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K6
                                                        StreamVariant::kRows32K128T16S3,
                                                        StreamVariant::kRows32K256T16S2,
                                                        StreamVariant::kRows32K128T16S2,
-                                                       StreamVariant::kRows32K64T16S3};
+                                                       StreamVariant::kRows32K64T16S3,
+                                                       StreamVariant::kRows32K128T32S2,
+                                                       StreamVariant::kRows32K128T64S2};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);
