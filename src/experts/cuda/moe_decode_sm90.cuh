@@ -53,7 +53,6 @@ struct StreamTraits {
   static_assert(kRows == 32 * kWarps && 2 * kGateUpBlock == 32, "a warp owns exactly one gate/up block pair");
   static_assert(kTokenTiles == 1 || kTokenTiles % 2 == 0, "token tiles are loaded in pairs (ldmatrix.x4)");
   static_assert(kStages >= 2, "a pipeline needs two stages");
-  static_assert(kTokens <= kThreads, "one thread per token row resolves the row index");
   static_assert(kBlockK % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kSmemBytes <= 200 * 1024, "stages must fit the 227 KB shared memory of an SM");
 };
@@ -183,9 +182,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
     const int tokens = min(Tr::kTokens, rows - t0);
     const int used_tiles = (tokens + 7) / 8;  // block-uniform: empty n8 tiles are skipped
-    if (tid < Tr::kTokens) {
-      const int r = row0 + t0 + tid;
-      token_src[tid] = tid < tokens ? (p.a_row_index ? p.a_row_index[r] : r) : -1;
+    for (int i = tid; i < Tr::kTokens; i += Tr::kThreads) {
+      const int r = row0 + t0 + i;
+      token_src[i] = i < tokens ? (p.a_row_index ? p.a_row_index[r] : r) : -1;
     }
     __syncthreads();
 
