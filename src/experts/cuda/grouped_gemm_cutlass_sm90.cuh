@@ -198,11 +198,6 @@ Status run_cutlass_gemm(const CutlassGemmLaunch& p, cudaStream_t stream) {
     return Unsupported(std::string("CUTLASS grouped GEMM cannot implement N=") + std::to_string(p.n) +
                        ", K=" + std::to_string(p.k) + ": " + cutlassGetStatusString(s));
   }
-  // CUTLASS's workspace holds the per-SM TMA descriptors that each CTA writes with
-  // tensormap.cp_fenceproxy; compute-sanitizer initcheck reports that copy as a read
-  // of uninitialized memory unless the region was written before. Zeroing it costs
-  // one small memset on the prefill path (tens of KB) and makes the check exact.
-  MOEKIT_CUDA_CHECK(cudaMemsetAsync(ws + t.cutlass, 0, t.total - t.cutlass, stream));
   s = gemm.initialize(args, ws + t.cutlass, stream);
   if (s != cutlass::Status::kSuccess) {
     return Internal(std::string("CUTLASS grouped GEMM initialize: ") + cutlassGetStatusString(s));

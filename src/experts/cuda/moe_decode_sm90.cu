@@ -10,45 +10,31 @@
 namespace moekit::cuda::sm90 {
 namespace {
 
-//                                 warps  n8 token tiles  stages  K per stage   smem per CTA
-using Rows128K64 = StreamTraits<4, 16, 6, 64>;    // 6 x (16 + 16) KB
-using Rows128K128 = StreamTraits<4, 8, 4, 128>;   // 4 x (32 + 16) KB
-using Rows64K64 = StreamTraits<2, 8, 4, 64>;      // 4 x (8 + 8) KB
-using Rows64K64T32 = StreamTraits<2, 4, 6, 64>;   // 6 x (8 + 4) KB
-using Rows64K192 = StreamTraits<2, 4, 4, 192>;    // 4 x (24 + 12) KB
-using Rows64K256 = StreamTraits<2, 4, 4, 256>;    // 4 x (32 + 16) KB
-using Rows32K64T16 = StreamTraits<1, 2, 6, 64>;   // 6 x (4 + 2) KB
-using Rows32K64T32 = StreamTraits<1, 4, 4, 64>;   // 4 x (4 + 4) KB
-using Rows32K128T16 = StreamTraits<1, 2, 4, 128>; // 4 x (8 + 4) KB
+//                                    warps  n8 token tiles  stages  K per stage    smem per CTA
+using Rows128K64 = StreamTraits<4, 16, 6, 64>;       // 6 x (16 + 16) KB
+using Rows64K64 = StreamTraits<2, 8, 4, 64>;         // 4 x (8 + 8) KB
+using Rows64K64T32 = StreamTraits<2, 4, 6, 64>;      // 6 x (8 + 4) KB
+using Rows32K64T16 = StreamTraits<1, 2, 6, 64>;      // 6 x (4 + 2) KB
 using Rows32K64T16S4 = StreamTraits<1, 2, 4, 64>;    // 4 x (4 + 2) KB
-using Rows32K64T16S8 = StreamTraits<1, 2, 8, 64>;    // 8 x (4 + 2) KB
-using Rows32K128T16S3 = StreamTraits<1, 2, 3, 128>;  // 3 x (8 + 4) KB
-using Rows32K256T16S2 = StreamTraits<1, 2, 2, 256>;  // 2 x (16 + 8) KB
-using Rows32K128T16S2 = StreamTraits<1, 2, 2, 128>;  // 2 x (8 + 4) KB
 using Rows32K64T16S3 = StreamTraits<1, 2, 3, 64>;    // 3 x (4 + 2) KB
-using Rows32K128T32S2 = StreamTraits<1, 4, 2, 128>;  // 2 x (8 + 8) KB
-using Rows32K128T64S2 = StreamTraits<1, 8, 2, 128>;  // 2 x (8 + 16) KB
+using Rows32K64T32 = StreamTraits<1, 4, 4, 64>;      // 4 x (4 + 4) KB
+using Rows32K128T16 = StreamTraits<1, 2, 4, 128>;    // 4 x (8 + 4) KB
+using Rows32K128T16S3 = StreamTraits<1, 2, 3, 128>;  // 3 x (8 + 4) KB
+using Rows32K128T16S2 = StreamTraits<1, 2, 2, 128>;  // 2 x (8 + 4) KB
 
 template <class F>
 auto with_traits(StreamVariant v, F&& f) {
   switch (v) {
     case StreamVariant::kRows128K64: return f(Rows128K64{});
-    case StreamVariant::kRows128K128: return f(Rows128K128{});
     case StreamVariant::kRows64K64: return f(Rows64K64{});
     case StreamVariant::kRows64K64T32: return f(Rows64K64T32{});
-    case StreamVariant::kRows64K192: return f(Rows64K192{});
-    case StreamVariant::kRows64K256: return f(Rows64K256{});
     case StreamVariant::kRows32K64T16: return f(Rows32K64T16{});
     case StreamVariant::kRows32K64T32: return f(Rows32K64T32{});
     case StreamVariant::kRows32K128T16: return f(Rows32K128T16{});
     case StreamVariant::kRows32K64T16S4: return f(Rows32K64T16S4{});
-    case StreamVariant::kRows32K64T16S8: return f(Rows32K64T16S8{});
     case StreamVariant::kRows32K128T16S3: return f(Rows32K128T16S3{});
-    case StreamVariant::kRows32K256T16S2: return f(Rows32K256T16S2{});
     case StreamVariant::kRows32K128T16S2: return f(Rows32K128T16S2{});
     case StreamVariant::kRows32K64T16S3: return f(Rows32K64T16S3{});
-    case StreamVariant::kRows32K128T32S2: return f(Rows32K128T32S2{});
-    case StreamVariant::kRows32K128T64S2: return f(Rows32K128T64S2{});
   }
   return f(Rows128K64{});
 }
@@ -58,22 +44,15 @@ auto with_traits(StreamVariant v, F&& f) {
 const char* stream_variant_name(StreamVariant v) {
   switch (v) {
     case StreamVariant::kRows128K64: return "rows128_k64";
-    case StreamVariant::kRows128K128: return "rows128_k128";
     case StreamVariant::kRows64K64: return "rows64_k64";
     case StreamVariant::kRows64K64T32: return "rows64_k64_t32";
-    case StreamVariant::kRows64K192: return "rows64_k192";
-    case StreamVariant::kRows64K256: return "rows64_k256";
     case StreamVariant::kRows32K64T16: return "rows32_k64_t16";
     case StreamVariant::kRows32K64T32: return "rows32_k64_t32";
     case StreamVariant::kRows32K128T16: return "rows32_k128_t16";
     case StreamVariant::kRows32K64T16S4: return "rows32_k64_t16_s4";
-    case StreamVariant::kRows32K64T16S8: return "rows32_k64_t16_s8";
     case StreamVariant::kRows32K128T16S3: return "rows32_k128_t16_s3";
-    case StreamVariant::kRows32K256T16S2: return "rows32_k256_t16_s2";
     case StreamVariant::kRows32K128T16S2: return "rows32_k128_t16_s2";
     case StreamVariant::kRows32K64T16S3: return "rows32_k64_t16_s3";
-    case StreamVariant::kRows32K128T32S2: return "rows32_k128_t32_s2";
-    case StreamVariant::kRows32K128T64S2: return "rows32_k128_t64_s2";
   }
   return "?";
 }

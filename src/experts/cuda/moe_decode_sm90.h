@@ -13,42 +13,27 @@
 
 namespace moekit::cuda::sm90 {
 
-// The instances: weight rows per CTA (slab) x K per pipeline stage; each has a
-// fixed token tile (rows multiplied per pass over the slab) and stage count.
+// The instances: weight rows per CTA (slab) x K per pipeline stage x token tile
+// (rows multiplied per pass over the slab) x stages. The tile table picks among
+// them (grouped_gemm_sm90.cu); the others stay for comparisons (bench --variant).
 enum class StreamVariant : uint8_t {
-  kRows128K64,   // 4 warps, 128-token tile, 6 stages
-  kRows128K128,  // 4 warps, 64-token tile, 4 stages
-  kRows64K64,    // 2 warps, 64-token tile, 4 stages (three CTAs per SM)
-  kRows64K64T32, // 2 warps, 32-token tile, 6 stages (three CTAs per SM)
-  kRows64K192,   // 2 warps, 32-token tile, 4 stages
-  kRows64K256,   // 2 warps, 32-token tile, 4 stages
-  kRows32K64T16,  // 1 warp, 16-token tile, 6 stages (six CTAs per SM)
-  kRows32K64T32,  // 1 warp, 32-token tile, 4 stages (seven CTAs per SM)
-  kRows32K128T16, // 1 warp, 16-token tile, 4 stages, K 128 per stage (four CTAs per SM)
-  kRows32K64T16S4,   // as kRows32K64T16 with 4 stages (nine CTAs per SM)
-  kRows32K64T16S8,   // as kRows32K64T16 with 8 stages (four CTAs per SM)
-  kRows32K128T16S3,  // as kRows32K128T16 with 3 stages (six CTAs per SM)
-  kRows32K256T16S2,  // 1 warp, 16-token tile, 2 stages, K 256 per stage (four CTAs per SM)
-  kRows32K128T16S2,  // as kRows32K128T16 with 2 stages (nine CTAs per SM)
-  kRows32K64T16S3,   // as kRows32K64T16 with 3 stages (twelve CTAs per SM)
-  kRows32K128T32S2,  // 1 warp, 32-token tile, 2 stages, K 128 per stage (seven CTAs per SM)
-  kRows32K128T64S2,  // 1 warp, 64-token tile, 2 stages, K 128 per stage (four CTAs per SM)
+  kRows128K64,       // 4 warps, 128-token tile, 6 stages (one CTA per SM)
+  kRows64K64,        // 2 warps, 64-token tile, 4 stages (three CTAs per SM)
+  kRows64K64T32,     // 2 warps, 32-token tile, 6 stages (three CTAs per SM)
+  kRows32K64T16,     // 1 warp, 16-token tile, 6 stages (six CTAs per SM)
+  kRows32K64T16S4,   // 1 warp, 16-token tile, 4 stages (nine CTAs per SM)
+  kRows32K64T16S3,   // 1 warp, 16-token tile, 3 stages (twelve CTAs per SM)
+  kRows32K64T32,     // 1 warp, 32-token tile, 4 stages (seven CTAs per SM)
+  kRows32K128T16,    // 1 warp, 16-token tile, 4 stages of K 128 (four CTAs per SM)
+  kRows32K128T16S3,  // 1 warp, 16-token tile, 3 stages of K 128 (six CTAs per SM)
+  kRows32K128T16S2,  // 1 warp, 16-token tile, 2 stages of K 128 (nine CTAs per SM)
 };
-inline constexpr StreamVariant kAllStreamVariants[] = {StreamVariant::kRows128K64, StreamVariant::kRows128K128,
-                                                       StreamVariant::kRows64K64, StreamVariant::kRows64K64T32,
-                                                       StreamVariant::kRows64K192,
-                                                       StreamVariant::kRows64K256,
-                                                       StreamVariant::kRows32K64T16,
-                                                       StreamVariant::kRows32K64T32,
-                                                       StreamVariant::kRows32K128T16,
-                                                       StreamVariant::kRows32K64T16S4,
-                                                       StreamVariant::kRows32K64T16S8,
-                                                       StreamVariant::kRows32K128T16S3,
-                                                       StreamVariant::kRows32K256T16S2,
-                                                       StreamVariant::kRows32K128T16S2,
-                                                       StreamVariant::kRows32K64T16S3,
-                                                       StreamVariant::kRows32K128T32S2,
-                                                       StreamVariant::kRows32K128T64S2};
+inline constexpr StreamVariant kAllStreamVariants[] = {
+    StreamVariant::kRows128K64,      StreamVariant::kRows64K64,        StreamVariant::kRows64K64T32,
+    StreamVariant::kRows32K64T16,    StreamVariant::kRows32K64T16S4,   StreamVariant::kRows32K64T16S3,
+    StreamVariant::kRows32K64T32,    StreamVariant::kRows32K128T16,    StreamVariant::kRows32K128T16S3,
+    StreamVariant::kRows32K128T16S2,
+};
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);
