@@ -281,7 +281,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{9, 512, 136, true, kAct, Activation::kSwigluOai, DType::kBF16, 133},
         Case{4, 288, 264, true, kAct, Activation::kGeluGated, DType::kBF16, 387},
         Case{3, 264, 128, false, kAct, Activation::kRelu2, DType::kBF16, 515},
-        Case{40, 256, 96, true, kAct, Activation::kSiluGated, DType::kBF16, 3, true}));
+        Case{40, 256, 96, true, kAct, Activation::kSiluGated, DType::kBF16, 3, true},
+        // ~6 rows per group on average with one group of 41: the table streams the small
+        // groups and gives the large one to CUTLASS (Sm90GemmChoice::cutlass_above_rows)
+        Case{32, 256, 128, true, kAct, Activation::kSiluGated, DType::kBF16, 10, true},
+        Case{32, 256, 128, false, kNone, Activation::kSiluGated, DType::kBF16, 10, true}));
 
 // K slices (GEMM2 at decode sizes, grouped_gemm_k_splits): every streaming
 // instance whose granules fit, with 2 and 3 slices (uneven where the K steps do

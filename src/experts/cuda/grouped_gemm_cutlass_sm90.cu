@@ -72,6 +72,7 @@ struct RowSweep {
   const int32_t* group_rows;   // [G]
   int row_begin, row_end;      // only group rows inside [row_begin, row_end)
   int vecs;                    // 16-byte vectors per output row
+  int min_group_rows;          // smaller groups are skipped
 };
 
 // Calls f(row, vec) for every (group row inside the chunk, vector) of this block's share.
@@ -79,6 +80,7 @@ template <class F>
 __device__ __forceinline__ void sweep_rows(const RowSweep& s, F&& f) {
   const int g = blockIdx.x;
   const int parts = gridDim.y, part = blockIdx.y;
+  if (s.group_rows[g] < s.min_group_rows) return;
   const int start = s.group_start[g];
   const int lo = max(start, s.row_begin), hi = min(start + s.group_rows[g], s.row_end);
   if (lo + part >= hi) return;
@@ -204,7 +206,7 @@ Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
 size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& pr) { return plan(pr).total; }
 
 Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, CutlassTile tile,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int min_group_rows) {
   const Support sup = cutlass_grouped_gemm_supports(pr);
   if (!sup.ok) return Unsupported(sup.reason);
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr || args.group_start == nullptr ||
@@ -228,7 +230,8 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
     const int row_begin = static_cast<int>(chunk * w.chunk_rows);
     const int row_end = static_cast<int>(std::min(pr.max_rows, (chunk + 1) * w.chunk_rows));
     if (pr.gather_a) {
-      const RowSweep s{args.group_start, args.group_rows, row_begin, row_end, static_cast<int>(pr.k / kVec)};
+      const RowSweep s{args.group_start, args.group_rows, row_begin, row_end, static_cast<int>(pr.k / kVec),
+                       min_group_rows};
       gather_rows_kernel<<<grid, kRowThreads, 0, stream>>>(s, reinterpret_cast<const uint4*>(args.a),
                                                            args.a_row_index, reinterpret_cast<uint4*>(gathered));
       MOEKIT_CUDA_CHECK_LAUNCH("gather_rows_kernel");
@@ -247,10 +250,12 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
     l.d_row0 = activation ? row_begin : 0;
     l.group_start = args.group_start;
     l.group_rows = args.group_rows;
+    l.min_group_rows = min_group_rows;
     l.workspace = ws + w.gemm;
     MOEKIT_RETURN_IF_ERROR(sm90::cutlass_gemm(tile, l, stream));
     if (activation) {
-      const RowSweep s{args.group_start, args.group_rows, row_begin, row_end, static_cast<int>(pr.n_out() / kVec)};
+      const RowSweep s{args.group_start, args.group_rows, row_begin, row_end, static_cast<int>(pr.n_out() / kVec),
+                       min_group_rows};
       activation_kernel<<<grid, kRowThreads, 0, stream>>>(
           s, reinterpret_cast<const uint4*>(pre_act), static_cast<int>(pr.n / kVec), static_cast<uint4*>(args.c),
           pr.activation.gated(),

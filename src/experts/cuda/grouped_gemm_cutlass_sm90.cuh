@@ -106,7 +106,7 @@ __global__ void setup_kernel(CutlassGemmLaunch p, typename G::Shape* shapes, con
   // The group's rows clipped to the launch's chunk; a group outside it gets 0 rows (no tiles).
   const int start = p.group_start[g];
   const int lo = max(start, p.row_begin), hi = min(start + p.group_rows[g], p.row_end);
-  const int rows = max(0, hi - lo);
+  const int rows = p.group_rows[g] >= p.min_group_rows ? max(0, hi - lo) : 0;
   shapes[g] = typename G::Shape{rows, p.n, p.k};
   ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k;
   ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(p.b) + static_cast<int64_t>(g) * p.n * p.k;

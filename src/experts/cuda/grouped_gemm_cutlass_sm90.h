@@ -48,9 +48,10 @@ Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& problem);
 size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
 
 // Enqueues setup (+ gather) + GEMM (+ activation) on `stream`. No allocation,
-// no host synchronization.
+// no host synchronization. Groups with fewer than min_group_rows rows are
+// skipped (left to another kernel).
 Status cutlass_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, CutlassTile tile,
-                            cudaStream_t stream);
+                            cudaStream_t stream, int min_group_rows = 1);
 
 namespace sm90 {
 
@@ -69,6 +70,7 @@ struct CutlassGemmLaunch {
   uint16_t* d = nullptr;                 // [.., N] bf16; only the launch's group rows written
   const int32_t* group_start = nullptr;  // [G] i32
   const int32_t* group_rows = nullptr;   // [G] i32, may be 0
+  int min_group_rows = 1;                // smaller groups get no tiles
   void* workspace = nullptr;             // >= cutlass_gemm_workspace_size(tile, G) bytes, 256-byte aligned
 };
 

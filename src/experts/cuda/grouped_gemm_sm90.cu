@@ -19,6 +19,12 @@ namespace {
 // gpt-oss M=256: 1653 vs 1705 us) and loses at 16 (Qwen3 M=256: 548 vs 380 us,
 // Mixtral M=64: 1143 vs 878 us).
 constexpr int64_t kStreamingMaxRowsPerGroup = 8;
+// Above this mean (up to kStreamingMaxRowsPerGroup), groups larger than the
+// streaming instance's token tile go to CUTLASS in a second launch: measured on the
+// skewed data (bench --skew 1), DeepSeek-V3 M=256 (8 rows per expert on average,
+// the busiest ~134) took 3666 us all-streaming against 2092 us all-CUTLASS. At
+// smaller means the second launch (~6 more kernels, mostly empty) is not paid.
+constexpr int64_t kSplitGroupsAboveRowsPerGroup = 4;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
@@ -124,6 +130,7 @@ std::string Sm90GemmChoice::to_string() const {
   std::ostringstream os;
   os << "Sm90Gemm{" << sm90_gemm_path_name(path);
   if (path == Sm90GemmPath::kStreaming) os << ", " << sm90::stream_variant_name(variant);
+  if (cutlass_above_rows > 0) os << ", >" << cutlass_above_rows << " rows: " << cutlass_tile_name(cutlass_tile);
   if (path == Sm90GemmPath::kCutlass) os << ", " << cutlass_tile_name(cutlass_tile);
   if (!reason.empty()) os << ", " << reason;
   os << "}";
@@ -152,6 +159,15 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
     if (c.path == Sm90GemmPath::kStreaming) {
       c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
+#if MOEKIT_HAVE_CUTLASS
+      const int64_t tile = sm90::stream_variant_tokens(c.variant);
+      if (forced == Forced::kAuto && rows_per_group > kSplitGroupsAboveRowsPerGroup && pr.max_rows > tile &&
+          cutlass_grouped_gemm_supports(pr).ok) {
+        c.cutlass_above_rows = tile;
+        c.cutlass_tile = CutlassTile::kM64N256;
+        c.reason += ", groups over " + std::to_string(tile) + " rows on CUTLASS";
+      }
+#endif
       return c;
     }
   }
@@ -185,7 +201,7 @@ int64_t sm90_gemm_k_splits(const GroupedGemmProblem& pr) {
   GroupedGemmProblem whole = pr;  // as the caller would run it unsplit (its output dtype decides the path)
   whole.k_splits = 1;
   const Sm90GemmChoice c = choose_sm90_gemm(whole);
-  if (c.path != Sm90GemmPath::kStreaming) return 1;
+  if (c.path != Sm90GemmPath::kStreaming || c.cutlass_above_rows > 0) return 1;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
@@ -218,6 +234,15 @@ Status run_sm90_gemm(const Sm90GemmChoice& choice, const GroupedGemmProblem& pr,
                      cudaStream_t stream) {
   switch (choice.path) {
     case Sm90GemmPath::kStreaming:
+      if (choice.cutlass_above_rows > 0) {
+#if MOEKIT_HAVE_CUTLASS
+        const int above = static_cast<int>(choice.cutlass_above_rows);
+        MOEKIT_RETURN_IF_ERROR(sm90::streaming_gemm(pr, args, choice.variant, stream, above));
+        return cutlass_grouped_gemm(pr, args, choice.cutlass_tile, stream, above + 1);
+#else
+        return Internal("grouped GEMM: a CUTLASS share in a build without CUTLASS");
+#endif
+      }
       return sm90::streaming_gemm(pr, args, choice.variant, stream);
     case Sm90GemmPath::kCutlass:
 #if MOEKIT_HAVE_CUTLASS

@@ -36,6 +36,11 @@ struct Sm90GemmChoice {
   sm90::StreamVariant variant = sm90::StreamVariant::kRows128K64;  // kStreaming: the instance
   std::string reason;    // why this path (the table's rule, or why a faster path could not serve)
   CutlassTile cutlass_tile = CutlassTile::kM128N256;  // kCutlass: the instance
+  // kStreaming: groups with more rows than this go to the CUTLASS tile above in a
+  // second launch (0: none). The table's estimate of rows per group is a mean; with
+  // a skewed load a few hot experts hold many times that, and the streaming kernel
+  // would stream their weights once per token tile.
+  int64_t cutlass_above_rows = 0;
   std::string to_string() const;
 };
 

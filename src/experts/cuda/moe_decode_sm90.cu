@@ -114,7 +114,7 @@ Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {
 }
 
 Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, StreamVariant v,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, int max_group_rows) {
   const Support s = streaming_gemm_supports(pr, v);
   if (!s.ok) return Unsupported(s.reason);
   if (pr.max_rows == 0) return Status::Ok();
@@ -132,6 +132,7 @@ Status streaming_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
   p.n_slabs = p.n / stream_variant_rows(v);
   p.k_splits = static_cast<int>(pr.k_splits);
   p.c_split_stride = pr.max_rows * pr.n;
+  p.max_group_rows = max_group_rows;
   p.out_f32 = pr.out_dtype == DType::kF32;
   p.activation = pr.epilogue == GemmEpilogue::kActivation;
   p.gated = p.activation && pr.activation.gated();

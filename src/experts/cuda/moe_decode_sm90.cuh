@@ -68,6 +68,7 @@ struct StreamParams {
   int n, k, n_out;
   int n_slabs;                 // n / kRows
   int k_splits;                // K slices per slab (1: whole K)
+  int max_group_rows;          // groups with more rows are left to another kernel (INT_MAX: none)
   int64_t c_split_stride;      // elements between the K slices' outputs (k_splits > 1)
   bool out_f32;
   bool activation;             // epilogue applies the activation
@@ -145,7 +146,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   const int per = (p.num_groups + Tr::kThreads - 1) / Tr::kThreads;
   const int g_begin = min(p.num_groups, tid * per), g_end = min(p.num_groups, g_begin + per);
   int count = 0;
-  for (int g = g_begin; g < g_end; ++g) count += p.group_rows[g] > 0 ? 1 : 0;
+  auto taken = [&](int g) { return p.group_rows[g] > 0 && p.group_rows[g] <= p.max_group_rows; };
+  for (int g = g_begin; g < g_end; ++g) count += taken(g) ? 1 : 0;
   if (tid == 0) s_group = -1;
   scan[tid] = count;
   __syncthreads();
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
   if (j >= before && j < before + count) {
     int seen = before;
     for (int g = g_begin; g < g_end; ++g) {
-      if (p.group_rows[g] > 0) {
+      if (taken(g)) {
         if (seen == j) s_group = g;
         ++seen;
       }

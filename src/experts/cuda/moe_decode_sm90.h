@@ -51,7 +51,8 @@ int streaming_k_splits(const GroupedGemmProblem& problem, StreamVariant variant,
 // a K split without an f32 partial output).
 Support streaming_gemm_supports(const GroupedGemmProblem& problem, StreamVariant variant);
 
+// Groups with more than max_group_rows rows are skipped (left to another kernel).
 Status streaming_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, StreamVariant variant,
-                      cudaStream_t stream);
+                      cudaStream_t stream, int max_group_rows = INT32_MAX);
 
 }  // namespace moekit::cuda::sm90
