@@ -14,10 +14,10 @@ namespace moekit::cuda {
 namespace {
 constexpr size_t kAlign = 256;
 // GEMM2 may cut K into slices (grouped_gemm_k_splits) only up to this many routed
-// rows: the f32 partials then need at most kMaxStreamKSplits x this many rows of H,
+// rows: the f32 partials then need at most kMaxKSplits x this many rows of H,
 // a bound that grows with M, so the workspace sized for max_num_tokens holds any M.
 constexpr int64_t kSplitMaxRows = 128;
-constexpr int64_t kMaxKSplits = 8;
+constexpr int64_t kMaxKSplits = 8;  // as sm90::kMaxStreamKSplits; the pipeline does not depend on the kernels
 
 size_t split_partial_rows(int64_t pairs) { return static_cast<size_t>(kMaxKSplits * std::min(pairs, kSplitMaxRows)); }
 size_t take(size_t* cursor, size_t bytes) {
