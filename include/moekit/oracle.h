@@ -30,6 +30,7 @@ struct KernelClass {
 struct Backend {
   std::string name;                     // "cpu", "cuda_sm90"
   std::vector<KernelClass> candidates;  // tried first to last
+  DeviceType device_type = DeviceType::kCpu;  // where its kernels run
 };
 
 // The backends of this build and platform, in priority order (CUDA backends
@@ -62,6 +63,10 @@ StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& pla
                                     const std::vector<Backend>& registry);
 // The same over backend_registry(platform).
 StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform);
+// The same over the backends whose kernels run on `device_type` only: a
+// caller that wants the layer on a CUDA device never gets the CPU backend (and
+// the reverse); with none of that type registered it fails with kUnsupported.
+StatusOr<Resolution> select_backend_on(const MoeConfig& config, const Platform& platform, DeviceType device_type);
 
 // The report when selection fails: every candidate with its reason (what the
 // error message of select_backend lists), for tools that print it.

@@ -100,4 +100,22 @@ StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& pla
   return select_backend(config, platform, backend_registry(platform));
 }
 
+StatusOr<Resolution> select_backend_on(const MoeConfig& config, const Platform& platform, DeviceType device_type) {
+  std::vector<Backend> registry;
+  std::string others;
+  for (Backend& b : backend_registry(platform)) {
+    if (b.device_type == device_type) {
+      registry.push_back(std::move(b));
+    } else {
+      others += (others.empty() ? "" : ", ") + b.name;
+    }
+  }
+  if (registry.empty()) {
+    const char* where = device_type == DeviceType::kCuda ? "a CUDA device" : "the CPU";
+    return Unsupported(std::string("no backend of this build runs on ") + where + " on this platform (" +
+                       platform.to_string() + "; available: " + (others.empty() ? "none" : others) + ")");
+  }
+  return select_backend(config, platform, registry);
+}
+
 }  // namespace moekit
