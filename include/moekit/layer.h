@@ -62,6 +62,10 @@ class MoeLayer {
   Status set_capture_target(const TensorView& target);
   const TensorView& capture_target() const { return capture_target_; }
 
+  // ok, or why this layer's kernel cannot write the selected ids (a monolithic
+  // kernel without routing_replay_out): what a capture target needs.
+  Status capture_supported() const;
+
   const MoeConfig& config() const { return config_; }
   const MoeKernel& kernel() const { return *kernel_; }
   const std::string& backend() const { return backend_; }

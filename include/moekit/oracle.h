@@ -24,6 +24,11 @@ struct KernelClass {
   Support (*supports)(const MoeConfig& config, const Platform& platform) = nullptr;
   // Builds the kernel for a config that supports() accepted.
   StatusOr<std::unique_ptr<MoeKernel>> (*create)(const MoeConfig& config, const Platform& platform) = nullptr;
+  // Capture capability of a monolithic class: it writes the selected ids into
+  // routing_replay_out (MoeKernel::supports_routing_replay_capture() of its
+  // kernels says the same). Modular classes need not: their router writes them.
+  // select_backend rejects a monolithic class without it when capture is on.
+  bool writes_routing_replay_out = false;
 };
 
 // A family of kernels on one kind of device, candidates in priority order.

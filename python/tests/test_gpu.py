@@ -35,12 +35,14 @@ def test_runs_on_torchs_current_stream():
     case = Case("deepseek_v3", M=32, device="cuda")
     layer = case.layer()
     expected = layer(case.hidden, case.logits)
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    out = torch.empty_like(expected)
-    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(10_000_000)  # keeps the side stream busy: work enqueued elsewhere would finish first
-        layer(case.hidden, case.logits, out=out)
+        hidden = torch.zeros_like(case.hidden)
+        out = torch.empty_like(expected)
+        torch.cuda._sleep(50_000_000)  # the side stream is busy for a while ...
+        hidden.copy_(case.hidden)      # ... and only then holds the input:
+        layer(hidden, case.logits, out=out)  # work enqueued on another stream would read zeros
         done = torch.cuda.Event()
         done.record(side)
     done.synchronize()

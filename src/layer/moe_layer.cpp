@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
 
@@ -121,12 +121,20 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
 
 size_t MoeLayer::workspace_bytes() const { return buffers_->workspace.bytes(); }
 
-// What a capture target and a per-forward routing_replay_out both need.
-Status MoeLayer::check_ids_target(const TensorView& target, const char* name) const {
+Status MoeLayer::capture_supported() const {
+  // NOTE: a monolithic kernel hides routing; unless it writes routing_replay_out
+  // the ids would be lost (read later as the sentinel, or zeros). The oracle
+  // rejects such a class when the config asks for capture (writes_routing_replay_out).
   if (kernel_->is_monolithic() && !kernel_->supports_routing_replay_capture()) {
-    return Unsupported(std::string(name) + ": the monolithic kernel " + kernel_->name() +
+    return Unsupported(std::string("the monolithic kernel ") + kernel_->name() +
                        " cannot write routed expert ids (no routing_replay_out support)");
   }
+  return Status::Ok();
+}
+
+// What a capture target and a per-forward routing_replay_out both need.
+Status MoeLayer::check_ids_target(const TensorView& target, const char* name) const {
+  if (Status s = capture_supported(); !s.ok()) return Unsupported(std::string(name) + ": " + s.message());
   MOEKIT_RETURN_IF_ERROR(check_tensor(target, name, {DType::kI16}, {-1, config_.top_k()}, device()));
   if (config_.routing.method == RoutingMethod::kCustom && device().type != DeviceType::kCpu) {
     return Unsupported(std::string(name) + ": capturing caller-supplied (custom) ids is only implemented on the CPU");
