@@ -44,7 +44,12 @@ add_library(moekit_blas INTERFACE)
 target_include_directories(moekit_blas INTERFACE "${MOEKIT_CBLAS_INCLUDE}")
 target_link_libraries(moekit_blas INTERFACE "${MOEKIT_OPENBLAS_LIB}")
 string(FIND "${MOEKIT_OPENBLAS_LIB}" "${_moekit_blas_root}/" _moekit_blas_vendored)
+set(MOEKIT_BLAS_VENDORED OFF)
 if(_moekit_blas_vendored EQUAL 0)
+  # What an installed Python module must carry with it (python/CMakeLists.txt).
+  set(MOEKIT_BLAS_VENDORED ON)
+  set(MOEKIT_BLAS_VENDORED_LIBS "${_moekit_blas_libdir}/openblas-pthread/libopenblas.so.0"
+      "${_moekit_blas_libdir}/libgfortran.so.5" "${_moekit_blas_libdir}/libquadmath.so.0")
   # libopenblas needs libgfortran/libquadmath from the same folder tree. A
   # DT_RPATH (not RUNPATH) on every binary lets the loader find them too, as
   # dependencies of a dependency; no LD_LIBRARY_PATH needed.

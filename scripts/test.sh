@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Sets up and builds moekit (scripts/setup.sh), then runs the tests: the `unit`
-# label (CPU) and the `gpu` label (each gpu test skips itself, reported as
-# skipped, when no CUDA device is present). Exits non-zero on any failure.
+# Sets up and builds moekit (scripts/setup.sh), then runs the tests: the C++
+# `unit` label (CPU) and `gpu` label (each gpu test skips itself, reported as
+# skipped, when no CUDA device is present), then the Python package's pytest
+# suite in .venv (its gpu tests skip the same way), then the same suite against
+# a wheel that `pip install .` built (scripts/check_wheel.sh, CPU backend). Every
+# part always runs; exits non-zero when any had a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 "./scripts/setup.sh"
 readonly BUILD_DIR="${MOEKIT_BUILD_DIR:-build}"
 readonly JOBS="${MOEKIT_JOBS:-$(nproc)}"
-cd "$BUILD_DIR"
-ctest --output-on-failure --label-regex '^(unit|gpu)$' -j "$JOBS"
+readonly VENV="${MOEKIT_VENV:-.venv}"
+
+cpp=0
+(cd "$BUILD_DIR" && ctest --output-on-failure --label-regex '^(unit|gpu)$' -j "$JOBS") || cpp=$?
+py=0 wheel=0
+if [[ ${MOEKIT_PYTHON:-ON} == ON ]]; then
+  # -rs: every skipped test is listed with its reason.
+  "$VENV/bin/python" -m pytest python/tests -q -rs -p no:cacheprovider || py=$?
+  ./scripts/check_wheel.sh || wheel=$?
+fi
+echo "test: C++ tests exit $cpp, Python tests exit $py, wheel check exit $wheel"
+((cpp == 0 && py == 0 && wheel == 0))

@@ -9,10 +9,13 @@
 #   .deps/openblas.tar.xz       Debian's OpenBLAS (pthread) + libgfortran/libquadmath,
 #                               unpacked by CMake into <build>/_deps/openblas
 #   .deps/cutlass/include/      CUTLASS/CuTe headers of PyPI nvidia-cutlass (scripts/fetch_cutlass.sh)
+#   .deps/wheels/               pytest and its dependencies (pure Python), for
+#                               scripts/python_gpu_check.sh where pytest is not installed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DEPS=.deps
+readonly PYTEST_WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0)
 readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
 
 # The header-only libraries and GoogleTest come from the Debian packages.
@@ -49,6 +52,9 @@ for deb in "$tmp"/debs/*.deb; do dpkg -x "$deb" "$tmp/root"; done
   usr/lib/x86_64-linux-gnu/libquadmath.so.0*) > "$DEPS/openblas.tar.xz"
 
 scripts/fetch_cutlass.sh
+
+echo "vendor_deps: pytest wheels"
+python3 -m pip download --quiet --no-deps --dest "$DEPS/wheels" "${PYTEST_WHEELS[@]}"
 
 du -sh "$DEPS"/*
 du -sh "$DEPS"

@@ -11,7 +11,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 #include "layer_weights.h"
 #include "moekit/capture.h"
 #include "moekit/io.h"

@@ -10,7 +10,7 @@
 #include "moekit/capture.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 #include "synthetic_model.h"
 
 namespace moekit::tools {

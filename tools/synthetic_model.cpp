@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 #include "moekit/dtype.h"
 
 namespace moekit::tools {

@@ -5,7 +5,8 @@
 // land in the capturer's buffer; forced ids replay a capture.
 //
 // Model: the MoE layers of one model, each with its index among the model's
-// layers (dense layers in between are the caller's).
+// layers (dense layers in between are the caller's). Layers are shared, so a
+// caller (the Python module) can keep its handle on a layer it added.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,10 @@ struct LayerForwardArgs {
   TensorView topk_ids;       // [M, k] i32, custom routing only: the caller's ids
   TensorView topk_weights;   // [M, k] f32, custom routing only: the caller's weights
   TensorView expert_counts;  // [E] i32, optional: tokens routed to each expert
+  // [>= M, k] i16, optional, on the layer's device: this forward's selected ids
+  // (rows [0, M); logical, spec order). A bound capture target gets the same
+  // rows as well. Rejected, like a capture target, by a kernel that cannot write them.
+  TensorView routing_replay_out;
 };
 
 class MoeLayer {
@@ -36,6 +41,10 @@ class MoeLayer {
   // Chooses the kernel with select_backend(config, platform), builds it and
   // prepares `weights` (copied or re-laid-out; the caller may free them after).
   static StatusOr<std::unique_ptr<MoeLayer>> create(const MoeConfig& config, const MoeWeights& weights,
+                                                    const Platform& platform = Platform::probe());
+  // The same among the backends that run on `device` (select_backend_on
+  // device.type): a layer asked for on a CUDA device never falls back to the CPU.
+  static StatusOr<std::unique_ptr<MoeLayer>> create(const MoeConfig& config, const MoeWeights& weights, Device device,
                                                     const Platform& platform = Platform::probe());
   // The same with a given kernel class (its supports() must accept the config).
   static StatusOr<std::unique_ptr<MoeLayer>> create_with(const MoeConfig& config, const MoeWeights& weights,
@@ -53,6 +62,10 @@ class MoeLayer {
   Status set_capture_target(const TensorView& target);
   const TensorView& capture_target() const { return capture_target_; }
 
+  // ok, or why this layer's kernel cannot write the selected ids (a monolithic
+  // kernel without routing_replay_out): what a capture target needs.
+  Status capture_supported() const;
+
   const MoeConfig& config() const { return config_; }
   const MoeKernel& kernel() const { return *kernel_; }
   const std::string& backend() const { return backend_; }
@@ -65,7 +78,10 @@ class MoeLayer {
   struct Buffers;
   MoeLayer() = default;
   Status validate(const LayerForwardArgs& args) const;
-  Status route(const LayerForwardArgs& args, int64_t num_tokens, Stream stream);
+  Status route_tokens(const LayerForwardArgs& args, int64_t num_tokens, Stream stream);
+  Status check_ids_target(const TensorView& target, const char* name) const;
+  static StatusOr<std::unique_ptr<MoeLayer>> from_resolution(Resolution res, const MoeConfig& config,
+                                                             const MoeWeights& weights, const Platform& platform);
 
   MoeConfig config_;
   std::string backend_;
@@ -80,7 +96,7 @@ class Model {
  public:
   // Appends an MoE layer; model_layer_index is its index among all layers of the
   // model and must increase from one MoE layer to the next.
-  Status add_layer(std::unique_ptr<MoeLayer> layer, int model_layer_index);
+  Status add_layer(std::shared_ptr<MoeLayer> layer, int model_layer_index);
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   MoeLayer& layer(int i) { return *layers_[i]; }
@@ -89,7 +105,7 @@ class Model {
   const std::vector<int>& model_layer_indices() const { return model_layers_; }
 
  private:
-  std::vector<std::unique_ptr<MoeLayer>> layers_;
+  std::vector<std::shared_ptr<MoeLayer>> layers_;
   std::vector<int> model_layers_;
 };
 

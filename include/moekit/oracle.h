@@ -24,12 +24,18 @@ struct KernelClass {
   Support (*supports)(const MoeConfig& config, const Platform& platform) = nullptr;
   // Builds the kernel for a config that supports() accepted.
   StatusOr<std::unique_ptr<MoeKernel>> (*create)(const MoeConfig& config, const Platform& platform) = nullptr;
+  // Capture capability of a monolithic class: it writes the selected ids into
+  // routing_replay_out (MoeKernel::supports_routing_replay_capture() of its
+  // kernels says the same). Modular classes need not: their router writes them.
+  // select_backend rejects a monolithic class without it when capture is on.
+  bool writes_routing_replay_out = false;
 };
 
 // A family of kernels on one kind of device, candidates in priority order.
 struct Backend {
   std::string name;                     // "cpu", "cuda_sm90"
   std::vector<KernelClass> candidates;  // tried first to last
+  DeviceType device_type = DeviceType::kCpu;  // where its kernels run
 };
 
 // The backends of this build and platform, in priority order (CUDA backends
@@ -62,6 +68,10 @@ StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& pla
                                     const std::vector<Backend>& registry);
 // The same over backend_registry(platform).
 StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform);
+// The same over the backends whose kernels run on `device_type` only: a
+// caller that wants the layer on a CUDA device never gets the CPU backend (and
+// the reverse); with none of that type registered it fails with kUnsupported.
+StatusOr<Resolution> select_backend_on(const MoeConfig& config, const Platform& platform, DeviceType device_type);
 
 // The report when selection fails: every candidate with its reason (what the
 // error message of select_backend lists), for tools that print it.

@@ -31,7 +31,13 @@ Status check_logits_finite(const TensorView& logits);
 // capture sentinel, naming the first bad (row, slot). ids: host [M, k] i32|i16.
 Status check_forced_ids(const TensorView& ids, int64_t num_experts);
 
-// CPU routing. Validates everything before writing anything.
+// Routes on the device the tensors live on (the logits' device): host tensors
+// on the CPU, CUDA tensors on their device, enqueued on `stream` (no
+// allocation, no host synchronization). The same spec and the same checks on
+// every device; everything is validated before anything is written.
+Status route(const RoutingConfig& cfg, const RoutingArgs& args, Stream stream = nullptr);
+
+// CPU routing (what route() runs for host tensors).
 Status route_cpu(const RoutingConfig& cfg, const RoutingArgs& args);
 
 }  // namespace moekit

@@ -37,13 +37,10 @@ Status bind(Model& model, RoutedExpertsCapturer& capturer) {
     const MoeLayer& layer = model.layer(l);
     const MoeConfig& cfg = layer.config();
     const std::string name = layer_name(model, l);
-    const MoeKernel& kernel = layer.kernel();
-    // NOTE: a monolithic kernel hides routing; unless it writes routing_replay_out
-    // the ids would be lost (read later as zeros). Fail here, naming the kernel.
-    if (kernel.is_monolithic() && !kernel.supports_routing_replay_capture()) {
-      return Unsupported("bind: " + name + " runs the monolithic kernel " + kernel.name() +
-                         ", which cannot write the routed expert ids (no routing_replay_out support); "
-                         "capture would return nothing. Use a modular kernel or a capture-capable one "
+    // Checked for every layer before any is bound (MoeLayer::capture_supported).
+    if (Status s = layer.capture_supported(); !s.ok()) {
+      return Unsupported("bind: " + name + " runs " + s.message() +
+                         "; capture would return nothing. Use a modular kernel or a capture-capable one "
                          "(MoeConfig.needs_capture = true makes the oracle choose one)");
     }
     if (cfg.top_k() != capturer.top_k()) {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <set>
 
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 #include "moekit/capture.h"
 
 #ifdef MOEKIT_WITH_CUDA

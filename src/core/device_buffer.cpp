@@ -1,4 +1,4 @@
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 
 #include <cstdlib>
 #include <cstring>

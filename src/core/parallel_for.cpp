@@ -1,4 +1,4 @@
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 
 #include <algorithm>
 #include <atomic>

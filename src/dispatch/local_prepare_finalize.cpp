@@ -1,6 +1,6 @@
 #include "dispatch/local_prepare_finalize.h"
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 
 namespace moekit::dispatch {
 

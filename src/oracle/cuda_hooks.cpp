@@ -1,21 +1,22 @@
-// CUDA builds only. The CUDA backend registers its kernel classes and its
-// routing here.
+// CUDA builds only. The CUDA backend registers its kernel classes here.
 #include "oracle/cuda_hooks.h"
 
-#include <cuda_runtime_api.h>
+#include <utility>
 
 #include "experts/cuda/sm90_kernels.h"
-#include "routing/cuda/route_cuda.h"
 
 namespace moekit::cuda {
 
 void append_backends(const Platform& platform, std::vector<Backend>* registry) {
   // cuda_sm90 = [Sm90Monolithic, Sm90Modular], when an sm_90 device is present.
-  if (platform.has_sm90()) registry->push_back(sm90_backend());
-}
-
-Status route(const RoutingConfig& config, const RoutingArgs& args, Stream stream) {
-  return route_cuda(config, args, static_cast<cudaStream_t>(stream));
+  if (!platform.has_sm90()) return;
+  Backend sm90 = sm90_backend();
+  sm90.device_type = DeviceType::kCuda;
+  // NOTE: Sm90Monolithic writes routing_replay_out (sm90_kernels.h); declared
+  // here until sm90_backend() sets it itself. oracle_test checks every class's
+  // declaration against its kernels' supports_routing_replay_capture().
+  for (KernelClass& k : sm90.candidates) k.writes_routing_replay_out = k.monolithic && k.name == "Sm90Monolithic";
+  registry->push_back(std::move(sm90));
 }
 
 }  // namespace moekit::cuda

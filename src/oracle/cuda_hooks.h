@@ -1,6 +1,5 @@
-// The seam between the backend-neutral code (oracle, layer) and the CUDA
-// backend. Only declared in CUDA builds; the CUDA backend defines these in
-// src/oracle/cuda_hooks.cpp.
+// The seam between the backend registry and the CUDA backend. Only declared in
+// CUDA builds; defined in src/oracle/cuda_hooks.cpp.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -8,7 +7,6 @@
 #include <vector>
 
 #include "moekit/oracle.h"
-#include "moekit/routing.h"
 
 namespace moekit::cuda {
 
@@ -16,10 +14,6 @@ namespace moekit::cuda {
 // (e.g. "cuda_sm90" = [Sm90Monolithic, Sm90Modular] when an sm_90 device is
 // present). Called by backend_registry() before "cpu" is appended.
 void append_backends(const Platform& platform, std::vector<Backend>* registry);
-
-// Routing for modular kernels whose device is a CUDA device: the same contract
-// as route_cpu() (validate first, then write), enqueued on `stream`.
-Status route(const RoutingConfig& config, const RoutingArgs& args, Stream stream);
 
 }  // namespace moekit::cuda
 

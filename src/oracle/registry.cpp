@@ -22,7 +22,8 @@ StatusOr<std::unique_ptr<MoeKernel>> create_kernel(const MoeConfig& config, cons
 Backend cpu_backend() {
   return Backend{"cpu",
                  {
-                     KernelClass{"CpuMonolithic", true, &cpu::CpuMonolithic::supports, &create_kernel<cpu::CpuMonolithic>},
+                     KernelClass{"CpuMonolithic", true, &cpu::CpuMonolithic::supports, &create_kernel<cpu::CpuMonolithic>,
+                                 /*writes_routing_replay_out=*/true},
                      KernelClass{"CpuModular", false, &cpu::CpuModular::supports, &create_kernel<cpu::CpuModular>},
                  }};
 }

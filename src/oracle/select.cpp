@@ -20,7 +20,12 @@ Support evaluate(const KernelClass& kernel, const MoeConfig& config, const Platf
   if (kernel.supports == nullptr || kernel.create == nullptr) {
     return Support::no("kernel class is registered without supports()/create()");
   }
-  return kernel.supports(config, platform);
+  const Support s = kernel.supports(config, platform);
+  // Capture needs are checked last (DESIGN.md §2.2), here once for every class.
+  if (s.ok && config.needs_capture && kernel.monolithic && !kernel.writes_routing_replay_out) {
+    return Support::no("cannot write the routed expert ids (no routing_replay_out) while capture is on");
+  }
+  return s;
 }
 
 }  // namespace
@@ -98,6 +103,24 @@ StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& pla
 
 StatusOr<Resolution> select_backend(const MoeConfig& config, const Platform& platform) {
   return select_backend(config, platform, backend_registry(platform));
+}
+
+StatusOr<Resolution> select_backend_on(const MoeConfig& config, const Platform& platform, DeviceType device_type) {
+  std::vector<Backend> registry;
+  std::string others;
+  for (Backend& b : backend_registry(platform)) {
+    if (b.device_type == device_type) {
+      registry.push_back(std::move(b));
+    } else {
+      others += (others.empty() ? "" : ", ") + b.name;
+    }
+  }
+  if (registry.empty()) {
+    const char* where = device_type == DeviceType::kCuda ? "a CUDA device" : "the CPU";
+    return Unsupported(std::string("no backend of this build runs on ") + where + " on this platform (" +
+                       platform.to_string() + "; available: " + (others.empty() ? "none" : others) + ")");
+  }
+  return select_backend(config, platform, registry);
 }
 
 }  // namespace moekit

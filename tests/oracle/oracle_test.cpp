@@ -102,6 +102,25 @@ TEST(Oracle, CaptureAndReplayKeepTheCapableMonolithic) {
   EXPECT_EQ(r->kernel.name, "CpuMonolithic");
 }
 
+TEST(Oracle, KernelClassesDeclareTheCaptureTheirKernelsDo) {
+  // writes_routing_replay_out on the class is what select_backend reads; the
+  // kernel instance is what writes. They must agree for every class here.
+  const Platform& platform = Platform::probe();
+  int checked = 0;
+  for (const Backend& b : backend_registry(platform)) {
+    for (const KernelClass& kc : b.candidates) {
+      if (!kc.supports(small_config(), platform).ok) continue;
+      auto kernel = kc.create(small_config(), platform);
+      ASSERT_TRUE(kernel.ok()) << kc.name << ": " << kernel.status().to_string();
+      if (kc.monolithic) {
+        EXPECT_EQ(kc.writes_routing_replay_out, (*kernel)->supports_routing_replay_capture()) << kc.name;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 2);  // the CPU classes at least
+}
+
 TEST(Oracle, ForcedCpuBackendIsUsed) {
   MoeConfig c = small_config();
   c.backend = "cpu";
@@ -261,6 +280,27 @@ TEST(OracleFake, NothingFitsListsEveryRejection) {
   for (const char* want : {"A1", "A2", "B1", "never fits (test)", "compute capability 9.0"}) {
     EXPECT_NE(msg.find(want), std::string::npos) << want << " missing from: " << msg;
   }
+}
+
+Support always_supports(const MoeConfig&, const Platform&) { return Support::yes(); }
+
+TEST(OracleFake, MonolithicWithoutCaptureIsRejectedWhenCaptureIsOn) {
+  std::vector<Backend> reg{{"b",
+                            {KernelClass{"Blind", true, &always_supports, &no_create},
+                             KernelClass{"Modular", false, &always_supports, &no_create}}}};
+  MoeConfig c = small_config();
+  auto plain = select_backend(c, Platform::cpu_only(), reg);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->kernel.name, "Blind");
+  c.needs_capture = true;
+  auto captured = select_backend(c, Platform::cpu_only(), reg);
+  ASSERT_TRUE(captured.ok()) << captured.status().to_string();
+  EXPECT_EQ(captured->kernel.name, "Modular");
+  EXPECT_NE(captured->report[0].reason.find("routing_replay_out"), std::string::npos) << captured->report[0].reason;
+  reg[0].candidates[0].writes_routing_replay_out = true;
+  auto capable = select_backend(c, Platform::cpu_only(), reg);
+  ASSERT_TRUE(capable.ok());
+  EXPECT_EQ(capable->kernel.name, "Blind");
 }
 
 TEST(OracleFake, EmptyRegistryIsAnError) {

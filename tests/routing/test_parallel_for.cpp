@@ -1,4 +1,4 @@
-// parallel_for (src/core/parallel_for.h): every index exactly once, nested and
+// parallel_for (include/moekit/parallel_for.h): every index exactly once, nested and
 // concurrent calls, and the inline path for small n.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 
 namespace moekit {
 namespace {

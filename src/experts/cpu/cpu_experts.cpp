@@ -1,6 +1,6 @@
 #include "experts/cpu/cpu_experts.h"
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
 #include "experts/cpu/permute.h"
 

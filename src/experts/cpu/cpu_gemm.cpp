@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 #include "experts/cpu/packed_bf16_gemm.h"
 
 namespace moekit::cpu {

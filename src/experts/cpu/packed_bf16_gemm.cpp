@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 
 namespace moekit::cpu {
 namespace {

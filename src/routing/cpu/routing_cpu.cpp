@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/parallel_for.h"
+#include "moekit/parallel_for.h"
 #include "moekit/dtype.h"
 #include "moekit/routing.h"
 #include "routing/cpu/routing_cpu_impl.h"

@@ -1,16 +1,14 @@
-// MoeLayer and Model: a chosen kernel with its prepared weights, workspace and
-// routing outputs, run as one call per forward.
+// MoeLayer: a chosen kernel with its prepared weights, workspace and routing
+// outputs, run as one call per forward.
 #include <cstring>
 #include <string>
 
-#include "core/device_buffer.h"
+#include "moekit/device_buffer.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
 
 #ifdef MOEKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
-
-#include "oracle/cuda_hooks.h"
 #endif
 
 namespace moekit {
@@ -23,14 +21,51 @@ struct MoeLayer::Buffers {
   DeviceBuffer score_bias;    // [E] f32, deepseek_v3 with a bias only
 };
 
+namespace {
+
+// Copies the first `bytes` of one contiguous ids view into another on the same
+// device, on `stream` for a CUDA device (no host synchronization).
+Status copy_ids_rows(const TensorView& dst, const TensorView& src, size_t bytes, Stream stream) {
+  if (dst.device.type == DeviceType::kCpu) {
+    std::memcpy(dst.data, src.data, bytes);
+    return Status::Ok();
+  }
+#ifdef MOEKIT_WITH_CUDA
+  const cudaError_t err =
+      cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return Internal(std::string("capture target: copy failed: ") + cudaGetErrorString(err));
+  return Status::Ok();
+#else
+  return Unsupported("capture target on " + dst.device.to_string() + ": this build has no CUDA support");
+#endif
+}
+
+}  // namespace
+
 MoeLayer::~MoeLayer() = default;
+
+StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::from_resolution(Resolution res, const MoeConfig& config,
+                                                              const MoeWeights& weights, const Platform& platform) {
+  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, create_with(config, weights, res.kernel, platform));
+  layer->backend_ = res.backend;
+  layer->report_ = std::move(res.report);
+  return layer;
+}
 
 StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create(const MoeConfig& config, const MoeWeights& weights,
                                                      const Platform& platform) {
   MOEKIT_ASSIGN_OR_RETURN(Resolution res, select_backend(config, platform));
-  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, create_with(config, weights, res.kernel, platform));
-  layer->backend_ = res.backend;
-  layer->report_ = std::move(res.report);
+  return from_resolution(std::move(res), config, weights, platform);
+}
+
+StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create(const MoeConfig& config, const MoeWeights& weights,
+                                                     Device device, const Platform& platform) {
+  MOEKIT_ASSIGN_OR_RETURN(Resolution res, select_backend_on(config, platform, device.type));
+  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, from_resolution(std::move(res), config, weights, platform));
+  if (!(layer->device() == device)) {
+    return Unsupported("layer: asked for " + device.to_string() + ", but " + layer->backend_ + "/" +
+                       layer->kernel_->name() + " runs on " + layer->device().to_string());
+  }
   return layer;
 }
 
@@ -86,22 +121,36 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
 
 size_t MoeLayer::workspace_bytes() const { return buffers_->workspace.bytes(); }
 
+Status MoeLayer::capture_supported() const {
+  // NOTE: a monolithic kernel hides routing; unless it writes routing_replay_out
+  // the ids would be lost (read later as the sentinel, or zeros). The oracle
+  // rejects such a class when the config asks for capture (writes_routing_replay_out).
+  if (kernel_->is_monolithic() && !kernel_->supports_routing_replay_capture()) {
+    return Unsupported(std::string("the monolithic kernel ") + kernel_->name() +
+                       " cannot write routed expert ids (no routing_replay_out support)");
+  }
+  return Status::Ok();
+}
+
+// What a capture target and a per-forward routing_replay_out both need.
+Status MoeLayer::check_ids_target(const TensorView& target, const char* name) const {
+  if (Status s = capture_supported(); !s.ok()) return Unsupported(std::string(name) + ": " + s.message());
+  MOEKIT_RETURN_IF_ERROR(check_tensor(target, name, {DType::kI16}, {-1, config_.top_k()}, device()));
+  if (config_.routing.method == RoutingMethod::kCustom && device().type != DeviceType::kCpu) {
+    return Unsupported(std::string(name) + ": capturing caller-supplied (custom) ids is only implemented on the CPU");
+  }
+  return Status::Ok();
+}
+
 Status MoeLayer::set_capture_target(const TensorView& target) {
   if (!target.defined()) {
     capture_target_ = {};
     return Status::Ok();
   }
-  if (kernel_->is_monolithic() && !kernel_->supports_routing_replay_capture()) {
-    return Unsupported(std::string("capture target: the monolithic kernel ") + kernel_->name() +
-                       " cannot write routed expert ids (no routing_replay_out support)");
-  }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, device()));
+  MOEKIT_RETURN_IF_ERROR(check_ids_target(target, "capture target"));
   if (target.dim(0) < config_.max_num_tokens) {
     return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
                            " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
-  }
-  if (config_.routing.method == RoutingMethod::kCustom && device().type != DeviceType::kCpu) {
-    return Unsupported("capture target: capturing caller-supplied (custom) ids is only implemented on the CPU");
   }
   capture_target_ = target;
   return Status::Ok();
@@ -119,6 +168,13 @@ Status MoeLayer::validate(const LayerForwardArgs& args) const {
   MOEKIT_RETURN_IF_ERROR(check_tensor(args.out, "out", {config_.quant.act_dtype}, {m, H}, dev));
   if (args.expert_counts.defined()) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(args.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
+  }
+  if (args.routing_replay_out.defined()) {
+    MOEKIT_RETURN_IF_ERROR(check_ids_target(args.routing_replay_out, "routing_replay_out"));
+    if (args.routing_replay_out.dim(0) < m) {
+      return InvalidArgument("routing_replay_out: needs at least M = " + std::to_string(m) + " rows, got " +
+                             args.routing_replay_out.shape_string());
+    }
   }
   if (config_.routing.method == RoutingMethod::kCustom) {
     if (args.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");
@@ -140,7 +196,7 @@ Status MoeLayer::validate(const LayerForwardArgs& args) const {
   return Status::Ok();
 }
 
-Status MoeLayer::route(const LayerForwardArgs& args, int64_t m, Stream stream) {
+Status MoeLayer::route_tokens(const LayerForwardArgs& args, int64_t m, Stream stream) {
   const int64_t k = config_.top_k();
   RoutingArgs r;
   r.logits = args.router_logits;
@@ -149,17 +205,8 @@ Status MoeLayer::route(const LayerForwardArgs& args, int64_t m, Stream stream) {
   r.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
   r.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
   r.expert_counts = args.expert_counts;
-  r.replay_out = capture_target_;
-  switch (device().type) {
-    case DeviceType::kCpu: return route_cpu(config_.routing, r);
-    case DeviceType::kCuda:
-#ifdef MOEKIT_WITH_CUDA
-      return cuda::route(config_.routing, r, stream);
-#else
-      return Unsupported("routing on " + device().to_string() + ": this build has no CUDA support");
-#endif
-  }
-  return Internal("unknown device type");
+  r.replay_out = args.routing_replay_out;
+  return route(config_.routing, r, stream);
 }
 
 Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
@@ -176,6 +223,10 @@ Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
   }
   LayerForwardArgs routed = args;
   routed.forced_ids = forced;
+  // One ids target per forward: this call's, else the bound capture target;
+  // with both, the call's rows are copied into the capture target after the run.
+  const TensorView ids_target = args.routing_replay_out.defined() ? args.routing_replay_out : capture_target_;
+  routed.routing_replay_out = ids_target;
 
   MoeRunArgs run;
   run.hidden = args.hidden;
@@ -183,37 +234,27 @@ Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
   if (kernel_->is_monolithic()) {
     run.router_logits = args.router_logits;
     run.forced_ids = forced;
-    run.routing_replay_out = capture_target_;
+    run.routing_replay_out = ids_target;
     run.expert_counts = args.expert_counts;
   } else if (config_.routing.method == RoutingMethod::kCustom) {
     run.topk_ids = args.topk_ids;
     run.topk_weights = args.topk_weights;
-    if (capture_target_.defined()) {
-      // Caller-supplied ids are captured as given (CPU only; see set_capture_target).
+    if (ids_target.defined()) {
+      // Caller-supplied ids are captured as given (CPU only; see check_ids_target).
       const int32_t* ids = args.topk_ids.ptr<int32_t>();
-      int16_t* dst = capture_target_.ptr<int16_t>();
+      int16_t* dst = ids_target.ptr<int16_t>();
       for (int64_t i = 0; i < m * k; ++i) dst[i] = static_cast<int16_t>(ids[i]);
     }
   } else {
-    MOEKIT_RETURN_IF_ERROR(route(routed, m, stream));
+    MOEKIT_RETURN_IF_ERROR(route_tokens(routed, m, stream));
     run.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
     run.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
   }
   Workspace ws{buffers_->workspace.data(), buffers_->workspace.bytes()};
-  return kernel_->run(run, ws, stream);
-}
-
-Status Model::add_layer(std::unique_ptr<MoeLayer> layer, int model_layer_index) {
-  if (layer == nullptr) return InvalidArgument("model.add_layer: null layer");
-  if (model_layer_index < 0) {
-    return InvalidArgument("model.add_layer: model_layer_index must be >= 0, got " + std::to_string(model_layer_index));
+  MOEKIT_RETURN_IF_ERROR(kernel_->run(run, ws, stream));
+  if (args.routing_replay_out.defined() && capture_target_.defined()) {
+    return copy_ids_rows(capture_target_, args.routing_replay_out, m * k * sizeof(int16_t), stream);
   }
-  if (!model_layers_.empty() && model_layer_index <= model_layers_.back()) {
-    return InvalidArgument("model.add_layer: model_layer_index " + std::to_string(model_layer_index) +
-                           " must be greater than the previous MoE layer's " + std::to_string(model_layers_.back()));
-  }
-  layers_.push_back(std::move(layer));
-  model_layers_.push_back(model_layer_index);
   return Status::Ok();
 }
 

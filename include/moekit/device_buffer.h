@@ -1,4 +1,4 @@
-// DeviceBuffer: owning memory on one device (64-byte aligned host memory for
+// DeviceBuffer (public): owning memory on one device (64-byte aligned host memory for
 // the CPU, cudaMalloc for a CUDA device) and pinned host memory for staging
 // device-to-host copies. Move-only; freed on destruction.
 #pragma once

@@ -1,0 +1,40 @@
+// parallel_for: split [0, n) into chunks and run them on a persistent pool of
+// CPU threads (the caller's thread works too). Used by every CPU kernel.
+//
+//   parallel_for(n, grain, [&](int64_t begin, int64_t end) { ... });
+//
+// - f(begin, end) is called on disjoint chunks that cover [0, n) exactly once;
+//   each chunk has at least `grain` items (except the last). Work per item must
+//   not depend on which chunk it lands in if the result is to be deterministic.
+// - Returns when every chunk is done. f must not throw.
+// - Runs inline (one call f(0, n)) when n <= grain, when the pool has a single
+//   thread, or when called from inside another parallel_for (no nested pools,
+//   no deadlock). Concurrent calls from independent threads take turns.
+// - Pool size: MOEKIT_NUM_THREADS if set (>= 1), else std::thread::hardware_concurrency().
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace moekit {
+
+// Threads parallel_for may use, the caller's included.
+int parallel_num_threads();
+
+namespace detail {
+using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end);
+void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
+}  // namespace detail
+
+template <typename F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  if (n <= 0) return;
+  using Fn = std::remove_reference_t<F>;
+  detail::parallel_for_impl(
+      n, grain < 1 ? 1 : grain,
+      [](void* ctx, int64_t begin, int64_t end) { (*static_cast<Fn*>(ctx))(begin, end); },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+}  // namespace moekit

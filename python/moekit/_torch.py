@@ -1,0 +1,41 @@
+"""The two facts the C++ side needs from torch: a device, and its current stream."""
+from typing import Optional, Union
+
+import torch
+
+DeviceLike = Union[str, int, torch.device, None]
+
+try:  # the raw pointer, without building a torch.cuda.Stream object per call
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - torch builds without CUDA
+    _raw_stream = None
+
+
+def to_device(device: DeviceLike, default: Optional[torch.device] = None) -> torch.device:
+    """A torch.device with its index filled in for CUDA (the current device)."""
+    d = torch.device(device) if device is not None else (default or torch.device("cpu"))
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def stream_of(device: torch.device) -> int:
+    """torch's current stream on `device` as an integer (0 for the CPU)."""
+    if device.type != "cuda":
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def no_grad_needed(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """moekit has no backward: refuse a tensor that would need one, instead of silently cutting the graph."""
+    if t is not None and t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name}: requires grad, but moekit's MoE layer has no backward pass; "
+                         "call it under torch.no_grad() or pass {name}.detach()")
+    return t
+
+
+def weight(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Parameters cross as plain tensors (DLPack refuses tensors that require grad); no copy."""
+    return t.detach() if t is not None and t.requires_grad else t

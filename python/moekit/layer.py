@@ -1,0 +1,129 @@
+"""MoeLayer, Model, select_backend and route: the Python face of include/moekit/layer.h,
+oracle.h and routing.h."""
+import weakref
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+
+from . import _moekit, ops
+from ._moekit import MoeConfig
+from ._torch import DeviceLike, no_grad_needed, stream_of, to_device, weight
+
+
+class MoeLayer:
+    """One MoE layer: the kernel the oracle chose, its prepared weights and workspace.
+
+    w13 [E, 2I, H] and w2 [E, H, I] (host or device tensors; copied or re-laid-out
+    once, so the caller may free them). score_bias [E] float32 enables
+    deepseek_v3's selection bias. device: where the layer runs (default: w13's device);
+    a layer asked for on a CUDA device never falls back to the CPU.
+    """
+
+    def __init__(self, config: MoeConfig, w13: torch.Tensor, w2: torch.Tensor,
+                 score_bias: Optional[torch.Tensor] = None, device: DeviceLike = None):
+        self.config = config
+        self._top_k = config.top_k  # a Python int: torch.compile traces __call__, not the C++ config
+        self.device = to_device(device, default=getattr(w13, "device", None))
+        self._layer = _moekit.create_layer(config, weight(w13), weight(w2), weight(score_bias), self.device.type,
+                                           self.device.index or 0)
+        self._handle = ops.register(self._layer)
+        weakref.finalize(self, ops.unregister, self._handle)
+
+    @property
+    def backend(self) -> str:
+        return self._layer.backend
+
+    @property
+    def kernel(self) -> str:
+        return self._layer.kernel
+
+    @property
+    def monolithic(self) -> bool:
+        return self._layer.monolithic
+
+    @property
+    def selection_report(self) -> List[Dict[str, str]]:
+        """Every candidate the oracle considered: {backend, kernel, kind, verdict, reason}."""
+        return self._layer.selection_report
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._layer.workspace_bytes
+
+    def __call__(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor], return_ids: bool = False,
+                 forced_ids: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+                 topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """out [M, H] = the MoE layer of hidden [M, H] routed by router_logits [M, E].
+
+        return_ids: also return the selected ids [M, k] int32 (logical, spec order).
+        forced_ids [M, k] int32: replay; these experts are used and the routing method
+        computes their weights from the live logits (checked on the host, so device ids
+        are copied there: a synchronization; capture a CUDA graph without them).
+        out: written in place (every element) and returned.
+        topk_ids/topk_weights: custom routing only (router_logits is None then).
+        """
+        no_grad_needed("hidden", hidden)
+        if out is None:
+            out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+        ids = None
+        if return_ids:
+            rows = hidden.shape[0] if hidden.dim() == 2 else 1
+            ids = torch.empty((rows, self._top_k), dtype=torch.int16, device=hidden.device)
+        if forced_ids is not None and forced_ids.device.type != "cpu":
+            forced_ids = forced_ids.to("cpu")
+        if torch.compiler.is_compiling():
+            torch.ops.moekit.moe_forward(self._handle, hidden, router_logits, out, ids, forced_ids, topk_ids,
+                                         topk_weights)
+        else:  # eager: the same C++ call without the dispatcher's cost
+            ops.forward(self._layer, hidden, router_logits, out, ids, forced_ids, topk_ids, topk_weights)
+        if return_ids:
+            return out, ids.to(torch.int32)
+        return out
+
+    def __repr__(self) -> str:
+        return f"MoeLayer({self.backend}/{self.kernel} on {self.device}, {self.config!r})"
+
+
+class Model:
+    """The MoE layers of one model in order, each with its index among all the model's layers."""
+
+    def __init__(self, layers: Optional[List[Tuple[MoeLayer, int]]] = None):
+        self._model = _moekit.Model()
+        self.layers: List[MoeLayer] = []
+        for layer, index in layers or []:
+            self.add_layer(layer, index)
+
+    def add_layer(self, layer: MoeLayer, model_layer_index: int) -> None:
+        self._model.add_layer(layer._layer, model_layer_index)
+        self.layers.append(layer)
+
+    @property
+    def num_layers(self) -> int:
+        return self._model.num_layers
+
+    @property
+    def model_layer_indices(self) -> List[int]:
+        return self._model.model_layer_indices
+
+
+def select_backend(config: MoeConfig, device: DeviceLike = "cuda") -> List[Dict[str, str]]:
+    """The oracle's report for `config` among the backends that run on `device`:
+    every candidate with {backend, kernel, kind, verdict, reason}. Raises ValueError,
+    listing every rejection, when none can serve it."""
+    return _moekit.select_backend(config, torch.device(device).type)
+
+
+def route(router_logits: torch.Tensor, config: MoeConfig, score_bias: Optional[torch.Tensor] = None,
+          forced_ids: Optional[torch.Tensor] = None, return_counts: bool = False):
+    """The routing spec on the logits' device: (ids [M, k] int32, weights [M, k] float32),
+    plus tokens per expert [E] int32 when return_counts. forced_ids [M, k] int32 (same
+    device as the logits): replay, the weights of those ids."""
+    rows = router_logits.shape[0] if router_logits.dim() == 2 else 1
+    k = config.top_k
+    ids = torch.empty((rows, k), dtype=torch.int32, device=router_logits.device)
+    weights = torch.empty((rows, k), dtype=torch.float32, device=router_logits.device)
+    counts = torch.empty((config.num_experts,), dtype=torch.int32, device=router_logits.device) if return_counts else None
+    _moekit.route(config, router_logits, score_bias, forced_ids, ids, weights, counts,
+                  stream_of(router_logits.device))
+    return (ids, weights, counts) if return_counts else (ids, weights)

@@ -1,0 +1,87 @@
+// moekit.MoeConfig: the C++ MoeConfig, built from keywords. Names are parsed
+// and the whole config validated by the library (MoeConfig::validate).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include "bind.h"
+#include "convert.h"
+#include "moekit/config.h"
+
+namespace moekit::python {
+
+namespace {
+
+DType dtype_named(const std::string& field, const std::string& name) {
+  // torch's names as well as moekit's, so torch.bfloat16 -> "bfloat16" works.
+  static const std::pair<const char*, DType> kAliases[] = {
+      {"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}};
+  for (const auto& [alias, dtype] : kAliases) {
+    if (name == alias) return dtype;
+  }
+  const std::optional<DType> d = parse_dtype(name);
+  if (!d) throw nb::value_error((field + ": unknown dtype '" + name + "' (f32, bf16, ...)").c_str());
+  return *d;
+}
+
+MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64_t intermediate_size,
+                      const std::string& routing, int num_groups, int topk_groups, float routed_scaling_factor,
+                      const std::string& activation, int64_t max_num_tokens, const std::string& backend,
+                      const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
+                      bool capture, std::optional<bool> replay) {
+  MoeConfig c;
+  c.num_experts = num_experts;
+  c.hidden = hidden_size;
+  c.intermediate = intermediate_size;
+  c.max_num_tokens = max_num_tokens;
+  const std::optional<RoutingMethod> method = parse_routing_method(routing);
+  if (!method) throw nb::value_error(("routing: unknown routing method '" + routing + "'").c_str());
+  c.routing.method = *method;
+  c.routing.top_k = top_k;
+  c.routing.num_groups = num_groups;
+  c.routing.topk_groups = topk_groups;
+  c.routing.routed_scaling_factor = routed_scaling_factor;
+  const std::optional<Activation> act = parse_activation(activation);
+  if (!act) throw nb::value_error(("activation: unknown activation '" + activation + "'").c_str());
+  c.activation.kind = *act;
+  c.quant.weight_dtype = dtype_named("weight_dtype", weight_dtype);
+  c.quant.act_dtype = dtype_named("act_dtype", act_dtype);
+  c.logits_dtype = dtype_named("logits_dtype", logits_dtype);
+  c.backend = backend;
+  c.needs_capture = capture;
+  // Replay forces ids through the routing method; custom routing has none, so off by default there.
+  c.needs_replay = replay.value_or(c.routing.method != RoutingMethod::kCustom);
+  throw_if_error(c.validate());
+  return c;
+}
+
+}  // namespace
+
+void bind_config(nb::module_& m) {
+  nb::class_<MoeConfig>(m, "MoeConfig",
+                        "An MoE layer's configuration (plain data, validated on construction).")
+      .def(nb::new_(&make_config), nb::kw_only(), nb::arg("num_experts"), nb::arg("top_k"), nb::arg("hidden_size"),
+           nb::arg("intermediate_size"), nb::arg("routing") = "softmax_topk", nb::arg("num_groups") = 1,
+           nb::arg("topk_groups") = 1, nb::arg("routed_scaling_factor") = 1.0f, nb::arg("activation") = "silu",
+           nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
+           nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
+           nb::arg("replay") = nb::none())
+      .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
+      .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })
+      .def_prop_ro("hidden_size", [](const MoeConfig& c) { return c.hidden; })
+      .def_prop_ro("intermediate_size", [](const MoeConfig& c) { return c.intermediate; })
+      .def_prop_ro("routing", [](const MoeConfig& c) { return std::string(routing_method_name(c.routing.method)); })
+      .def_prop_ro("num_groups", [](const MoeConfig& c) { return c.routing.num_groups; })
+      .def_prop_ro("topk_groups", [](const MoeConfig& c) { return c.routing.topk_groups; })
+      .def_prop_ro("routed_scaling_factor", [](const MoeConfig& c) { return c.routing.routed_scaling_factor; })
+      .def_prop_ro("activation", [](const MoeConfig& c) { return std::string(activation_name(c.activation.kind)); })
+      .def_prop_ro("max_num_tokens", [](const MoeConfig& c) { return c.max_num_tokens; })
+      .def_prop_ro("backend", [](const MoeConfig& c) { return c.backend; })
+      .def_prop_ro("weight_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.quant.weight_dtype)); })
+      .def_prop_ro("act_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.quant.act_dtype)); })
+      .def_prop_ro("logits_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.logits_dtype)); })
+      .def_prop_ro("capture", [](const MoeConfig& c) { return c.needs_capture; })
+      .def_prop_ro("replay", [](const MoeConfig& c) { return c.needs_replay; })
+      .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
+}
+
+}  // namespace moekit::python

@@ -1,0 +1,138 @@
+// Layer (MoeLayer), Model, select_backend, route and the platform probe.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+
+#include "bind.h"
+#include "convert.h"
+#include "moekit/layer.h"
+#include "moekit/oracle.h"
+#include "moekit/routing.h"
+
+namespace moekit::python {
+
+namespace {
+
+nb::list report_list(const std::vector<CandidateReport>& report) {
+  nb::list out;
+  for (const CandidateReport& c : report) {
+    nb::dict d;
+    d["backend"] = c.backend;
+    d["kernel"] = c.kernel;
+    d["kind"] = c.monolithic ? "monolithic" : "modular";
+    d["verdict"] = c.chosen ? "chosen" : (c.supported ? "supported" : "rejected");
+    d["reason"] = c.reason;
+    out.append(d);
+  }
+  return out;
+}
+
+// The platform the layer is chosen on: the probed machine; for a CPU layer only
+// its CPU threads matter (the CUDA backends are filtered out by device type).
+const Platform& platform() { return Platform::probe(); }
+
+std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13, const Array& w2,
+                                       const OptArray& score_bias, const std::string& device_type,
+                                       int device_index) {
+  MoeConfig c = config;
+  c.routing.has_score_bias = score_bias.has_value();
+  MoeWeights w;
+  w.w13 = view_of(w13, "w13");
+  w.w2 = view_of(w2, "w2");
+  w.score_bias = view_of(score_bias, "score_bias");
+  const Device device = parse_device(device_type, device_index);
+  nb::gil_scoped_release release;
+  return value_or_throw(MoeLayer::create(c, w, device, platform()));
+}
+
+void forward(MoeLayer& layer, const Array& hidden, const OptArray& router_logits, const Array& out,
+             const OptArray& routing_replay_out, const OptArray& forced_ids, const OptArray& topk_ids,
+             const OptArray& topk_weights, uintptr_t stream) {
+  LayerForwardArgs a;
+  a.hidden = view_of(hidden, "hidden");
+  a.router_logits = view_of(router_logits, "router_logits");
+  a.out = view_of(out, "out");
+  a.routing_replay_out = view_of(routing_replay_out, "routing_replay_out");
+  a.forced_ids = view_of(forced_ids, "forced_ids");
+  a.topk_ids = view_of(topk_ids, "topk_ids");
+  a.topk_weights = view_of(topk_weights, "topk_weights");
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = layer.forward(a, reinterpret_cast<Stream>(stream));
+  }
+  throw_if_error(s);
+}
+
+nb::list select(const MoeConfig& config, const std::string& device_type) {
+  const Device device = parse_device(device_type, 0);
+  return report_list(value_or_throw(select_backend_on(config, platform(), device.type)).report);
+}
+
+void route_into(const MoeConfig& config, const Array& logits, const OptArray& score_bias, const OptArray& forced_ids,
+                const Array& topk_ids, const Array& topk_weights, const OptArray& expert_counts, uintptr_t stream) {
+  RoutingConfig rc = config.routing;
+  rc.has_score_bias = score_bias.has_value();
+  throw_if_error(rc.validate(static_cast<int>(config.num_experts)));
+  RoutingArgs a;
+  a.logits = view_of(logits, "router_logits");
+  a.score_bias = view_of(score_bias, "score_bias");
+  a.forced_ids = view_of(forced_ids, "forced_ids");
+  a.topk_ids = view_of(topk_ids, "topk_ids");
+  a.topk_weights = view_of(topk_weights, "topk_weights");
+  a.expert_counts = view_of(expert_counts, "expert_counts");
+  if (a.logits.rank == 2 && a.logits.dim(1) != config.num_experts) {
+    throw nb::value_error(("router_logits: " + std::to_string(a.logits.dim(1)) + " experts per row, the config has " +
+                           std::to_string(config.num_experts)).c_str());
+  }
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = route(rc, a, reinterpret_cast<Stream>(stream));
+  }
+  throw_if_error(s);
+}
+
+}  // namespace
+
+void bind_layer(nb::module_& m) {
+  nb::class_<MoeLayer>(m, "Layer", "One MoE layer ready to run (moekit.MoeLayer wraps it).")
+      .def_prop_ro("backend", [](const MoeLayer& l) { return l.backend(); })
+      .def_prop_ro("kernel", [](const MoeLayer& l) { return std::string(l.kernel().name()); })
+      .def_prop_ro("monolithic", [](const MoeLayer& l) { return l.kernel().is_monolithic(); })
+      .def_prop_ro("device", [](const MoeLayer& l) { return l.device().to_string(); })
+      .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); })
+      .def_prop_ro("workspace_bytes", &MoeLayer::workspace_bytes)
+      .def_prop_ro("selection_report", [](const MoeLayer& l) { return report_list(l.selection_report()); })
+      .def("forward", &forward, nb::arg("hidden"), nb::arg("router_logits").none(), nb::arg("out"),
+           nb::arg("routing_replay_out").none(), nb::arg("forced_ids").none(), nb::arg("topk_ids").none(),
+           nb::arg("topk_weights").none(), nb::arg("stream"));
+  m.def("create_layer", &create_layer, nb::arg("config"), nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
+        nb::arg("device_type"), nb::arg("device_index"));
+
+  nb::class_<Model>(m, "Model", "The MoE layers of one model, in order, with their model-layer indices.")
+      .def(nb::init<>())
+      .def(
+          "add_layer",
+          [](Model& model, std::shared_ptr<MoeLayer> layer, int model_layer_index) {
+            throw_if_error(model.add_layer(std::move(layer), model_layer_index));
+          },
+          nb::arg("layer"), nb::arg("model_layer_index"))
+      .def_prop_ro("num_layers", &Model::num_layers)
+      .def_prop_ro("model_layer_indices", [](const Model& model) {
+        nb::list out;
+        for (int i : model.model_layer_indices()) out.append(i);
+        return out;
+      });
+
+  m.def("select_backend", &select, nb::arg("config"), nb::arg("device_type"));
+  m.def("route", &route_into, nb::arg("config"), nb::arg("router_logits"), nb::arg("score_bias").none(),
+        nb::arg("forced_ids").none(), nb::arg("topk_ids"), nb::arg("topk_weights"), nb::arg("expert_counts").none(),
+        nb::arg("stream"));
+  m.def("platform", [] { return platform().to_string(); });
+  m.def("cuda_built", [] { return platform().cuda_built; });
+}
+
+}  // namespace moekit::python

@@ -1,0 +1,117 @@
+#include "convert.h"
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace moekit::python {
+
+namespace {
+
+std::string dlpack_dtype_name(nb::dlpack::dtype dt) {
+  const char* code = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
+    case nb::dlpack::dtype_code::Int: code = "int"; break;
+    case nb::dlpack::dtype_code::UInt: code = "uint"; break;
+    case nb::dlpack::dtype_code::Float: code = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: code = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: code = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: code = "bool"; break;
+  }
+  return std::string(code) + std::to_string(dt.bits);
+}
+
+std::optional<DType> to_dtype(nb::dlpack::dtype dt) {
+  if (dt.lanes != 1) return std::nullopt;
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(dt.code);
+  if (code == C::Float && dt.bits == 32) return DType::kF32;
+  if (code == C::Float && dt.bits == 16) return DType::kF16;
+  if (code == C::Bfloat && dt.bits == 16) return DType::kBF16;
+  if (code == C::Int && dt.bits == 32) return DType::kI32;
+  if (code == C::Int && dt.bits == 16) return DType::kI16;
+  if (code == C::UInt && dt.bits == 8) return DType::kU8;
+  return std::nullopt;
+}
+
+}  // namespace
+
+TensorView view_of(const Array& a, const char* name) {
+  const std::string n(name);
+  const std::optional<DType> dtype = to_dtype(a.dtype());
+  if (!dtype) {
+    throw nb::value_error((n + ": dtype " + dlpack_dtype_name(a.dtype()) +
+                           " is not supported (float32, bfloat16, float16, int32, int16, uint8)").c_str());
+  }
+  if (a.ndim() > static_cast<size_t>(kMaxRank)) {
+    throw nb::value_error((n + ": rank " + std::to_string(a.ndim()) + " exceeds " + std::to_string(kMaxRank)).c_str());
+  }
+  TensorView v;
+  v.dtype = *dtype;
+  v.rank = static_cast<int>(a.ndim());
+  for (int d = 0; d < v.rank; ++d) {
+    v.shape[d] = static_cast<int64_t>(a.shape(d));
+    v.strides[d] = static_cast<int64_t>(a.stride(d));
+  }
+  if (a.device_type() == nb::device::cpu::value) {
+    v.device = Device::cpu();
+  } else if (a.device_type() == nb::device::cuda::value) {
+    v.device = Device::cuda(a.device_id());
+  } else {
+    throw nb::value_error((n + ": tensors on DLPack device type " + std::to_string(a.device_type()) +
+                           " are not supported (cpu, cuda)").c_str());
+  }
+  v.data = const_cast<void*>(a.data());
+  if (v.data == nullptr) {
+    // An empty tensor has no storage; name the shape rather than call it missing.
+    throw nb::value_error((n + ": empty tensor (shape " + v.shape_string() + ")").c_str());
+  }
+  return v;
+}
+
+TensorView view_of(const OptArray& a, const char* name) { return a ? view_of(*a, name) : TensorView{}; }
+
+Device parse_device(const std::string& type, int index) {
+  if (type == "cpu") return Device::cpu();
+  if (type == "cuda") return Device::cuda(index);
+  throw nb::value_error(("device: '" + type + "' is not supported (cpu, cuda)").c_str());
+}
+
+void throw_if_error(const Status& status) {
+  if (status.ok()) return;
+  const std::string msg = status.message();
+  switch (status.code()) {
+    case StatusCode::kOk: return;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnsupported:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kNotFound:
+    case StatusCode::kDataLoss: throw nb::value_error(msg.c_str());
+    case StatusCode::kIoError: PyErr_SetString(PyExc_OSError, msg.c_str()); throw nb::python_error();
+    case StatusCode::kResourceExhausted: PyErr_SetString(PyExc_MemoryError, msg.c_str()); throw nb::python_error();
+    case StatusCode::kInternal: throw std::runtime_error(msg);
+  }
+  throw std::runtime_error(msg);
+}
+
+nb::object to_torch(HostTensor t) {
+  auto* owned = new HostTensor(std::move(t));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
+  std::vector<size_t> shape(owned->shape().begin(), owned->shape().end());
+  nb::dlpack::dtype dt{};
+  dt.lanes = 1;
+  switch (owned->dtype()) {
+    case DType::kF32: dt.code = uint8_t(nb::dlpack::dtype_code::Float); dt.bits = 32; break;
+    case DType::kF16: dt.code = uint8_t(nb::dlpack::dtype_code::Float); dt.bits = 16; break;
+    case DType::kBF16: dt.code = uint8_t(nb::dlpack::dtype_code::Bfloat); dt.bits = 16; break;
+    case DType::kI32: dt.code = uint8_t(nb::dlpack::dtype_code::Int); dt.bits = 32; break;
+    case DType::kI16: dt.code = uint8_t(nb::dlpack::dtype_code::Int); dt.bits = 16; break;
+    case DType::kU8: dt.code = uint8_t(nb::dlpack::dtype_code::UInt); dt.bits = 8; break;
+    case DType::kF8E4M3: throw std::runtime_error("to_torch: f8_e4m3 host tensors are not exported");
+  }
+  nb::ndarray<nb::pytorch> arr(owned->data<void>(), shape.size(), shape.data(), owner, nullptr, dt);
+  return nb::cast(arr, nb::rv_policy::reference);
+}
+
+}  // namespace moekit::python

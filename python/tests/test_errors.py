@@ -1,0 +1,118 @@
+"""Bad input raises ValueError naming the problem (the library's Status message),
+before anything is written; never a crash, never silent zeros."""
+import pytest
+import torch
+
+import moekit
+from conftest import E, H, I, K, Case, small_config
+
+
+@pytest.fixture(scope="module")
+def case():
+    return Case("renormalize", M=8)
+
+
+@pytest.fixture(scope="module")
+def layer(case):
+    return case.layer()
+
+
+def test_wrong_shape(case, layer):
+    with pytest.raises(ValueError, match="hidden: expected shape"):
+        layer(case.hidden[:, :-1], case.logits)
+    with pytest.raises(ValueError, match="router_logits: expected shape"):
+        layer(case.hidden, case.logits[:-1])
+
+
+def test_wrong_dtype(case, layer):
+    with pytest.raises(ValueError, match="hidden: expected dtype bf16, got f32"):
+        layer(case.hidden.float(), case.logits)
+    with pytest.raises(ValueError, match="router_logits: dtype float64 is not supported"):
+        layer(case.hidden, case.logits.double())
+    with pytest.raises(ValueError, match="forced_ids: dtype int64 is not supported"):
+        layer(case.hidden, case.logits, forced_ids=torch.zeros((8, K), dtype=torch.int64))
+
+
+def test_non_contiguous(case, layer):
+    wide = torch.zeros((8, 2 * H), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="hidden: must be contiguous"):
+        layer(wide[:, ::2], case.logits)
+    out = torch.zeros((H, 8), dtype=torch.bfloat16).t()
+    with pytest.raises(ValueError, match="out: must be contiguous"):
+        layer(case.hidden, case.logits, out=out)
+
+
+def test_too_many_tokens(layer):
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        layer(torch.zeros((65, H), dtype=torch.bfloat16), torch.zeros((65, E)))
+
+
+def test_forced_ids_out_of_range_duplicated_or_sentinel(case, layer):
+    out = torch.full((8, H), 7.0, dtype=torch.bfloat16)
+    ids = torch.arange(K, dtype=torch.int32).repeat(8, 1)
+    for bad, what in [(E, "out of range|\\[0, 16\\)"), (-1, "sentinel|-1"), ("dup", "duplicate|repeated")]:
+        forced = ids.clone()
+        if bad == "dup":
+            forced[3, 1] = forced[3, 0]
+        else:
+            forced[3, 1] = bad
+        with pytest.raises(ValueError, match=what):
+            layer(case.hidden, case.logits, forced_ids=forced, out=out)
+        assert bool((out == 7.0).all()), "a rejected call wrote its output"
+
+
+def test_nan_logits(case, layer):
+    logits = case.logits.clone()
+    logits[2, 5] = float("nan")
+    with pytest.raises(ValueError, match="(?i)nan|finite"):
+        layer(case.hidden, logits)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="routing: unknown routing method 'nope'"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="nope")
+    with pytest.raises(ValueError, match="top_k"):
+        moekit.MoeConfig(num_experts=E, top_k=E + 1, hidden_size=H, intermediate_size=I)
+    with pytest.raises(ValueError, match="weight_dtype: unknown dtype"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, weight_dtype="f13")
+    with pytest.raises(TypeError):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, not_a_field=1)
+
+
+def test_bad_weights():
+    cfg = small_config("renormalize")
+    w13 = torch.zeros((E, 2 * I, H), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w2"):
+        moekit.MoeLayer(cfg, w13, torch.zeros((E, H, I + 1), dtype=torch.bfloat16), device="cpu")
+    with pytest.raises(ValueError, match="score_bias"):
+        moekit.MoeLayer(small_config("deepseek_v3"), w13, torch.zeros((E, H, I), dtype=torch.bfloat16),
+                        score_bias=torch.zeros(E + 1), device="cpu")
+
+
+def test_unknown_backend_and_device():
+    with pytest.raises(ValueError, match="backend 'nope'"):
+        moekit.select_backend(small_config("renormalize", backend="nope"), device="cpu")
+    with pytest.raises(ValueError, match="device: 'mps' is not supported"):
+        moekit.MoeLayer(small_config("renormalize"), torch.zeros((E, 2 * I, H), dtype=torch.bfloat16),
+                        torch.zeros((E, H, I), dtype=torch.bfloat16), device="mps")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA device")
+def test_cuda_layer_without_a_gpu_is_refused():
+    with pytest.raises(ValueError, match="no backend of this build runs on a CUDA device"):
+        moekit.select_backend(small_config("renormalize"), device="cuda")
+
+
+def test_requires_grad_is_refused(case, layer):
+    h = case.hidden.clone().requires_grad_(True)
+    with pytest.raises(ValueError, match="no backward"):
+        layer(h, case.logits)
+    with torch.no_grad():
+        assert layer(h, case.logits).shape == (8, H)
+
+
+def test_route_errors(case):
+    with pytest.raises(ValueError, match="router_logits: 17 experts per row"):
+        moekit.route(torch.zeros((4, E + 1)), case.config)
+    with pytest.raises(ValueError, match="score_bias"):
+        moekit.route(case.logits, small_config("renormalize"), score_bias=torch.zeros(E))

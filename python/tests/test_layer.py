@@ -1,0 +1,80 @@
+"""The layer and route() against the fp64 reference (tests/reference.py), on fresh
+seeded inputs, for every routing method; bounds as in docs/testing.md."""
+import pytest
+import torch
+
+import moekit
+from conftest import Case, E, H, I, K, seed_of, tie_free_logits
+from reference import METHODS, moe, rel_l2
+
+# CPU layer, bf16: one bf16 rounding of the output (<= 2^-8 relative) plus fp32
+# sums of length <= 64 (~4e-6); a wrong expert, row or weight gives O(1).
+CPU_BF16_BOUND = 2 ** -8 + 1e-5
+# Routing weights: a few fp32 exp/sigmoid and one division per weight (docs/testing.md).
+WEIGHT_ATOL, WEIGHT_RTOL = 1e-7, 2e-5
+
+
+@pytest.mark.parametrize("routing", METHODS)
+def test_route_matches_reference(routing):
+    case = Case(routing, M=32)
+    ids, weights = moekit.route(case.logits, case.config, score_bias=case.bias)
+    ref_ids, ref_w = case.reference_route()
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(weights.double(), ref_w, atol=WEIGHT_ATOL, rtol=WEIGHT_RTOL)
+
+
+@pytest.mark.parametrize("routing", METHODS)
+def test_layer_matches_reference(routing):
+    case = Case(routing)
+    layer = case.layer()
+    out, ids = layer(case.hidden, case.logits, return_ids=True)
+    ref_ids, ref_w = case.reference_route()
+    assert torch.equal(ids, ref_ids), "the layer chose other experts than the spec"
+    ref = moe(case.hidden, case.w13, case.w2, ref_ids, ref_w)
+    err = rel_l2(out, ref)
+    assert err <= CPU_BF16_BOUND, f"normalized error {err:.3g} > {CPU_BF16_BOUND:.3g}"
+
+
+def test_layer_f32_and_bf16_logits():
+    gen = torch.Generator().manual_seed(seed_of("f32"))
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
+                           weight_dtype="f32", act_dtype="f32", logits_dtype="bf16", max_num_tokens=16)
+    w13 = torch.randn((E, 2 * I, H), generator=gen) * 0.1
+    w2 = torch.randn((E, H, I), generator=gen) * 0.1
+    hidden = torch.randn((16, H), generator=gen)
+    logits = tie_free_logits(16, E, gen).bfloat16()
+    layer = moekit.MoeLayer(cfg, w13, w2, device="cpu")
+    out, ids = layer(hidden, logits, return_ids=True)
+    ref_ids, ref_w = moekit_ref_route(logits.float(), "renormalize")
+    assert torch.equal(ids, ref_ids)
+    # fp32 throughout: sums of length <= 64 (docs/testing.md: CPU layer f32).
+    assert rel_l2(out, moe(hidden, w13, w2, ref_ids, ref_w)) <= 1e-5
+
+
+def moekit_ref_route(logits, method):
+    from reference import route
+    return route(logits, method, K)
+
+
+def test_custom_routing_takes_the_callers_ids_and_weights():
+    gen = torch.Generator().manual_seed(seed_of("custom"))
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="custom",
+                           max_num_tokens=16)
+    case = Case("renormalize", M=8)
+    layer = moekit.MoeLayer(cfg, case.w13, case.w2, device="cpu")
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(8)]).int()
+    weights = torch.rand((8, K), generator=gen)
+    out = layer(case.hidden, None, topk_ids=ids, topk_weights=weights)
+    assert layer.kernel == "CpuModular"
+    assert rel_l2(out, moe(case.hidden, case.w13, case.w2, ids, weights.double())) <= CPU_BF16_BOUND
+
+
+def test_layer_reports_its_choice():
+    layer = Case("deepseek_v3").layer()
+    assert (layer.backend, layer.kernel) == ("cpu", "CpuMonolithic")
+    report = layer.selection_report
+    assert [r["kernel"] for r in report] == ["CpuMonolithic", "CpuModular"]
+    assert report[0]["verdict"] == "chosen" and report[1]["verdict"] == "supported"
+    assert set(report[0]) == {"backend", "kernel", "kind", "verdict", "reason"}
+    assert moekit.select_backend(Case("renormalize").config, device="cpu")[0]["verdict"] == "chosen"

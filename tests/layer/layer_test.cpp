@@ -1,0 +1,133 @@
+// The layer's public surface added with the Python package: route() on host
+// tensors, selection restricted to a device type, a per-forward
+// routing_replay_out next to a bound capture target, shared layers in a Model.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "moekit/capture.h"
+#include "moekit/layer.h"
+#include "moekit/oracle.h"
+#include "moekit/routing.h"
+#include "util/test_util.h"
+
+namespace moekit {
+namespace {
+
+constexpr int64_t kE = 16, kH = 64, kI = 32, kM = 6;
+constexpr int kK = 4;
+
+MoeConfig config() {
+  MoeConfig c;
+  c.num_experts = kE;
+  c.hidden = kH;
+  c.intermediate = kI;
+  c.max_num_tokens = 8;
+  c.routing.method = RoutingMethod::kRenormalize;
+  c.routing.top_k = kK;
+  c.needs_capture = true;
+  return c;
+}
+
+struct Inputs {
+  HostTensor w13, w2, hidden, logits;
+  explicit Inputs(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    w13 = testing::random_tensor(rng, DType::kBF16, {kE, 2 * kI, kH}, 0.1);
+    w2 = testing::random_tensor(rng, DType::kBF16, {kE, kH, kI}, 0.1);
+    hidden = testing::random_tensor(rng, DType::kBF16, {kM, kH}, 1.0);
+    logits = testing::tie_free_logits(rng, DType::kF32, kM, kE, 0.03);
+  }
+  MoeWeights weights() const { return {w13.view(), w2.view(), {}}; }
+};
+
+TEST(Route, HostTensorsGoToTheCpuRouter) {
+  Inputs in(testing::seed_from({1}));
+  HostTensor ids(DType::kI32, {kM, kK}), w(DType::kF32, {kM, kK}), ids_cpu(DType::kI32, {kM, kK}),
+      w_cpu(DType::kF32, {kM, kK});
+  RoutingArgs a{in.logits.view(), {}, {}, ids.view(), w.view(), {}, {}};
+  ASSERT_TRUE(route(config().routing, a).ok());
+  RoutingArgs b{in.logits.view(), {}, {}, ids_cpu.view(), w_cpu.view(), {}, {}};
+  ASSERT_TRUE(route_cpu(config().routing, b).ok());
+  EXPECT_EQ(std::memcmp(ids.data<void>(), ids_cpu.data<void>(), ids.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(w.data<void>(), w_cpu.data<void>(), w.nbytes()), 0);
+}
+
+TEST(Route, MissingLogitsIsAnError) {
+  HostTensor ids(DType::kI32, {kM, kK}), w(DType::kF32, {kM, kK});
+  RoutingArgs a;
+  a.topk_ids = ids.view();
+  a.topk_weights = w.view();
+  const Status s = route(config().routing, a);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("logits"), std::string::npos) << s.message();
+}
+
+TEST(SelectBackendOn, KeepsToTheDeviceType) {
+  auto cpu = select_backend_on(config(), Platform::cpu_only(), DeviceType::kCpu);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  EXPECT_EQ(cpu->backend, "cpu");
+  auto cuda = select_backend_on(config(), Platform::cpu_only(), DeviceType::kCuda);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(cuda.status().message().find("no backend of this build runs on a CUDA device"), std::string::npos);
+}
+
+TEST(MoeLayerOnDevice, ACudaLayerNeverFallsBackToTheCpu) {
+  Inputs in(testing::seed_from({2}));
+  auto layer = MoeLayer::create(config(), in.weights(), Device::cuda(0), Platform::cpu_only());
+  ASSERT_FALSE(layer.ok());
+  EXPECT_EQ(layer.status().code(), StatusCode::kUnsupported);
+  auto cpu = MoeLayer::create(config(), in.weights(), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  EXPECT_EQ((*cpu)->device(), Device::cpu());
+}
+
+TEST(MoeLayerIdsOut, PerForwardTargetAndBoundCaptureTargetGetTheSameRows) {
+  Inputs in(testing::seed_from({3}));
+  auto created = MoeLayer::create(config(), in.weights(), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  std::shared_ptr<MoeLayer> layer = std::move(created).value();
+  Model model;
+  ASSERT_TRUE(model.add_layer(layer, 0).ok());
+  auto capturer = RoutedExpertsCapturer::create(1, 8, kK);
+  ASSERT_TRUE(capturer.ok());
+  ASSERT_TRUE(bind(model, **capturer).ok());
+  ASSERT_TRUE((*capturer)->add_request("r").ok());
+  ASSERT_TRUE((*capturer)->begin_step({{{"r", kM}}}).ok());
+
+  HostTensor out(DType::kBF16, {kM, kH}), ids(DType::kI16, {kM, kK});
+  testing::poison(ids);
+  LayerForwardArgs a;
+  a.hidden = in.hidden.view();
+  a.router_logits = in.logits.view();
+  a.out = out.view();
+  a.routing_replay_out = ids.view();
+  ASSERT_TRUE(layer->forward(a).ok());
+  ASSERT_TRUE((*capturer)->end_step().ok());  // fails if a captured row was left unwritten
+  auto captured = (*capturer)->routed_experts("r");
+  ASSERT_TRUE(captured.ok());
+  ASSERT_EQ(captured->nbytes(), ids.nbytes());
+  EXPECT_EQ(std::memcmp(captured->data<void>(), ids.data<void>(), ids.nbytes()), 0);
+  // A layer handle kept by the caller is the layer in the model.
+  EXPECT_EQ(&model.layer(0), layer.get());
+}
+
+TEST(MoeLayerIdsOut, TooFewRowsIsRejected) {
+  Inputs in(testing::seed_from({4}));
+  auto layer = MoeLayer::create(config(), in.weights(), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(layer.ok());
+  HostTensor out(DType::kBF16, {kM, kH}), ids(DType::kI16, {kM - 1, kK});
+  LayerForwardArgs a;
+  a.hidden = in.hidden.view();
+  a.router_logits = in.logits.view();
+  a.out = out.view();
+  a.routing_replay_out = ids.view();
+  const Status s = (*layer)->forward(a);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("routing_replay_out: needs at least M"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace moekit
