@@ -49,9 +49,15 @@ TensorView view_of(const Array& a, const char* name) {
   TensorView v;
   v.dtype = *dtype;
   v.rank = static_cast<int>(a.ndim());
-  for (int d = 0; d < v.rank; ++d) {
-    v.shape[d] = static_cast<int64_t>(a.shape(d));
-    v.strides[d] = static_cast<int64_t>(a.stride(d));
+  // DLPack allows a null strides field (a row-major tensor); whether nanobind
+  // fills it in on import differs between versions, so never read through it
+  // unchecked: compute the row-major strides here instead.
+  const int64_t* strides = a.stride_ptr();
+  for (int d = 0; d < v.rank; ++d) v.shape[d] = static_cast<int64_t>(a.shape(d));
+  int64_t row_major = 1;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    v.strides[d] = strides != nullptr ? strides[d] : row_major;
+    row_major *= v.shape[d];
   }
   if (a.device_type() == nb::device::cpu::value) {
     v.device = Device::cpu();
