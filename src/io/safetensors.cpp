@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
 
 #include "core/checked_size.h"
 #include "core/printable.h"
@@ -234,14 +236,13 @@ StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
 StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
                                                   const std::map<std::string, std::string>& metadata) {
   // Validate everything first.
+  std::set<std::string_view> names;  // (a pairwise check was quadratic in the number of tensors)
   for (size_t i = 0; i < tensors.size(); ++i) {
     const NamedTensor& nt = tensors[i];
-    const std::string where = "safetensors: tensor '" + nt.name + "': ";
+    const std::string where = "safetensors: tensor '" + printable(nt.name, 80) + "': ";
     if (nt.name.empty()) return InvalidArgument("safetensors: tensor " + std::to_string(i) + " has an empty name");
     if (nt.name == "__metadata__") return InvalidArgument("safetensors: '__metadata__' is reserved");
-    for (size_t j = 0; j < i; ++j) {
-      if (tensors[j].name == nt.name) return InvalidArgument(where + "name used twice");
-    }
+    if (!names.insert(nt.name).second) return InvalidArgument(where + "name used twice");
     const TensorView& t = nt.tensor;
     if (!t.defined() && t.numel() != 0) return InvalidArgument(where + "no data");
     if (t.device.type != DeviceType::kCpu) return InvalidArgument(where + "must be on the host");
@@ -257,26 +258,26 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return dtype_size(tensors[a].tensor.dtype) > dtype_size(tensors[b].tensor.dtype);
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header as ordered_json would dump it, written entry by entry: its
+  // operator[] searches the keys linearly (quadratic in the number of tensors).
+  std::string text = "{";
   uint64_t offset = 0;
-  for (size_t i : order) {
-    const TensorView& t = tensors[i].tensor;
-    const uint64_t n = t.nbytes();
-    nlohmann::ordered_json e;
-    e["dtype"] = safetensors::dtype_to_name(t.dtype);
-    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.rank);
-    e["shape"] = shape;
-    e["data_offsets"] = {offset, offset + n};
-    header[tensors[i].name] = std::move(e);
-    offset += n;
-  }
-  std::string text;
   try {
-    text = header.dump();
+    if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::ordered_json(metadata).dump();
+    for (size_t i : order) {
+      const TensorView& t = tensors[i].tensor;
+      const uint64_t n = t.nbytes();
+      nlohmann::ordered_json e;
+      e["dtype"] = safetensors::dtype_to_name(t.dtype);
+      e["shape"] = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
+      e["data_offsets"] = {offset, offset + n};
+      text += (text.size() > 1 ? "," : "") + nlohmann::ordered_json(tensors[i].name).dump() + ":" + e.dump();
+      offset += n;
+    }
   } catch (const nlohmann::json::exception&) {
     return InvalidArgument("safetensors: tensor names and metadata must be valid UTF-8");
   }
+  text += "}";
   text.append((safetensors::kHeaderAlign - text.size() % safetensors::kHeaderAlign) % safetensors::kHeaderAlign, ' ');
   std::vector<uint8_t> out;
   out.reserve(8 + text.size() + offset);
