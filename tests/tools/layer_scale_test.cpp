@@ -47,8 +47,9 @@ TEST_F(LayerScale, PerExpertCheckpointOf32767ExpertsLoadsInSeconds) {
   auto ids = io::read_npy(file("ids.npy"));
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(ids->shape(), (std::vector<int64_t>{M, 2}));
-  // NOTE: ~1 s here (2 s under the sanitizers); the quadratic search took 27.6 s.
-  EXPECT_LT(s, 12.0) << "moekit layer took " << s << " s for E = " << E;
+  // NOTE: ~1.5 s in a release build, ~6 s under the sanitizers on 2 busy
+  // cores; the quadratic search took 33 s in a release build.
+  EXPECT_LT(s, 20.0) << "moekit layer took " << s << " s for E = " << E;
   std::printf("moekit layer, E = %lld per-expert tensors: %.2f s\n", static_cast<long long>(E), s);
 }
 
