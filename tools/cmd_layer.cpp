@@ -51,6 +51,12 @@ StatusOr<HostTensor> load_matrix(const std::string& path, const char* what, int6
   return io::convert(t.view(), dtype);
 }
 
+Status expect_shape(const std::string& path, const char* what, const io::NpyInfo& info, std::vector<int64_t> want) {
+  if (info.shape == want) return Status::Ok();
+  return InvalidArgument(path + ": " + what + " must be " + TensorView::contiguous(nullptr, info.dtype, want).shape_string() +
+                         ", got " + TensorView::contiguous(nullptr, info.dtype, info.shape).shape_string());
+}
+
 // logits [M, E] f32 = hidden [M, H] . router [E, H]^T, fp32 accumulation in index order.
 HostTensor compute_logits(const HostTensor& hidden, const HostTensor& router) {
   const int64_t M = hidden.shape()[0], H = hidden.shape()[1], E = router.shape()[0];
@@ -151,8 +157,10 @@ Status run_layer(const LayerOptions& o) {
   const int64_t M = hidden.shape()[0];
   HostTensor logits;
   if (o.logits_given) {
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor l, io::read_npy(o.logits_path));
-    const DType ldt = l.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+    // The header first: a file of another shape is refused before its data is read.
+    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.logits_path));
+    MOEKIT_RETURN_IF_ERROR(expect_shape(o.logits_path, "router logits", info, {M, E}));
+    const DType ldt = info.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
     MOEKIT_ASSIGN_OR_RETURN(logits, load_matrix(o.logits_path, "router logits", M, E, ldt));
   } else if (ckpt.has_router()) {
     logits = compute_logits(hidden, ckpt.router);
@@ -164,6 +172,8 @@ Status run_layer(const LayerOptions& o) {
   cfg.max_num_tokens = M;
   HostTensor forced;
   if (o.replay_given) {
+    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.replay_path));
+    MOEKIT_RETURN_IF_ERROR(expect_shape(o.replay_path, "forced ids", info, {M, cfg.top_k()}));
     MOEKIT_ASSIGN_OR_RETURN(HostTensor ids, io::read_npy(o.replay_path));
     if (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI16 && ids.dtype() != DType::kU8) {
       return InvalidArgument(o.replay_path + ": forced ids must be i32, i16 or u8, got " + dtype_name(ids.dtype()));

@@ -46,11 +46,13 @@ StatusOr<HostTensor> load_logits(const std::string& path) {
 
 // The score bias as route_cpu takes it: [E] f32.
 StatusOr<HostTensor> load_bias(const std::string& path, int64_t num_experts) {
-  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, io::read_npy(path));
-  if (t.shape() != std::vector<int64_t>{num_experts}) {
+  // The header first: a file of another shape is refused before its data is read.
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(path));
+  if (info.shape != std::vector<int64_t>{num_experts}) {
     return InvalidArgument(path + ": bias must be [" + std::to_string(num_experts) + "] (one per expert), got " +
-                           t.view().shape_string());
+                           TensorView::contiguous(nullptr, info.dtype, info.shape).shape_string());
   }
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, io::read_npy(path));
   switch (t.dtype()) {
     case DType::kF32: return t;
     case DType::kBF16:
