@@ -3,6 +3,8 @@
 #include <iostream>
 #include <limits>
 
+#include "flag_checks.h"
+
 namespace moekit::tools {
 namespace {
 
@@ -14,9 +16,44 @@ constexpr RoutingMethod kMethods[] = {
 
 }  // namespace
 
+std::string one_line(std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 int report_error(std::string_view command, const Status& status) {
-  std::cerr << "moekit " << command << ": error: " << status.to_string() << "\n";
+  std::cerr << "moekit " << command << ": error: " << one_line(status.to_string()) << "\n";
   return status.code() == StatusCode::kInternal ? kExitInternal : kExitBadInput;
+}
+
+std::string unknown_command(const CLI::App& app, int argc, const char* const* argv) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  if (argc < 2) return "a command is required: one of " + names + " (moekit --help describes them)";
+  const std::string first = argv[1];
+  if (!first.empty() && first[0] == '-') return {};  // --help; CLI11 answers any other flag
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->check_name(first)) return {};
+  }
+  return "unknown command '" + one_line(first) + "': one of " + names + " (moekit --help describes them)";
+}
+
+std::string command_of(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) return " " + sub->get_name();
+  return {};
 }
 
 void finish(int code) {
@@ -40,7 +77,9 @@ void add_routing_flags(CLI::App* cmd, RoutingFlags* flags, bool top_k_required) 
   flags->deepseek_only = {
       cmd->add_option("--num-groups", flags->num_groups, "deepseek_v3: expert groups")->capture_default_str(),
       cmd->add_option("--topk-groups", flags->topk_groups, "deepseek_v3: groups kept per token")->capture_default_str(),
-      cmd->add_option("--scaling", flags->scaling, "deepseek_v3: routed scaling factor")->capture_default_str(),
+      cmd->add_option("--scaling", flags->scaling, "deepseek_v3: routed scaling factor")
+          ->check(finite_positive_f32())
+          ->capture_default_str(),
   };
 }
 

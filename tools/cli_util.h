@@ -16,9 +16,20 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;  // a bug or a device error
 inline constexpr int kExitBadInput = 2;  // bad flags, files, shapes or values
 
-// Prints "moekit <command>: error: <Status>" to stderr and returns the exit code
+// `text` on one line: control characters (newlines from file names or file
+// contents included) written as \xNN.
+std::string one_line(std::string_view text);
+
+// Prints "moekit <command>: error: <Status>" (one line) to stderr and returns the exit code
 // for it (kExitInternal for kInternal, kExitBadInput otherwise).
 int report_error(std::string_view command, const Status& status);
+
+// The message for a first argument that names no command ("unknown command
+// 'frobnicate' (one of route, run, ...)", also for none at all); empty when
+// the command line starts well (a command, or a flag such as --help).
+std::string unknown_command(const CLI::App& app, int argc, const char* const* argv);
+// " <command>" of the subcommand being parsed, or "" before one is known.
+std::string command_of(const CLI::App& app);
 
 // Ends a subcommand's callback with `code` (0: nothing is thrown).
 void finish(int code);

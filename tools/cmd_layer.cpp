@@ -2,8 +2,10 @@
 // logits) with weights from a safetensors checkpoint, the way an engine
 // developer checks a kernel against their framework. Optionally writes the
 // routed expert ids (capture) or forces them (replay).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,11 +13,14 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "flag_checks.h"
 #include "moekit/device_buffer.h"
 #include "layer_weights.h"
+#include "memory_budget.h"
 #include "moekit/capture.h"
 #include "moekit/io.h"
 #include "moekit/layer.h"
+#include "output_paths.h"
 
 namespace moekit::tools {
 namespace {
@@ -28,6 +33,7 @@ struct LayerOptions {
   std::string dtype;  // compute (activation) dtype; default: the weights' dtype
   std::string backend = "auto";
   bool no_bias = false;
+  bool logits_given = false, capture_given = false, replay_given = false;  // optional path flags, given (even as "")
 };
 
 // A .npy as a float tensor of `dtype` with shape [rows?, cols].
@@ -43,6 +49,12 @@ StatusOr<HostTensor> load_matrix(const std::string& path, const char* what, int6
   }
   if (t.dtype() == dtype) return t;
   return io::convert(t.view(), dtype);
+}
+
+Status expect_shape(const std::string& path, const char* what, const io::NpyInfo& info, std::vector<int64_t> want) {
+  if (info.shape == want) return Status::Ok();
+  return InvalidArgument(path + ": " + what + " must be " + TensorView::contiguous(nullptr, info.dtype, want).shape_string() +
+                         ", got " + TensorView::contiguous(nullptr, info.dtype, info.shape).shape_string());
 }
 
 // logits [M, E] f32 = hidden [M, H] . router [E, H]^T, fp32 accumulation in index order.
@@ -76,10 +88,48 @@ StatusOr<OnDevice> on_device(const HostTensor& t, Device device) {
   return d;
 }
 
+// What the command holds at its peak for M tokens: the stacked weights and the
+// kernel's f32 copy of them, the router, the inputs with their converted
+// copies, the outputs and their encoded files, and the kernel's workspace
+// (each routed row: its input, GEMM1 and GEMM2 rows in f32).
+double layer_memory_bytes(const LayerSize& s, int64_t tokens, int top_k, DType act_dtype) {
+  const double E = static_cast<double>(s.num_experts), N = static_cast<double>(s.w13_rows),
+               H = static_cast<double>(s.hidden), I = static_cast<double>(s.intermediate),
+               M = static_cast<double>(tokens), k = std::min<double>(top_k, E);
+  const double weights = E * H * (N + I) * (static_cast<double>(dtype_size(s.dtype)) + 4.0) + E * H * 4.0;
+  const double act = static_cast<double>(dtype_size(act_dtype));
+  const double inputs = M * H * (4.0 + act + 4.0) + M * E * 4.0 * 2.0;  // hidden as read, converted, f32 for logits
+  const double outputs = M * H * act * 2.0 + M * k * 4.0 * 4.0;          // out and its file; ids captured/forced
+  const double workspace = M * k * (2.0 * H + N) * 4.0 + M * H * 8.0 + M * k * 16.0;
+  return weights + inputs + outputs + workspace;
+}
+
+StatusOr<DType> compute_dtype(const std::string& flag) {
+  if (flag.empty()) return DType::kBF16;  // unused: the weights' dtype is the default
+  const std::optional<DType> d = parse_dtype(flag);
+  if (!d || (*d != DType::kF32 && *d != DType::kBF16)) {
+    return InvalidArgument("--dtype must be f32 or bf16, got '" + flag + "'");
+  }
+  return *d;
+}
+
 Status run_layer(const LayerOptions& o) {
+  std::vector<PathFlag> outputs = {{"--out", o.out_path}};
+  std::vector<PathFlag> inputs = {{"--weights", o.weights_path}, {"--hidden", o.hidden_path}};
+  if (o.capture_given) outputs.push_back({"--capture", o.capture_path});
+  if (o.logits_given) inputs.push_back({"--logits", o.logits_path});
+  if (o.replay_given) inputs.push_back({"--replay", o.replay_path});
+  MOEKIT_RETURN_IF_ERROR(check_output_paths(outputs, inputs));
+  MOEKIT_ASSIGN_OR_RETURN(const DType flag_dtype, compute_dtype(o.dtype));
   MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::SafetensorsFile::open(o.weights_path));
   const std::optional<int> layer_index = o.layer >= 0 ? std::optional<int>(o.layer) : std::nullopt;
-  MOEKIT_ASSIGN_OR_RETURN(LayerCheckpoint ckpt, load_layer_checkpoint(file, layer_index));
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
+  const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
+  const LayerSizeCheck fits = [&](const LayerSize& s) {
+    const DType act = o.dtype.empty() ? s.dtype : flag_dtype;
+    return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
+  };
+  MOEKIT_ASSIGN_OR_RETURN(LayerCheckpoint ckpt, load_layer_checkpoint(file, layer_index, fits));
   const int64_t E = ckpt.w13.shape()[0], N = ckpt.w13.shape()[1], H = ckpt.w13.shape()[2];
   const int64_t I = ckpt.w2.shape()[2];
 
@@ -88,13 +138,7 @@ Status run_layer(const LayerOptions& o) {
   cfg.hidden = H;
   cfg.intermediate = I;
   cfg.quant.weight_dtype = ckpt.w13.dtype();
-  if (o.dtype.empty()) {
-    cfg.quant.act_dtype = ckpt.w13.dtype();
-  } else {
-    auto d = parse_dtype(o.dtype);
-    if (!d) return InvalidArgument("--dtype: unknown dtype '" + o.dtype + "'");
-    cfg.quant.act_dtype = *d;
-  }
+  cfg.quant.act_dtype = o.dtype.empty() ? ckpt.w13.dtype() : flag_dtype;
   auto act = parse_activation(o.activation);
   if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
   cfg.activation.kind = *act;
@@ -106,15 +150,17 @@ Status run_layer(const LayerOptions& o) {
   const bool use_bias = ckpt.has_bias() && !o.no_bias && o.routing.method == "deepseek_v3";
   MOEKIT_ASSIGN_OR_RETURN(cfg.routing, routing_config_from(o.routing, E, use_bias));
   cfg.backend = o.backend;
-  cfg.needs_capture = !o.capture_path.empty();
-  cfg.needs_replay = !o.replay_path.empty();
+  cfg.needs_capture = o.capture_given;
+  cfg.needs_replay = o.replay_given;
 
   MOEKIT_ASSIGN_OR_RETURN(HostTensor hidden, load_matrix(o.hidden_path, "hidden", -1, H, cfg.quant.act_dtype));
   const int64_t M = hidden.shape()[0];
   HostTensor logits;
-  if (!o.logits_path.empty()) {
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor l, io::read_npy(o.logits_path));
-    const DType ldt = l.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  if (o.logits_given) {
+    // The header first: a file of another shape is refused before its data is read.
+    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.logits_path));
+    MOEKIT_RETURN_IF_ERROR(expect_shape(o.logits_path, "router logits", info, {M, E}));
+    const DType ldt = info.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
     MOEKIT_ASSIGN_OR_RETURN(logits, load_matrix(o.logits_path, "router logits", M, E, ldt));
   } else if (ckpt.has_router()) {
     logits = compute_logits(hidden, ckpt.router);
@@ -125,7 +171,9 @@ Status run_layer(const LayerOptions& o) {
   cfg.logits_dtype = logits.dtype();
   cfg.max_num_tokens = M;
   HostTensor forced;
-  if (!o.replay_path.empty()) {
+  if (o.replay_given) {
+    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.replay_path));
+    MOEKIT_RETURN_IF_ERROR(expect_shape(o.replay_path, "forced ids", info, {M, cfg.top_k()}));
     MOEKIT_ASSIGN_OR_RETURN(HostTensor ids, io::read_npy(o.replay_path));
     if (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI16 && ids.dtype() != DType::kU8) {
       return InvalidArgument(o.replay_path + ": forced ids must be i32, i16 or u8, got " + dtype_name(ids.dtype()));
@@ -140,7 +188,7 @@ Status run_layer(const LayerOptions& o) {
               static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
               dtype_name(cfg.quant.weight_dtype));
   std::printf("routing:  %s%s\n", cfg.routing.to_string().c_str(),
-              o.logits_path.empty() ? " (logits from the checkpoint's router)" : "");
+              o.logits_given ? "" : " (logits from the checkpoint's router)");
   std::printf("backend:  %s / %s on %s\n", layer->backend().c_str(), layer->kernel().name(),
               layer->device().to_string().c_str());
   const Device dev = layer->device();
@@ -161,7 +209,7 @@ Status run_layer(const LayerOptions& o) {
   args.hidden = d_hidden.view;
   args.router_logits = d_logits.view;
   args.out = d_out.view;
-  if (!o.replay_path.empty()) args.forced_ids = forced.view();
+  if (o.replay_given) args.forced_ids = forced.view();
 
   const auto t0 = std::chrono::steady_clock::now();
   MOEKIT_RETURN_IF_ERROR(capturer->begin_step(step));
@@ -173,12 +221,12 @@ Status run_layer(const LayerOptions& o) {
                                                     out.nbytes()));
   }
   std::printf("run:      M=%lld tokens in %.3f ms%s\n", static_cast<long long>(M), ms,
-              o.replay_path.empty() ? "" : " (forced ids)");
+              o.replay_given ? " (forced ids)" : "");
 
   std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
   MOEKIT_ASSIGN_OR_RETURN(auto out_bytes, io::encode_npy(out.view()));
   files.emplace_back(o.out_path, std::move(out_bytes));
-  if (!o.capture_path.empty()) {
+  if (o.capture_given) {
     MOEKIT_ASSIGN_OR_RETURN(HostTensor ids, capturer->routed_experts("layer"));  // [M, 1, k] i16
     HostTensor ids2(DType::kI32, {M, cfg.top_k()});
     for (int64_t i = 0; i < ids.numel(); ++i) ids2.data<int32_t>()[i] = ids.data<int16_t>()[i];
@@ -189,7 +237,7 @@ Status run_layer(const LayerOptions& o) {
   std::printf("wrote:    %s [%lld, %lld] %s%s\n", o.out_path.c_str(), static_cast<long long>(M),
               static_cast<long long>(H), dtype_name(cfg.quant.act_dtype),
               cfg.quant.act_dtype == DType::kBF16 ? " (stored as f32, exact)" : "");
-  if (!o.capture_path.empty()) {
+  if (o.capture_given) {
     std::printf("wrote:    %s [%lld, %d] i32 routed expert ids (logical, spec order)\n", o.capture_path.c_str(),
                 static_cast<long long>(M), cfg.top_k());
   }
@@ -203,7 +251,8 @@ void add_layer_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("layer", "Run one MoE layer on dumped tensors with checkpoint weights");
   cmd->add_option("--weights", o->weights_path, "safetensors file with the layer's experts (docs/layer_files.md)")
       ->required();
-  cmd->add_option("--layer", o->layer, "model layer N (tensors under 'layers.N.'); needed when the file has several");
+  cmd->add_option("--layer", o->layer, "model layer N (tensors under 'layers.N.'); needed when the file has several")
+      ->check(integer_in(0, std::numeric_limits<int>::max()));
   cmd->add_option("--hidden", o->hidden_path, "hidden states .npy [M, H] (f32 or bf16)")->required();
   cmd->add_option("--logits", o->logits_path,
                   "router logits .npy [M, E] (f32 or bf16); default: hidden . gate.weight^T from the checkpoint");
@@ -215,7 +264,10 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "compute dtype of hidden/out: f32|bf16 (default: the weights')");
   cmd->add_flag("--no-bias", o->no_bias, "deepseek_v3: ignore the checkpoint's e_score_correction_bias");
   add_routing_flags(cmd, &o->routing, /*top_k_required=*/true);
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
+    o->logits_given = cmd->count("--logits") > 0;
+    o->capture_given = cmd->count("--capture") > 0;
+    o->replay_given = cmd->count("--replay") > 0;
     const Status st = run_layer(*o);
     finish(st.ok() ? kExitOk : report_error("layer", st));
   });

@@ -7,8 +7,10 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "memory_budget.h"
 #include "moekit/io.h"
 #include "moekit/routing.h"
+#include "output_paths.h"
 
 namespace moekit::tools {
 namespace {
@@ -20,6 +22,7 @@ struct RouteOptions {
   std::string ids_path;
   std::string weights_path;
   std::string counts_path;
+  bool counts_given = false, bias_given = false;  // the optional path flags, given (even as "")
 };
 
 // Logits as route_cpu takes them: [M, E] f32 or bf16 (f16 widened to f32).
@@ -43,11 +46,13 @@ StatusOr<HostTensor> load_logits(const std::string& path) {
 
 // The score bias as route_cpu takes it: [E] f32.
 StatusOr<HostTensor> load_bias(const std::string& path, int64_t num_experts) {
-  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, io::read_npy(path));
-  if (t.shape() != std::vector<int64_t>{num_experts}) {
+  // The header first: a file of another shape is refused before its data is read.
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(path));
+  if (info.shape != std::vector<int64_t>{num_experts}) {
     return InvalidArgument(path + ": bias must be [" + std::to_string(num_experts) + "] (one per expert), got " +
-                           t.view().shape_string());
+                           TensorView::contiguous(nullptr, info.dtype, info.shape).shape_string());
   }
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, io::read_npy(path));
   switch (t.dtype()) {
     case DType::kF32: return t;
     case DType::kBF16:
@@ -60,7 +65,23 @@ StatusOr<HostTensor> load_bias(const std::string& path, int64_t num_experts) {
   return InvalidArgument(path + ": bias must be f32 or bf16, got " + dtype_name(t.dtype()));
 }
 
+// Logits (and their f32 copy when f16), ids and weights, and the encoded files.
+Status check_route_memory(const RouteOptions& o) {
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.logits_path));
+  if (info.shape.size() != 2) return Status::Ok();  // load_logits says what is wrong
+  const double M = static_cast<double>(info.shape[0]), E = static_cast<double>(info.shape[1]);
+  const double logits = M * E * static_cast<double>(dtype_size(info.dtype)) * (info.dtype == DType::kF16 ? 3.0 : 1.0);
+  const double outputs = 2.0 * (M * o.routing.top_k * 8.0 + E * 4.0);
+  return check_memory("route", logits + outputs);
+}
+
 Status run_route(const RouteOptions& o) {
+  std::vector<PathFlag> outputs = {{"--out-ids", o.ids_path}, {"--out-weights", o.weights_path}};
+  std::vector<PathFlag> inputs = {{"--logits", o.logits_path}};
+  if (o.counts_given) outputs.push_back({"--out-counts", o.counts_path});
+  if (o.bias_given) inputs.push_back({"--bias", o.bias_path});
+  MOEKIT_RETURN_IF_ERROR(check_output_paths(outputs, inputs));
+  MOEKIT_RETURN_IF_ERROR(check_route_memory(o));
   MOEKIT_ASSIGN_OR_RETURN(HostTensor logits, load_logits(o.logits_path));
   const int64_t M = logits.shape()[0];
   const int64_t E = logits.shape()[1];
@@ -106,7 +127,9 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--out-ids", opts->ids_path, "output: expert ids [M, k] i32 .npy")->required();
   cmd->add_option("--out-weights", opts->weights_path, "output: weights [M, k] f32 .npy")->required();
   cmd->add_option("--out-counts", opts->counts_path, "output: tokens per expert [E] i32 .npy");
-  cmd->callback([opts] {
+  cmd->callback([opts, cmd] {
+    opts->counts_given = cmd->count("--out-counts") > 0;
+    opts->bias_given = cmd->count("--bias") > 0;
     const Status s = run_route(*opts);
     finish(s.ok() ? kExitOk : report_error("route", s));
   });

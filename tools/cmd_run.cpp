@@ -4,8 +4,6 @@
 // tokens/s and the expert load of every layer. It captures the routed experts
 // (unless --no-capture), writes the capture file, replays it and reports
 // whether the outputs matched bit for bit.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -18,10 +16,13 @@
 #include "batch_schedule.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "flag_checks.h"
+#include "memory_budget.h"
 #include "model_forward.h"
 #include "moekit/capture.h"
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
+#include "output_paths.h"
 #include "run_capture.h"
 #include "synthetic_model.h"
 
@@ -43,6 +44,7 @@ struct RunOptions {
 };
 
 using Clock = std::chrono::steady_clock;
+constexpr double kMaxRunTokens = 1099511627776.0;  // 2^40
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Status check_options(const RunOptions& o) {
@@ -54,19 +56,17 @@ Status check_options(const RunOptions& o) {
                            std::to_string(o.num_requests) + "): every prompt has at least one token");
   }
   if (o.decode_tokens < 0) return InvalidArgument("--decode must be >= 0");
-  if (o.threads < 0) return InvalidArgument("--threads must be >= 0");
-  MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
-  // bf16 checkpoint + the kernels' f32 copies, all layers resident.
-  const double bytes = static_cast<double>(s.num_layers) * static_cast<double>(s.num_experts) * 3.0 *
-                       static_cast<double>(s.hidden) * static_cast<double>(s.intermediate) * (2.0 + 4.0);
-  const double phys = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-  if (phys > 0 && bytes > 0.8 * phys) {
-    char msg[160];
-    std::snprintf(msg, sizeof msg, "the model needs about %.1f GiB of weights, this machine has %.1f GiB",
-                  bytes / (1 << 30), phys / (1 << 30));
-    return ResourceExhausted(msg);
+  // Token positions are int64 and digests are kept per step: bound the total.
+  const double total = static_cast<double>(o.prompt_tokens) +
+                       static_cast<double>(o.num_requests) * static_cast<double>(o.decode_tokens);
+  if (total > kMaxRunTokens) {
+    char msg[128];
+    std::snprintf(msg, sizeof msg, "--tokens + --requests x --decode is %.3g tokens; at most 2^40 per run", total);
+    return InvalidArgument(msg);
   }
-  return Status::Ok();
+  MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
+  if (!o.no_capture) MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--capture", o.capture_path}}, {}));
+  return check_memory("run", run_memory_bytes(s, o.num_requests, o.prompt_tokens, o.decode_tokens, !o.no_capture));
 }
 
 // " .:-=+*#%@" by share of the busiest expert; at most 64 columns (experts
@@ -203,14 +203,19 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--intermediate", s.intermediate, "expert intermediate size (I)")->capture_default_str();
   cmd->add_option("--num-groups", s.num_groups, "deepseek_v3 expert groups")->capture_default_str();
   cmd->add_option("--topk-groups", s.topk_groups, "deepseek_v3 groups kept per token")->capture_default_str();
-  cmd->add_option("--scaling", s.routed_scaling_factor, "deepseek_v3 routed scaling factor")->capture_default_str();
+  cmd->add_option("--scaling", s.routed_scaling_factor, "deepseek_v3 routed scaling factor")
+      ->check(finite_positive_f32())
+      ->capture_default_str();
   cmd->add_option("--tokens", o->prompt_tokens, "prompt tokens of all requests together")->capture_default_str();
   cmd->add_option("--requests", o->num_requests, "requests in the batch")->capture_default_str();
   cmd->add_option("--decode", o->decode_tokens, "tokens generated per request")->capture_default_str();
   cmd->add_option("--max-batch-tokens", s.max_num_tokens, "token budget of one step (max_num_tokens)")
       ->capture_default_str();
-  cmd->add_option("--seed", s.seed, "seed of weights, embeddings and prompt lengths")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--seed", s.seed, "seed of weights, embeddings and prompt lengths")
+      ->check(unsigned_64())
+      ->capture_default_str();
+  // NOTE: the bound of MOEKIT_NUM_THREADS too (src/core/parallel_for.cpp).
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all)")->check(integer_in(0, 1024))->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto (the oracle picks; the GPU when present), or a backend name")
       ->capture_default_str();
   cmd->add_option("--capture", o->capture_path, "capture file to write (then replayed)")->capture_default_str();

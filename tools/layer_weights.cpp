@@ -2,9 +2,9 @@
 
 #include <cstring>
 #include <map>
-#include <regex>
-#include <set>
 #include <vector>
+
+#include "layer_names.h"
 
 namespace moekit::tools {
 namespace {
@@ -54,14 +54,15 @@ StatusOr<HostTensor> optional_f32(const io::SafetensorsFile& file, const std::ve
   return HostTensor();
 }
 
-// Stacks per-expert projections into w13 [E, 2I, H] and w2 [E, H, I].
+// Stacks per-expert projections into w13 [E, 2I, H] and w2 [E, H, I]. Every
+// expert is checked before anything is allocated.
 Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix, const Candidate& c,
-                     LayerCheckpoint* out) {
+                     const LayerSizeCheck& check_size, LayerCheckpoint* out) {
   const int64_t E = c.experts.rbegin()->first + 1;
+  const bool mixtral = c.naming == "w1/w3/w2";
+  const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
   for (int64_t e = 0; e < E; ++e) {
     auto it = c.experts.find(e);
-    const char* names[3] = {c.naming == "w1/w3/w2" ? "w1" : "gate_proj", c.naming == "w1/w3/w2" ? "w3" : "up_proj",
-                            c.naming == "w1/w3/w2" ? "w2" : "down_proj"};
     if (it == c.experts.end()) return InvalidArgument(prefix + "experts." + std::to_string(e) + ": expert missing");
     const ExpertTensors& x = it->second;
     const io::SafetensorsEntry* parts[3] = {x.gate, x.up, x.down};
@@ -72,12 +73,10 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
     }
   }
   const io::SafetensorsEntry& g0 = *c.experts.at(0).gate;
+  MOEKIT_RETURN_IF_ERROR(check_float(g0));
   if (g0.shape.size() != 2) return InvalidArgument(g0.name + ": expected [I, H], got " + shape_text(g0.shape));
   const int64_t I = g0.shape[0], H = g0.shape[1];
   const DType dtype = *g0.dtype;
-  out->w13 = HostTensor(dtype, {E, 2 * I, H});
-  out->w2 = HostTensor(dtype, {E, H, I});
-  const size_t el = dtype_size(dtype);
   for (int64_t e = 0; e < E; ++e) {
     const ExpertTensors& x = c.experts.at(e);
     const std::pair<const io::SafetensorsEntry*, std::vector<int64_t>> want[3] = {
@@ -93,41 +92,50 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
                                g0.dtype_name);
       }
     }
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor g, file.read(x.gate->name));
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor u, file.read(x.up->name));
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor d, file.read(x.down->name));
-    auto* w13 = out->w13.data<unsigned char>() + static_cast<size_t>(e * 2 * I * H) * el;
-    std::memcpy(w13, g.data<unsigned char>(), g.nbytes());
-    std::memcpy(w13 + g.nbytes(), u.data<unsigned char>(), u.nbytes());
-    std::memcpy(out->w2.data<unsigned char>() + static_cast<size_t>(e * H * I) * el, d.data<unsigned char>(),
-                d.nbytes());
+  }
+  // Every expert's tensors lie in the file without overlapping, so these sizes fit.
+  if (check_size) MOEKIT_RETURN_IF_ERROR(check_size(LayerSize{E, 2 * I, H, I, dtype}));
+  out->w13 = HostTensor(dtype, {E, 2 * I, H});
+  out->w2 = HostTensor(dtype, {E, H, I});
+  const size_t el = dtype_size(dtype);
+  for (int64_t e = 0; e < E; ++e) {
+    const ExpertTensors& x = c.experts.at(e);
+    const io::SafetensorsEntry* parts[3] = {x.gate, x.up, x.down};
+    unsigned char* dst[3] = {out->w13.data<unsigned char>() + static_cast<size_t>(e * 2 * I * H) * el,
+                             out->w13.data<unsigned char>() + static_cast<size_t>((e * 2 + 1) * I * H) * el,
+                             out->w2.data<unsigned char>() + static_cast<size_t>(e * H * I) * el};
+    for (int p = 0; p < 3; ++p) {
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor t, file.read(parts[p]->name));
+      if (t.nbytes()) std::memcpy(dst[p], t.data<unsigned char>(), t.nbytes());
+    }
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer) {
-  static const std::regex kExpert(R"(^(.*)experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$)");
-  static const std::regex kStacked(R"(^(.*)w13$)");
+StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer,
+                                                 const LayerSizeCheck& check_size) {
   std::map<std::string, Candidate> found;  // by prefix
   for (const io::SafetensorsEntry& e : file.entries()) {
-    std::smatch m;
-    if (std::regex_match(e.name, m, kStacked)) {
-      if (file.contains(m[1].str() + "w2")) found[m[1].str()].naming = "moekit";
-    } else if (std::regex_match(e.name, m, kExpert)) {
-      const std::string prefix = m[1].str(), proj = m[3].str();
-      Candidate& c = found[prefix];
-      const std::string naming = (proj == "w1" || proj == "w2" || proj == "w3") ? "w1/w3/w2" : "gate_proj/up_proj/down_proj";
-      if (!c.naming.empty() && c.naming != naming) {
-        return InvalidArgument(file.path() + ": " + prefix + "experts.* mixes the " + c.naming + " and " + naming +
-                               " namings");
-      }
-      c.naming = naming;
-      ExpertTensors& x = c.experts[std::stoll(m[2].str())];
-      if (proj == "gate_proj" || proj == "w1") x.gate = &e;
-      if (proj == "up_proj" || proj == "w3") x.up = &e;
-      if (proj == "down_proj" || proj == "w2") x.down = &e;
+    if (const std::optional<std::string> stacked = stacked_w13_prefix(e.name)) {
+      if (file.contains(*stacked + "w2")) found[*stacked].naming = "moekit";
+      continue;
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> name, parse_expert_tensor_name(e.name));
+    if (!name) continue;
+    Candidate& c = found[name->prefix];
+    const std::string naming = name->mixtral ? "w1/w3/w2" : "gate_proj/up_proj/down_proj";
+    if (!c.naming.empty() && c.naming != naming) {
+      return InvalidArgument(file.path() + ": " + name->prefix + "experts.* mixes the " + c.naming + " and " +
+                             naming + " namings");
+    }
+    c.naming = naming;
+    ExpertTensors& x = c.experts[name->expert];
+    switch (name->projection) {
+      case Projection::kGate: x.gate = &e; break;
+      case Projection::kUp: x.up = &e; break;
+      case Projection::kDown: x.down = &e; break;
     }
   }
   std::vector<std::string> prefixes;
@@ -161,10 +169,13 @@ StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file,
                              " must be [E, 2I, H] and [E, H, I]");
     }
     if (w13.dtype != w2.dtype) return InvalidArgument(file.path() + ": w13 and w2 must share a dtype");
+    if (check_size) {
+      MOEKIT_RETURN_IF_ERROR(check_size(LayerSize{w13.shape[0], w13.shape[1], w13.shape[2], w2.shape[2], *w13.dtype}));
+    }
     MOEKIT_ASSIGN_OR_RETURN(out.w13, file.read(w13.name));
     MOEKIT_ASSIGN_OR_RETURN(out.w2, file.read(w2.name));
   } else {
-    MOEKIT_RETURN_IF_ERROR(stack_experts(file, prefix, c, &out));
+    MOEKIT_RETURN_IF_ERROR(stack_experts(file, prefix, c, check_size, &out));
   }
   const int64_t E = out.w13.shape()[0], H = out.w13.shape()[2];
   MOEKIT_ASSIGN_OR_RETURN(out.score_bias,

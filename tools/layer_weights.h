@@ -9,6 +9,7 @@
 // <prefix>gate.e_score_correction_bias). Tensors bf16 or f32.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -29,8 +30,22 @@ struct LayerCheckpoint {
   bool has_router() const { return !router.shape().empty(); }
 };
 
+// The sizes of the layer found, before its weights are copied out of the file.
+struct LayerSize {
+  int64_t num_experts = 0;   // E
+  int64_t w13_rows = 0;      // N: 2I (gated) or I
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I
+  DType dtype = DType::kBF16;
+};
+// Called once the layer's tensors are found and checked, before anything is
+// allocated for them (e.g. to compare what the command will need with what
+// the machine has); an error stops the load.
+using LayerSizeCheck = std::function<Status(const LayerSize&)>;
+
 // Finds the layer's tensors; `layer` picks "layers.<N>." when the file holds
 // several layers (required then). Errors name what is missing or inconsistent.
-StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer);
+StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer,
+                                                 const LayerSizeCheck& check_size = {});
 
 }  // namespace moekit::tools

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
+#include <new>
+#include <string>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -16,15 +18,33 @@ int main(int argc, char** argv) {
   moekit::tools::add_layer_command(app);
   moekit::tools::add_replay_command(app);
   moekit::tools::add_bench_command(app);
+  // NOTE: every bad command line is answered with one line on stderr and exit
+  // code 2; help (--help) is the only multi-line answer.
+  if (const std::string unknown = moekit::tools::unknown_command(app, argc, argv); !unknown.empty()) {
+    std::cerr << "moekit: error: " << unknown << "\n";
+    return moekit::tools::kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a subcommand failed and has said why
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // prints help, or the parse error and a hint
-    return code == 0 ? moekit::tools::kExitOk : moekit::tools::kExitBadInput;
+    std::cerr << "moekit" << moekit::tools::command_of(app) << ": error: " << moekit::tools::one_line(e.what())
+              << " (--help lists the flags)\n";
+    return moekit::tools::kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    // The commands check sizes before they allocate; this is the last resort.
+    std::cerr << "moekit" << moekit::tools::command_of(app)
+              << ": error: ResourceExhausted: out of memory (an allocation failed)\n";
+    return moekit::tools::kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "moekit: internal error: " << e.what() << "\n";
+    std::cerr << "moekit: internal error: " << moekit::tools::one_line(e.what()) << "\n";
     return moekit::tools::kExitInternal;
   }
   return moekit::tools::kExitOk;

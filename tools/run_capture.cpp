@@ -1,9 +1,14 @@
 #include "run_capture.h"
 
+#include <charconv>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include <nlohmann/json.hpp>
+
+#include "memory_budget.h"
 
 namespace moekit::tools {
 
@@ -45,55 +50,70 @@ std::string encode_run_description(const RunDescription& r) {
 }
 
 StatusOr<RunDescription> decode_run_description(const std::string& text) {
-  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   const std::string what = std::string("capture metadata \"") + kRunMetadataKey + "\"";
-  if (j.is_discarded() || !j.is_object()) return DataLoss(what + " is not a JSON object");
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (text.find('\0') != std::string::npos || j.is_discarded() || !j.is_object()) {
+    return DataLoss(what + " is not a JSON object");
+  }
   auto need = [&](const Json& obj, const char* key) -> StatusOr<Json> {
     if (!obj.is_object() || !obj.contains(key)) return DataLoss(what + " lacks \"" + key + "\"");
     return obj.at(key);
   };
-  auto integer = [&](const Json& obj, const char* key) -> StatusOr<int64_t> {
+  // An integer in [lo, hi]: never truncated into a smaller type.
+  auto integer = [&](const Json& obj, const char* key, int64_t lo, int64_t hi) -> StatusOr<int64_t> {
     MOEKIT_ASSIGN_OR_RETURN(Json v, need(obj, key));
-    if (!v.is_number_integer()) return DataLoss(what + ": \"" + key + "\" must be an integer");
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                             : v.is_number_integer() && v.get<int64_t>() <= hi;
+    if (!fits || v.get<int64_t>() < lo) {
+      return DataLoss(what + ": \"" + key + "\" must be an integer in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
+    }
     return v.get<int64_t>();
   };
+  constexpr int64_t kInt = std::numeric_limits<int>::max(), kInt64 = std::numeric_limits<int64_t>::max();
   RunDescription r;
   MOEKIT_ASSIGN_OR_RETURN(Json spec, need(j, "spec"));
   SyntheticModelSpec& s = r.spec;
-  MOEKIT_ASSIGN_OR_RETURN(int64_t layers, integer(spec, "num_layers"));
-  MOEKIT_ASSIGN_OR_RETURN(s.num_experts, integer(spec, "num_experts"));
-  MOEKIT_ASSIGN_OR_RETURN(int64_t top_k, integer(spec, "top_k"));
-  MOEKIT_ASSIGN_OR_RETURN(s.hidden, integer(spec, "hidden"));
-  MOEKIT_ASSIGN_OR_RETURN(s.intermediate, integer(spec, "intermediate"));
-  MOEKIT_ASSIGN_OR_RETURN(int64_t groups, integer(spec, "num_groups"));
-  MOEKIT_ASSIGN_OR_RETURN(int64_t topk_groups, integer(spec, "topk_groups"));
-  MOEKIT_ASSIGN_OR_RETURN(s.max_num_tokens, integer(spec, "max_num_tokens"));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t layers, integer(spec, "num_layers", 1, kInt));
+  MOEKIT_ASSIGN_OR_RETURN(s.num_experts, integer(spec, "num_experts", 1, kInt64));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t top_k, integer(spec, "top_k", 1, kInt));
+  MOEKIT_ASSIGN_OR_RETURN(s.hidden, integer(spec, "hidden", 1, kInt64));
+  MOEKIT_ASSIGN_OR_RETURN(s.intermediate, integer(spec, "intermediate", 1, kInt64));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t groups, integer(spec, "num_groups", 1, kInt));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t topk_groups, integer(spec, "topk_groups", 1, kInt));
+  MOEKIT_ASSIGN_OR_RETURN(s.max_num_tokens, integer(spec, "max_num_tokens", 1, kInt64));
   MOEKIT_ASSIGN_OR_RETURN(Json seed, need(spec, "seed"));
   MOEKIT_ASSIGN_OR_RETURN(Json scaling, need(spec, "routed_scaling_factor"));
-  if (!seed.is_number_unsigned() && !seed.is_number_integer()) return DataLoss(what + ": \"seed\" must be an integer");
-  if (!scaling.is_number()) return DataLoss(what + ": \"routed_scaling_factor\" must be a number");
+  if (!seed.is_number_unsigned()) return DataLoss(what + ": \"seed\" must be an integer in [0, 2^64)");
+  const double scale = scaling.is_number() ? scaling.get<double>() : 0.0;
+  if (!(scale > 0.0) || !std::isfinite(scale) || scale > std::numeric_limits<float>::max()) {
+    return DataLoss(what + ": \"routed_scaling_factor\" must be a finite number > 0 (f32)");
+  }
   s.num_layers = static_cast<int>(layers);
   s.top_k = static_cast<int>(top_k);
   s.num_groups = static_cast<int>(groups);
   s.topk_groups = static_cast<int>(topk_groups);
   s.seed = seed.get<uint64_t>();
-  s.routed_scaling_factor = scaling.get<float>();
+  s.routed_scaling_factor = static_cast<float>(scale);
   MOEKIT_ASSIGN_OR_RETURN(Json backend, need(j, "backend"));
   if (!backend.is_string()) return DataLoss(what + ": \"backend\" must be a string");
   r.backend = backend.get<std::string>();
-  MOEKIT_ASSIGN_OR_RETURN(int64_t requests, integer(j, "num_requests"));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t requests, integer(j, "num_requests", 1, kInt));
   r.num_requests = static_cast<int>(requests);
-  MOEKIT_ASSIGN_OR_RETURN(r.prompt_tokens, integer(j, "prompt_tokens"));
-  MOEKIT_ASSIGN_OR_RETURN(r.decode_tokens, integer(j, "decode_tokens"));
+  MOEKIT_ASSIGN_OR_RETURN(r.prompt_tokens, integer(j, "prompt_tokens", 1, kInt64));
+  MOEKIT_ASSIGN_OR_RETURN(r.decode_tokens, integer(j, "decode_tokens", 0, kInt64));
   MOEKIT_ASSIGN_OR_RETURN(Json digests, need(j, "step_digests"));
   if (!digests.is_array()) return DataLoss(what + ": \"step_digests\" must be an array");
   for (const Json& d : digests) {
-    if (!d.is_string() || d.get<std::string>().size() != 16) return DataLoss(what + ": bad step digest");
-    r.step_digests.push_back(std::stoull(d.get<std::string>(), nullptr, 16));
+    // Exactly 16 hex digits (how encode_run_description writes them).
+    const std::string* hex_text = d.is_string() ? d.get_ptr<const std::string*>() : nullptr;
+    uint64_t v = 0;
+    const bool ok = hex_text && hex_text->size() == 16 &&
+                    std::from_chars(hex_text->data(), hex_text->data() + 16, v, 16).ptr == hex_text->data() + 16;
+    if (!ok) return DataLoss(what + ": step digest " + std::to_string(r.step_digests.size()) + " is not 16 hex digits");
+    r.step_digests.push_back(v);
   }
-  if (r.num_requests < 1 || r.prompt_tokens < r.num_requests || r.decode_tokens < 0 || s.num_layers < 1) {
-    return DataLoss(what + ": request counts are inconsistent");
-  }
+  if (r.prompt_tokens < r.num_requests) return DataLoss(what + ": request counts are inconsistent");
   return r;
 }
 
@@ -185,6 +205,9 @@ StatusOr<ReplayOutcome> replay_capture_file(const std::string& path, const Platf
   MoeConfig config = synthetic_config(run.spec, run.backend);
   config.needs_replay = true;
   MOEKIT_RETURN_IF_ERROR(config.validate());
+  // The capture is held already; the model and schedule it describes are not.
+  MOEKIT_RETURN_IF_ERROR(check_memory("replay", run_memory_bytes(run.spec, run.num_requests, run.prompt_tokens,
+                                                                 run.decode_tokens, /*capture=*/false)));
   MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(run.spec, config, platform));
   if (run_out) *run_out = run;
   return replay_run(run, model, std::move(captures));

@@ -38,6 +38,15 @@ StatusOr<HostTensor> read_npy(const std::string& path);
 // The same from bytes in memory; `name` labels error messages.
 StatusOr<HostTensor> parse_npy(const void* bytes, size_t size, std::string_view name);
 
+// What a .npy file holds, checked as read_npy checks it (header, and data
+// exactly as long as the shape needs) without reading the data: to size a
+// job before loading it.
+struct NpyInfo {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+StatusOr<NpyInfo> read_npy_info(const std::string& path);
+
 // Writes a contiguous host tensor (f32, f16, bf16, i32, i16, u8; f8_e4m3 is
 // widened to '<f4'). Atomic: nothing is left at `path` on failure.
 Status write_npy(const std::string& path, const TensorView& t, const NpyWriteOptions& opts = {});
@@ -96,6 +105,7 @@ class SafetensorsFile {
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, std::string> metadata_;
   std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t, std::less<>> index_;  // name -> position in entries_ (find() in O(log n))
 };
 
 struct NamedTensor {

@@ -10,7 +10,7 @@
 // - Runs inline (one call f(0, n)) when n <= grain, when the pool has a single
 //   thread, or when called from inside another parallel_for (no nested pools,
 //   no deadlock). Concurrent calls from independent threads take turns.
-// - Pool size: MOEKIT_NUM_THREADS if set (>= 1), else std::thread::hardware_concurrency().
+// - Pool size: MOEKIT_NUM_THREADS if set (>= 1; at most 1024), else std::thread::hardware_concurrency().
 #pragma once
 
 #include <cstdint>

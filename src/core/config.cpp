@@ -1,5 +1,6 @@
 #include "moekit/config.h"
 
+#include <cmath>
 #include <sstream>
 
 namespace moekit {
@@ -94,8 +95,8 @@ Status RoutingConfig::validate(int num_experts) const {
       return InvalidArgument(field("routing.top_k", "(" + std::to_string(top_k) + ") exceeds the experts in the kept groups (" +
                                                         std::to_string(topk_groups * per_group) + ")"));
     }
-    if (!(routed_scaling_factor > 0.0f)) {
-      return InvalidArgument(field("routing.routed_scaling_factor", "must be > 0"));
+    if (!(routed_scaling_factor > 0.0f) || !std::isfinite(routed_scaling_factor)) {
+      return InvalidArgument(field("routing.routed_scaling_factor", "must be finite and > 0"));
     }
   } else if (has_score_bias) {
     return InvalidArgument(field("routing.has_score_bias", "a score bias is only used by deepseek_v3"));

@@ -28,10 +28,15 @@ struct Job {
 // call then runs inline.
 thread_local bool t_in_parallel = false;
 
+// NOTE: the same bound as `moekit run --threads` (tools/cmd_run.cpp): more
+// threads than this is a typo, not a machine.
+constexpr long kMaxThreads = 1024;
+
 int threads_from_env() {
   if (const char* s = std::getenv("MOEKIT_NUM_THREADS")) {
-    const int v = std::atoi(s);
-    if (v >= 1) return v;
+    char* end = nullptr;
+    const long v = std::strtol(s, &end, 10);  // atoi's overflow is undefined; strtol's is not
+    if (end != s && *end == '\0' && v >= 1) return static_cast<int>(std::min(v, kMaxThreads));
   }
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);

@@ -1,5 +1,6 @@
 #include "moekit/tensor.h"
 
+#include <limits>
 #include <sstream>
 
 namespace moekit {
@@ -9,6 +10,13 @@ std::string Device::to_string() const {
 }
 
 namespace {
+// NOTE: saturating, so any view's arithmetic is defined; readers refuse
+// shapes whose sizes overflow before a view exists (core/checked_size.h).
+int64_t mul_sat(int64_t a, int64_t b) {
+  int64_t p = 0;
+  return __builtin_mul_overflow(a, b, &p) ? std::numeric_limits<int64_t>::max() : p;
+}
+
 template <typename Shape>
 TensorView make_contiguous(void* data, DType dtype, const Shape& shape, Device device) {
   TensorView v;
@@ -21,7 +29,7 @@ TensorView make_contiguous(void* data, DType dtype, const Shape& shape, Device d
   int64_t stride = 1;
   for (int d = v.rank - 1; d >= 0; --d) {
     v.strides[d] = stride;
-    stride *= v.shape[d];
+    stride = mul_sat(stride, v.shape[d]);
   }
   return v;
 }
@@ -39,7 +47,7 @@ TensorView TensorView::contiguous(void* data, DType dtype, const std::vector<int
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) n = mul_sat(n, shape[i]);
   return n;
 }
 
@@ -47,7 +55,7 @@ bool TensorView::is_contiguous() const {
   int64_t stride = 1;
   for (int d = rank - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != stride) return false;
-    stride *= shape[d];
+    stride = mul_sat(stride, shape[d]);
   }
   return true;
 }
@@ -103,7 +111,7 @@ HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype),
 
 int64_t HostTensor::numel() const {
   int64_t n = 1;
-  for (int64_t s : shape_) n *= s;
+  for (int64_t s : shape_) n = mul_sat(n, s);
   return n;
 }
 

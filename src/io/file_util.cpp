@@ -8,6 +8,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <new>
+#include <optional>
+#include <stdexcept>
 
 #include "moekit/io.h"
 
@@ -75,7 +79,22 @@ ByteSource::~ByteSource() {
   if (mapped_) ::munmap(mapped_, size_);
 }
 
+StatusOr<HostTensor> allocate_host_tensor(DType dtype, const std::vector<int64_t>& shape, const std::string& name) {
+  try {
+    return HostTensor(dtype, shape);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
+  double bytes = static_cast<double>(dtype_size(dtype));
+  for (int64_t d : shape) bytes *= static_cast<double>(d);
+  char what[64];
+  std::snprintf(what, sizeof what, "%.3g GiB", bytes / (1ull << 30));
+  return ResourceExhausted(name + ": cannot allocate " + what + " for its data");
+}
+
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string temp_name_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
@@ -98,6 +117,115 @@ Status write_temp(const std::string& tmp, const std::string& path, const std::ve
   return Status::Ok();
 }
 
+// One output of write_files_atomic through its commit.
+struct Target {
+  const std::string* path = nullptr;
+  std::string temp;       // the staged contents, renamed onto *path by the commit
+  std::string backup;     // the file *path held before, kept until every output is in place
+  bool existed = false;
+  bool moved_away = false;  // the backup was made by a rename (no hard links here), not a link
+  bool committed = false;
+};
+
+// The same file twice: equal after resolving symlinks and "..", or one inode.
+std::string identity(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) p = fs::path(path).lexically_normal();
+  return p.string();
+}
+
+// Everything a rename could refuse, and two outputs naming one file, checked
+// before any file is written.
+Status check_destinations(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files,
+                          std::vector<Target>* targets) {
+  struct Seen {
+    std::string id;
+    std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
+  };
+  std::vector<Seen> seen;
+  for (const auto& [path, bytes] : files) {
+    if (path.empty()) return InvalidArgument("output path is empty");
+    Target t;
+    t.path = &path;
+    Seen me{identity(path), std::nullopt};
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return InvalidArgument(path + ": is a directory, not a file");
+      if (!S_ISREG(st.st_mode)) return InvalidArgument(path + ": not a regular file, cannot be replaced");
+      t.existed = true;
+      me.inode = std::pair{st.st_dev, st.st_ino};
+    } else if (errno != ENOENT) {
+      return os_error(path, "cannot check", errno);
+    } else if (path.back() == '/') {
+      return InvalidArgument(path + ": names a folder, not a file");
+    }
+    std::string parent = fs::path(path).parent_path().string();
+    if (parent.empty()) parent = ".";
+    struct stat pst {};
+    if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode)) {
+      return NotFound(path + ": folder '" + parent + "' does not exist");
+    }
+    for (size_t j = 0; j < seen.size(); ++j) {
+      if (seen[j].id == me.id || (me.inode && seen[j].inode == me.inode)) {
+        return InvalidArgument(path + ": the same file as output '" + *(*targets)[j].path + "'");
+      }
+    }
+    seen.push_back(std::move(me));
+    targets->push_back(std::move(t));
+  }
+  return Status::Ok();
+}
+
+// Puts back what `t` replaced (or removes what it created). False when the OS refused.
+bool restore(Target& t) {
+  bool ok = true;
+  if (t.committed || t.moved_away) {
+    if (t.existed) {
+      ok = ::rename(t.backup.c_str(), t.path->c_str()) == 0;
+    } else {
+      ok = ::unlink(t.path->c_str()) == 0;
+    }
+  }
+  if (!t.backup.empty()) ::unlink(t.backup.c_str());  // a link to the file still in place
+  return ok;
+}
+
+Status commit(std::vector<Target>& targets, detail::RenameFn rename_fn) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Target& t = targets[i];
+    int err = 0;
+    if (t.existed) {
+      // Keep the old file under another name until every output is in place.
+      t.backup = temp_name_for(*t.path);
+      if (::link(t.path->c_str(), t.backup.c_str()) != 0) {
+        t.moved_away = ::rename(t.path->c_str(), t.backup.c_str()) == 0;
+        if (!t.moved_away) {
+          err = errno;
+          t.backup.clear();
+        }
+      }
+    }
+    if (err == 0 && rename_fn(t.temp.c_str(), t.path->c_str()) != 0) err = errno;
+    if (err != 0) {
+      bool restored = true;
+      for (size_t j = i + 1; j-- > 0;) restored &= restore(targets[j]);
+      for (size_t j = i; j < targets.size(); ++j) ::unlink(targets[j].temp.c_str());
+      return os_error(*t.path, restored ? "cannot put the new file in place; no output was changed"
+                                        : "cannot put the new file in place, and restoring the earlier outputs "
+                                          "failed too",
+                      err);
+    }
+    t.committed = true;
+  }
+  for (Target& t : targets) {
+    if (!t.backup.empty()) ::unlink(t.backup.c_str());
+  }
+  return Status::Ok();
+}
+
+int os_rename(const char* from, const char* to) { return std::rename(from, to); }
+
 }  // namespace
 
 Status write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
@@ -105,28 +233,28 @@ Status write_file_atomic(const std::string& path, const std::vector<uint8_t>& by
 }
 
 Status write_files_atomic(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files) {
-  std::vector<std::string> temps;
-  auto drop_temps = [&temps] {
-    for (const std::string& t : temps) std::remove(t.c_str());
-  };
-  for (const auto& [path, bytes] : files) {
-    std::string tmp = temp_name_for(path);
-    Status s = write_temp(tmp, path, bytes);
+  return detail::write_files_atomic(files, os_rename);
+}
+
+namespace detail {
+
+// Check every destination, stage every file, then commit: a failed call
+// leaves every existing file as it was and no new file behind.
+Status write_files_atomic(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files, RenameFn rename_fn) {
+  std::vector<Target> targets;
+  targets.reserve(files.size());
+  MOEKIT_RETURN_IF_ERROR(check_destinations(files, &targets));
+  for (size_t i = 0; i < files.size(); ++i) {
+    targets[i].temp = temp_name_for(files[i].first);
+    const Status s = write_temp(targets[i].temp, files[i].first, files[i].second);
     if (!s.ok()) {
-      drop_temps();
+      for (size_t j = 0; j < i; ++j) ::unlink(targets[j].temp.c_str());
       return s;
     }
-    temps.push_back(std::move(tmp));
   }
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (std::rename(temps[i].c_str(), files[i].first.c_str()) != 0) {
-      const int err = errno;
-      // Files renamed before this one stay; the rest are dropped.
-      for (size_t j = i; j < temps.size(); ++j) std::remove(temps[j].c_str());
-      return os_error(files[i].first, "cannot rename the temporary file into place", err);
-    }
-  }
-  return Status::Ok();
+  return commit(targets, rename_fn);
 }
+
+}  // namespace detail
 
 }  // namespace moekit::io

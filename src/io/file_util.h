@@ -9,8 +9,13 @@
 #include <vector>
 
 #include "moekit/status.h"
+#include "moekit/tensor.h"
 
 namespace moekit::io {
+
+// A host tensor for data about to be read from `name`: ResourceExhausted,
+// naming the bytes, when the allocation fails (no exception leaves a reader).
+StatusOr<HostTensor> allocate_host_tensor(DType dtype, const std::vector<int64_t>& shape, const std::string& name);
 
 // The Status for a failed OS call on `path` (NotFound for a missing file,
 // IoError otherwise), with strerror(err) in the message.
@@ -48,5 +53,12 @@ class ByteSource {
   void* mapped_ = nullptr;      // mmap base, or nullptr
   std::vector<uint8_t> owned_;  // used when not mapped
 };
+
+namespace detail {
+// write_files_atomic with the rename it commits with, so tests can make a
+// commit fail half way and check that the earlier files were restored.
+using RenameFn = int (*)(const char* from, const char* to);
+Status write_files_atomic(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files, RenameFn rename_fn);
+}  // namespace detail
 
 }  // namespace moekit::io

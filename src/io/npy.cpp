@@ -4,11 +4,19 @@
 #include <cstring>
 #include <limits>
 
+#include "core/checked_size.h"
+#include "core/printable.h"
 #include "io/file_util.h"
 
 namespace moekit::io {
 namespace npy {
 namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
 
 uint32_t load_le(const uint8_t* p, int bytes) {
   uint32_t v = 0;
@@ -32,7 +40,7 @@ class DictParser {
       std::string key;
       MOEKIT_RETURN_IF_ERROR(parse_string(&key));
       skip_ws();
-      if (!eat(':')) return error("expected ':' after '" + key + "'");
+      if (!eat(':')) return error("expected ':' after '" + printable(key, 40) + "'");
       skip_ws();
       if (key == "descr") {
         if (peek() == '[') return error("structured dtypes are not supported");
@@ -51,7 +59,7 @@ class DictParser {
         MOEKIT_RETURN_IF_ERROR(parse_shape(shape));
         have_shape = true;
       } else {
-        return error("unexpected key '" + key + "'");
+        return error("unexpected key '" + printable(key, 40) + "'");
       }
       skip_ws();
       if (eat(',')) continue;
@@ -84,9 +92,11 @@ class DictParser {
       ++pos_;
     }
   }
+  // One line: the header's own bytes only as an escaped excerpt at the error.
   Status error(const std::string& what) const {
-    return DataLoss(std::string(name_) + ": bad .npy header: " + what + " at offset " + std::to_string(pos_) +
-                    " of '" + std::string(s_.substr(0, 120)) + "'");
+    const size_t at = std::min(pos_, s_.size());
+    return DataLoss(std::string(name_) + ": bad .npy header: " + what + " at offset " + std::to_string(at) +
+                    " of the header dict (near \"" + printable(s_.substr(at), 24) + "\")");
   }
   Status parse_string(std::string* out) {
     const char q = peek();
@@ -107,8 +117,10 @@ class DictParser {
       if (peek() < '0' || peek() > '9') return error("shape entries must be non-negative integers");
       int64_t v = 0;
       while (peek() >= '0' && peek() <= '9') {
-        if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return error("shape entry too large");
-        v = v * 10 + (s_[pos_++] - '0');
+        const int digit = s_[pos_] - '0';
+        if (v > (std::numeric_limits<int64_t>::max() - digit) / 10) return error("shape entry too large");
+        v = v * 10 + digit;
+        ++pos_;
       }
       eat('L');  // Python 2 long literal
       shape->push_back(v);
@@ -141,9 +153,9 @@ StatusOr<DType> dtype_from_descr(const std::string& descr, std::string_view name
     if (descr == e.descr) return e.dtype;
   }
   if (!descr.empty() && descr[0] == '>') {
-    return InvalidArgument(std::string(name) + ": big-endian dtype '" + descr + "' is not supported");
+    return InvalidArgument(std::string(name) + ": big-endian dtype '" + printable(descr, 40) + "' is not supported");
   }
-  return InvalidArgument(std::string(name) + ": unsupported .npy dtype '" + descr +
+  return InvalidArgument(std::string(name) + ": unsupported .npy dtype '" + printable(descr, 40) +
                          "' (supported: <f4, <f2, <i4, <i2, |u1, and bf16 as <u2 or |V2)");
 }
 
@@ -151,6 +163,7 @@ StatusOr<DType> dtype_from_descr(const std::string& descr, std::string_view name
 
 StatusOr<size_t> preamble_size(const uint8_t* b, size_t available, std::string_view name) {
   const std::string n(name);
+  if (available == 0) return DataLoss(n + ": empty file (0 bytes), not a .npy file");
   const size_t compare = std::min(available, kMagicLen);
   if (std::memcmp(b, kMagic, compare) != 0) return DataLoss(n + ": not a .npy file (bad magic)");
   if (available < kMagicLen + 2) {
@@ -186,14 +199,9 @@ StatusOr<Header> parse_header(const uint8_t* b, size_t size, std::string_view na
     return InvalidArgument(n + ": rank " + std::to_string(h.shape.size()) + " exceeds the maximum " +
                            std::to_string(kMaxRank));
   }
-  uint64_t bytes = dtype_size(h.dtype);
-  for (int64_t d : h.shape) {
-    if (d != 0 && bytes > std::numeric_limits<uint64_t>::max() / 2 / static_cast<uint64_t>(d)) {
-      return DataLoss(n + ": shape too large");
-    }
-    bytes *= static_cast<uint64_t>(d);
-  }
-  h.data_bytes = bytes;
+  const std::optional<int64_t> bytes = checked_nbytes(h.shape, static_cast<int64_t>(dtype_size(h.dtype)));
+  if (!bytes) return DataLoss(n + ": shape " + shape_text(h.shape) + " is too large (its sizes overflow 64 bits)");
+  h.data_bytes = static_cast<uint64_t>(*bytes);
   return h;
 }
 
@@ -285,35 +293,19 @@ Status write_npy(const std::string& path, const TensorView& t, const NpyWriteOpt
 
 namespace {
 
-// Header first (so a huge declared size is refused before any allocation),
-// then the data straight into the tensor.
-StatusOr<HostTensor> tensor_for(const npy::Header& h, uint64_t file_size, const std::string& name) {
+// The data must be exactly what the header's shape needs.
+Status check_data_size(const npy::Header& h, uint64_t file_size, const std::string& name) {
   const uint64_t have = file_size - h.header_bytes;
-  if (have != h.data_bytes) {
-    return DataLoss(name + ": " + (have < h.data_bytes ? "truncated .npy data" : "trailing bytes after .npy data") +
-                    ": shape (" + [&] {
-                      std::string s;
-                      for (size_t i = 0; i < h.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(h.shape[i]);
-                      return s;
-                    }() + ") of " + dtype_name(h.dtype) + " needs " + std::to_string(h.data_bytes) +
-                    " data bytes, the file has " + std::to_string(have));
-  }
-  return HostTensor(h.dtype, h.shape);
+  if (have == h.data_bytes) return Status::Ok();
+  std::string shape;
+  for (size_t i = 0; i < h.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(h.shape[i]);
+  return DataLoss(name + ": " + (have < h.data_bytes ? "truncated .npy data" : "trailing bytes after .npy data") +
+                  ": shape (" + shape + ") of " + dtype_name(h.dtype) + " needs " + std::to_string(h.data_bytes) +
+                  " data bytes, the file has " + std::to_string(have));
 }
 
-}  // namespace
-
-StatusOr<HostTensor> parse_npy(const void* bytes, size_t size, std::string_view name) {
-  const auto* b = static_cast<const uint8_t*>(bytes);
-  MOEKIT_ASSIGN_OR_RETURN(npy::Header h, npy::parse_header(b, size, name));
-  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, tensor_for(h, size, std::string(name)));
-  if (h.data_bytes) std::memcpy(t.data<uint8_t>(), b + h.header_bytes, h.data_bytes);
-  return t;
-}
-
-StatusOr<HostTensor> read_npy(const std::string& path) {
-  InputFile f;
-  MOEKIT_RETURN_IF_ERROR(open_input(path, &f));
+// Reads and checks the header of an open file, leaving it positioned at the data.
+StatusOr<npy::Header> read_header(InputFile& f, const std::string& path) {
   // Magic and version, then the 2- or 4-byte dict length they imply.
   uint8_t first[12] = {};  // preamble: magic(6) version(2) length(2|4)
   const size_t n_first = static_cast<size_t>(std::min<uint64_t>(f.size, 8));
@@ -331,9 +323,38 @@ StatusOr<HostTensor> read_npy(const std::string& path) {
   std::memcpy(header.data(), first, pre);
   MOEKIT_RETURN_IF_ERROR(read_exact(f, header.data() + pre, dict_len, path));
   MOEKIT_ASSIGN_OR_RETURN(npy::Header h, npy::parse_header(header.data(), header.size(), path));
-  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, tensor_for(h, f.size, path));
+  MOEKIT_RETURN_IF_ERROR(check_data_size(h, f.size, path));
+  return h;
+}
+
+}  // namespace
+
+// Header first (so a huge declared size is refused before any allocation),
+// then the data straight into the tensor.
+StatusOr<HostTensor> parse_npy(const void* bytes, size_t size, std::string_view name) {
+  const auto* b = static_cast<const uint8_t*>(bytes);
+  const std::string n(name);
+  MOEKIT_ASSIGN_OR_RETURN(npy::Header h, npy::parse_header(b, size, name));
+  MOEKIT_RETURN_IF_ERROR(check_data_size(h, size, n));
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, allocate_host_tensor(h.dtype, h.shape, n));
+  if (h.data_bytes) std::memcpy(t.data<uint8_t>(), b + h.header_bytes, h.data_bytes);
+  return t;
+}
+
+StatusOr<HostTensor> read_npy(const std::string& path) {
+  InputFile f;
+  MOEKIT_RETURN_IF_ERROR(open_input(path, &f));
+  MOEKIT_ASSIGN_OR_RETURN(const npy::Header h, read_header(f, path));
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, allocate_host_tensor(h.dtype, h.shape, path));
   MOEKIT_RETURN_IF_ERROR(read_exact(f, t.data<uint8_t>(), h.data_bytes, path));
   return t;
+}
+
+StatusOr<NpyInfo> read_npy_info(const std::string& path) {
+  InputFile f;
+  MOEKIT_RETURN_IF_ERROR(open_input(path, &f));
+  MOEKIT_ASSIGN_OR_RETURN(const npy::Header h, read_header(f, path));
+  return NpyInfo{h.dtype, h.shape};
 }
 
 }  // namespace moekit::io

@@ -4,8 +4,13 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
 
+#include "core/checked_size.h"
+#include "core/printable.h"
 #include "io/file_util.h"
+#include "io/json_strict.h"
 #include "moekit/io.h"
 
 namespace moekit::io {
@@ -61,7 +66,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 // Parses one tensor entry of the header; `data_size` is the data section's length.
 StatusOr<SafetensorsEntry> parse_entry(const std::string& file, const std::string& name, const Json& v,
                                        uint64_t data_size) {
-  const std::string where = file + ": tensor '" + name + "': ";
+  const std::string where = file + ": tensor '" + printable(name, 80) + "': ";
   if (!v.is_object()) return InvalidArgument(where + "header entry is not an object");
   const auto dt = v.find("dtype");
   const auto sh = v.find("shape");
@@ -76,7 +81,7 @@ StatusOr<SafetensorsEntry> parse_entry(const std::string& file, const std::strin
   e.name = name;
   e.dtype_name = dt->get<std::string>();
   const auto info = safetensors::dtype_info(e.dtype_name);
-  if (!info) return InvalidArgument(where + "unknown dtype '" + e.dtype_name + "'");
+  if (!info) return InvalidArgument(where + "unknown dtype '" + printable(e.dtype_name, 20) + "'");
   e.dtype = info->dtype;
   uint64_t need = info->element_bytes;
   bool overflow = false;
@@ -88,6 +93,8 @@ StatusOr<SafetensorsEntry> parse_entry(const std::string& file, const std::strin
     need *= n;
     e.shape.push_back(static_cast<int64_t>(n));
   }
+  // Every stride of it must fit too, even when a zero makes it empty.
+  overflow = overflow || !checked_nbytes(e.shape, static_cast<int64_t>(info->element_bytes));
   if (overflow) return DataLoss(where + "shape " + shape_str(e.shape) + " is too large");
   const uint64_t begin = (*off)[0].get<uint64_t>();
   const uint64_t end = (*off)[1].get<uint64_t>();
@@ -146,9 +153,8 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
     return DataLoss(path + ": header length " + std::to_string(header_len) + " exceeds the format's limit of " +
                     std::to_string(safetensors::kMaxHeaderBytes));
   }
-  const char* text = reinterpret_cast<const char*>(b + 8);
-  const Json header = Json::parse(text, text + header_len, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) return DataLoss(path + ": header is not valid JSON");
+  const std::string_view text(reinterpret_cast<const char*>(b + 8), header_len);
+  MOEKIT_ASSIGN_OR_RETURN(const Json header, parse_json_strict(text, path + ": header"));
   if (!header.is_object()) return DataLoss(path + ": header is not a JSON object");
 
   SafetensorsFile f;
@@ -159,7 +165,8 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
       if (!it->is_object()) return InvalidArgument(f.path_ + ": '__metadata__' must be an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) {
-          return InvalidArgument(f.path_ + ": '__metadata__' value of '" + m.key() + "' must be a string");
+          return InvalidArgument(f.path_ + ": '__metadata__' value of '" + printable(m.key(), 60) +
+                                 "' must be a string");
         }
         f.metadata_[m.key()] = m->get<std::string>();
       }
@@ -177,33 +184,32 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
   for (const SafetensorsEntry& e : f.entries_) {
     if (e.nbytes == 0) continue;
     if (prev && e.offset < prev->offset + prev->nbytes) {
-      return DataLoss(f.path_ + ": tensor '" + e.name + "' (bytes [" + std::to_string(e.offset) + ", " +
-                      std::to_string(e.offset + e.nbytes) + ")) overlaps tensor '" + prev->name + "' (bytes [" +
+      return DataLoss(f.path_ + ": tensor '" + printable(e.name, 80) + "' (bytes [" + std::to_string(e.offset) + ", " +
+                      std::to_string(e.offset + e.nbytes) + ")) overlaps tensor '" + printable(prev->name, 80) + "' (bytes [" +
                       std::to_string(prev->offset) + ", " + std::to_string(prev->offset + prev->nbytes) + "))");
     }
     prev = &e;
   }
+  for (size_t i = 0; i < f.entries_.size(); ++i) f.index_.emplace(f.entries_[i].name, i);
   f.mapping_ = std::move(mapping);
   f.data_ = b + 8 + header_len;
   return f;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
-  for (const SafetensorsEntry& e : entries_) {
-    if (e.name == name) return &e;
-  }
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 StatusOr<const SafetensorsEntry*> SafetensorsFile::loadable(std::string_view name) const {
   const SafetensorsEntry* e = find(name);
-  if (!e) return NotFound(path_ + ": no tensor named '" + std::string(name) + "'");
+  if (!e) return NotFound(path_ + ": no tensor named '" + printable(name, 80) + "'");
   if (!e->dtype) {
-    return Unsupported(path_ + ": tensor '" + e->name + "' has dtype " + e->dtype_name +
+    return Unsupported(path_ + ": tensor '" + printable(e->name, 80) + "' has dtype " + e->dtype_name +
                        ", which moekit does not load (F32, F16, BF16, F8_E4M3, I32, I16, U8)");
   }
   if (static_cast<int>(e->shape.size()) > kMaxRank) {
-    return Unsupported(path_ + ": tensor '" + e->name + "' has rank " + std::to_string(e->shape.size()) +
+    return Unsupported(path_ + ": tensor '" + printable(e->name, 80) + "' has rank " + std::to_string(e->shape.size()) +
                        " (at most " + std::to_string(kMaxRank) + ")");
   }
   return e;
@@ -213,7 +219,7 @@ StatusOr<TensorView> SafetensorsFile::view(std::string_view name) const {
   MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, loadable(name));
   const uint8_t* p = data_ + e->offset;
   if (reinterpret_cast<uintptr_t>(p) % dtype_size(*e->dtype) != 0) {
-    return FailedPrecondition(path_ + ": tensor '" + e->name + "' is not aligned to its element size in the "
+    return FailedPrecondition(path_ + ": tensor '" + printable(e->name, 80) + "' is not aligned to its element size in the "
                               "file; read() it instead");
   }
   // Views are read-only by contract: the mapping is PROT_READ.
@@ -222,7 +228,7 @@ StatusOr<TensorView> SafetensorsFile::view(std::string_view name) const {
 
 StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
   MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, loadable(name));
-  HostTensor t(*e->dtype, e->shape);
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor t, allocate_host_tensor(*e->dtype, e->shape, path_ + ": tensor '" + printable(e->name, 80) + "'"));
   if (e->nbytes) std::memcpy(t.data<uint8_t>(), data_ + e->offset, e->nbytes);
   return t;
 }
@@ -230,14 +236,13 @@ StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
 StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
                                                   const std::map<std::string, std::string>& metadata) {
   // Validate everything first.
+  std::set<std::string_view> names;  // (a pairwise check was quadratic in the number of tensors)
   for (size_t i = 0; i < tensors.size(); ++i) {
     const NamedTensor& nt = tensors[i];
-    const std::string where = "safetensors: tensor '" + nt.name + "': ";
+    const std::string where = "safetensors: tensor '" + printable(nt.name, 80) + "': ";
     if (nt.name.empty()) return InvalidArgument("safetensors: tensor " + std::to_string(i) + " has an empty name");
     if (nt.name == "__metadata__") return InvalidArgument("safetensors: '__metadata__' is reserved");
-    for (size_t j = 0; j < i; ++j) {
-      if (tensors[j].name == nt.name) return InvalidArgument(where + "name used twice");
-    }
+    if (!names.insert(nt.name).second) return InvalidArgument(where + "name used twice");
     const TensorView& t = nt.tensor;
     if (!t.defined() && t.numel() != 0) return InvalidArgument(where + "no data");
     if (t.device.type != DeviceType::kCpu) return InvalidArgument(where + "must be on the host");
@@ -253,26 +258,26 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return dtype_size(tensors[a].tensor.dtype) > dtype_size(tensors[b].tensor.dtype);
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header as ordered_json would dump it, written entry by entry: its
+  // operator[] searches the keys linearly (quadratic in the number of tensors).
+  std::string text = "{";
   uint64_t offset = 0;
-  for (size_t i : order) {
-    const TensorView& t = tensors[i].tensor;
-    const uint64_t n = t.nbytes();
-    nlohmann::ordered_json e;
-    e["dtype"] = safetensors::dtype_to_name(t.dtype);
-    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.rank);
-    e["shape"] = shape;
-    e["data_offsets"] = {offset, offset + n};
-    header[tensors[i].name] = std::move(e);
-    offset += n;
-  }
-  std::string text;
   try {
-    text = header.dump();
+    if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::ordered_json(metadata).dump();
+    for (size_t i : order) {
+      const TensorView& t = tensors[i].tensor;
+      const uint64_t n = t.nbytes();
+      nlohmann::ordered_json e;
+      e["dtype"] = safetensors::dtype_to_name(t.dtype);
+      e["shape"] = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
+      e["data_offsets"] = {offset, offset + n};
+      text += (text.size() > 1 ? "," : "") + nlohmann::ordered_json(tensors[i].name).dump() + ":" + e.dump();
+      offset += n;
+    }
   } catch (const nlohmann::json::exception&) {
     return InvalidArgument("safetensors: tensor names and metadata must be valid UTF-8");
   }
+  text += "}";
   text.append((safetensors::kHeaderAlign - text.size() % safetensors::kHeaderAlign) % safetensors::kHeaderAlign, ' ');
   std::vector<uint8_t> out;
   out.reserve(8 + text.size() + offset);

@@ -3,6 +3,7 @@
 // of another version, inconsistent or truncated.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -60,8 +61,9 @@ void expect_equal(const CaptureSet& a, const CaptureSet& b) {
     ASSERT_EQ(a.requests[i].ids.shape(), b.requests[i].ids.shape());
     ASSERT_EQ(a.requests[i].ids.dtype(), DType::kI16);
     ASSERT_EQ(b.requests[i].ids.dtype(), DType::kI16);
-    EXPECT_EQ(0, std::memcmp(a.requests[i].ids.data<int16_t>(), b.requests[i].ids.data<int16_t>(),
-                             a.requests[i].ids.nbytes()))
+    // std::equal, not memcmp: a request of 0 tokens has no storage (a null pointer).
+    const int16_t* x = a.requests[i].ids.data<int16_t>();
+    EXPECT_TRUE(std::equal(x, x + a.requests[i].ids.numel(), b.requests[i].ids.data<int16_t>()))
         << a.requests[i].request;
   }
 }
@@ -197,6 +199,50 @@ TEST(CaptureFile, ReadRejectsWhatIsNotAValidCapture) {
   };
   for (const Case& c : cases) {
     const std::string path = write_edited(c.name, c.edit);
+    auto r = read_capture_file(path);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << c.name << ": " << r.status().message();
+    std::remove(path.c_str());
+  }
+}
+
+// Numbers outside their type are errors, never truncated (4294967297 as an
+// int is 1), and a metadata value with a key twice is ambiguous.
+TEST(CaptureFile, ReadRefusesNumbersOutOfRangeAndAmbiguousMetadata) {
+  const std::string routing = R"({"method":"renormalize","top_k":4,"num_groups":1,"topk_groups":1,)"
+                              R"("routed_scaling_factor":1.0,"score_bias":false})";
+  auto routing_with = [&](const std::string& field, const std::string& value) {
+    std::string r = routing;
+    const size_t at = r.find("\"" + field + "\":") + field.size() + 3;
+    return r.substr(0, at) + value + r.substr(r.find_first_of(",}", at));
+  };
+  struct Case {
+    std::string name;
+    std::string key, value;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"version", "format_version", "4294967297", "capture format version 4294967297"},
+      {"version_text", "format_version", "\"1\"", "capture format version \"1\""},
+      {"top_k", "top_k", "4294967300", "\"top_k\" must be an integer in [1, 2147483647], got 4294967300"},
+      {"layers", "num_moe_layers", "4294967298", "\"num_moe_layers\" must be an integer in [1, 2147483647]"},
+      {"experts", "num_experts", "16.0", "\"num_experts\" must be an integer"},
+      {"spec", "routing_spec_version", "-1", "\"routing_spec_version\" must be an integer in [0, "},
+      {"model_layers", "model_layers", "[3, 4294967301]", "model_layers must be a JSON array of integers in [0, "},
+      {"routing_k", "routing", routing_with("top_k", "4294967300"), "field \"top_k\" must be an integer in [0, 2147483647]"},
+      {"scaling", "routing", routing_with("routed_scaling_factor", "1e39"),
+       "field \"routed_scaling_factor\" must be a finite number (f32)"},
+      {"dup_key", "routing", routing_with("method", "\"topk\",\"method\":\"renormalize\""), "key 'method' appears twice"},
+      {"first", "requests",
+       R"([{"request":"a","tensor":"routed_experts.0","first_token":-1,"num_tokens":5}])",
+       "field \"first_token\" must be an integer in [0, "},
+      {"shared", "requests",
+       R"([{"request":"a","tensor":"routed_experts.1","first_token":0,"num_tokens":1},)"
+       R"({"request":"b","tensor":"routed_experts.1","first_token":0,"num_tokens":1}])",
+       "tensor \"routed_experts.1\" belongs to an earlier request too"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = write_edited(c.name, [&](Meta& m, Tensors&, Keep&) { m[c.key] = c.value; });
     auto r = read_capture_file(path);
     ASSERT_FALSE(r.ok()) << c.name;
     EXPECT_NE(r.status().message().find(c.want), std::string::npos) << c.name << ": " << r.status().message();

@@ -102,6 +102,12 @@ const Breakage kBreakages[] = {
     {"top_k_zero", [](BadInputCase& c) { c.cfg.top_k = 0; }, "routing.top_k"},
     {"groups_not_dividing_E", [](BadInputCase& c) { c.cfg.num_groups = 3; }, "not divisible by num_groups"},
     {"topk_groups_above_groups", [](BadInputCase& c) { c.cfg.topk_groups = 5; }, "routing.topk_groups"},
+    {"scaling_inf", [](BadInputCase& c) { c.cfg.routed_scaling_factor = std::numeric_limits<float>::infinity(); },
+     "routing.routed_scaling_factor: must be finite and > 0"},
+    {"scaling_nan", [](BadInputCase& c) { c.cfg.routed_scaling_factor = std::nanf(""); },
+     "routing.routed_scaling_factor: must be finite and > 0"},
+    {"scaling_zero", [](BadInputCase& c) { c.cfg.routed_scaling_factor = 0.0f; },
+     "routing.routed_scaling_factor: must be finite and > 0"},
     {"custom_method",
      [](BadInputCase& c) {
        c.cfg.method = RoutingMethod::kCustom;

@@ -176,7 +176,7 @@ TEST_F(Cli, RunRejectsBadFlagsWithExitCode2) {
       {"run --experts 60", "num_groups"},       {"run --layers 0", "--layers"},
       {"run --tokens 4 --requests 8", "--tokens"}, {"run --top-k 100", "top_k"},
       {"run --hidden 0", "hidden"},             {"run --bogus", "--bogus"},
-      {"frobnicate", "subcommand"},
+      {"frobnicate", "unknown command 'frobnicate'"},
   };
   for (const auto& [args, needle] : bad) {
     const Result r = run_cli(args);

@@ -6,9 +6,14 @@
 // pragma, popped at the end), and nothing with inline code is included after
 // it, so no AVX-512 code can end up in functions other files share. The
 // library therefore runs on any x86-64 CPU; callers check
-// packed_bf16_gemm_supported() before calling in.
+// packed_bf16_gemm_supported() before calling in. Clang ignores GCC's target
+// pragma; its attribute pragma does the same.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 
 namespace moekit::cpu {
 namespace {
@@ -87,4 +92,8 @@ void packed_bf16_panel_avx512(const float* a, int64_t lda, int64_t rows, const u
 
 }  // namespace moekit::cpu
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
