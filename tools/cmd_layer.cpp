@@ -20,6 +20,7 @@
 #include "moekit/capture.h"
 #include "moekit/io.h"
 #include "moekit/layer.h"
+#include "moekit/routing.h"
 #include "output_paths.h"
 
 namespace moekit::tools {
@@ -168,6 +169,9 @@ Status run_layer(const LayerOptions& o) {
     return InvalidArgument("--logits is required: " + o.weights_path + " has no router (" + ckpt.prefix +
                            "gate.weight)");
   }
+  // Checked here for every backend: on a device, routing marks a non-finite row
+  // with the sentinel instead (docs/routing.md section 7), and the host has the data now.
+  MOEKIT_RETURN_IF_ERROR(check_logits_finite(logits.view()));
   cfg.logits_dtype = logits.dtype();
   cfg.max_num_tokens = M;
   HostTensor forced;

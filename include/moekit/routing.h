@@ -17,7 +17,7 @@ struct RoutingArgs {
   TensorView topk_ids;       // [M, k] i32, logical ids in spec order
   TensorView topk_weights;   // [M, k] f32
   TensorView expert_counts;  // [E] i32, optional; overwritten with tokens routed to each expert
-  TensorView replay_out;     // [>=M, k] i16, optional capture target; only rows [0, M) written
+  TensorView routing_replay_out;  // [>=M, k] i16, optional capture target; only rows [0, M) written
 };
 
 // Host-side checks shared by every backend: shapes, dtypes, devices, forced id

@@ -205,7 +205,7 @@ Status MoeLayer::route_tokens(const LayerForwardArgs& args, int64_t m, Stream st
   r.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
   r.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
   r.expert_counts = args.expert_counts;
-  r.replay_out = args.routing_replay_out;
+  r.routing_replay_out = args.routing_replay_out;
   return route(config_.routing, r, stream);
 }
 

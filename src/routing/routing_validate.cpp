@@ -96,11 +96,11 @@ Status validate_routing_args(const RoutingConfig& cfg, const RoutingArgs& args, 
   if (args.expert_counts.defined()) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(args.expert_counts, "expert_counts", {DType::kI32}, {E}, device));
   }
-  if (args.replay_out.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(args.replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, device));
-    if (args.replay_out.shape[0] < M) {
+  if (args.routing_replay_out.defined()) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.routing_replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, device));
+    if (args.routing_replay_out.shape[0] < M) {
       return InvalidArgument("routing_replay_out: needs at least M rows (M = " + std::to_string(M) + ", k = " +
-                             std::to_string(k) + "), got " + args.replay_out.shape_string());
+                             std::to_string(k) + "), got " + args.routing_replay_out.shape_string());
     }
   }
   if (cfg.has_score_bias) {

@@ -101,7 +101,7 @@ struct DeviceRoute {
     a.topk_ids = ids.view();
     a.topk_weights = weights.view();
     a.expert_counts = counts.view();
-    a.replay_out = replay.view();
+    a.routing_replay_out = replay.view();
     return a;
   }
 };
@@ -149,8 +149,8 @@ TEST_P(CudaRoutingGrid, MatchesReferenceAndCpu) {
   EXPECT_EQ(compare_weights(gw, std::vector<double>(cw.begin(), cw.end()), c.k), "") << "vs route_cpu";
   EXPECT_EQ(copy_out<int32_t>(dev.counts.download()), ref.counts);
   const auto cap = copy_out<int16_t>(dev.replay.download());
-  for (int64_t i = 0; i < c.M * c.k; ++i) ASSERT_EQ(cap[i], gids[i]) << "replay_out element " << i;
-  for (size_t i = c.M * c.k; i < cap.size(); ++i) ASSERT_EQ(cap[i], 0x7fff) << "replay_out row past M written";
+  for (int64_t i = 0; i < c.M * c.k; ++i) ASSERT_EQ(cap[i], gids[i]) << "routing_replay_out element " << i;
+  for (size_t i = c.M * c.k; i < cap.size(); ++i) ASSERT_EQ(cap[i], 0x7fff) << "routing_replay_out row past M written";
 
   // Forcing the device's own ids reproduces its weights bit for bit (spec §6).
   RouteBuffers again(logits, c.k);

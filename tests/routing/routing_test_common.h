@@ -43,7 +43,7 @@ struct RouteBuffers {
     a.topk_ids = ids.view();
     a.topk_weights = weights.view();
     a.expert_counts = counts.view();
-    a.replay_out = replay.view();
+    a.routing_replay_out = replay.view();
     return a;
   }
 };

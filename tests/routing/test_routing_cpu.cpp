@@ -138,8 +138,8 @@ TEST_P(RoutingGrid, MatchesReference) {
   EXPECT_EQ(copy_out<int32_t>(buf.counts), ref.counts);
   // Capture rows [0, M) hold the ids; the rows beyond M keep their poison.
   const auto cap = copy_out<int16_t>(buf.replay);
-  for (int64_t i = 0; i < c.M * c.k; ++i) ASSERT_EQ(cap[i], ids[i]) << "replay_out element " << i;
-  for (size_t i = c.M * c.k; i < cap.size(); ++i) ASSERT_EQ(cap[i], 0x7fff) << "replay_out row past M written";
+  for (int64_t i = 0; i < c.M * c.k; ++i) ASSERT_EQ(cap[i], ids[i]) << "routing_replay_out element " << i;
+  for (size_t i = c.M * c.k; i < cap.size(); ++i) ASSERT_EQ(cap[i], 0x7fff) << "routing_replay_out row past M written";
 
   // 2. Replaying the selected ids reproduces ids and weights bit for bit.
   RouteBuffers again(buf.logits, c.k);

@@ -66,7 +66,7 @@ std::vector<unsigned char> snapshot(const TensorView& t) {
 // Runs the broken call; expects failure whose message contains `needle`, and
 // that no output byte changed (outputs were poisoned when made).
 void expect_rejected(BadInputCase& c, const std::string& needle) {
-  const TensorView outs[] = {c.args.topk_ids, c.args.topk_weights, c.args.expert_counts, c.args.replay_out};
+  const TensorView outs[] = {c.args.topk_ids, c.args.topk_weights, c.args.expert_counts, c.args.routing_replay_out};
   std::vector<std::vector<unsigned char>> before;
   for (const TensorView& t : outs) before.push_back(snapshot(t));
   const Status st = route_cpu(c.cfg, c.args);
@@ -154,13 +154,13 @@ const Breakage kBreakages[] = {
      "expert_counts: expected shape [16]"},
     {"counts_wrong_dtype", [](BadInputCase& c) { c.args.expert_counts = c.make(DType::kF32, {kE}); },
      "expert_counts: expected dtype i32"},
-    {"replay_out_too_small", [](BadInputCase& c) { c.args.replay_out = c.make(DType::kI16, {kM - 1, kK}); },
+    {"replay_out_too_small", [](BadInputCase& c) { c.args.routing_replay_out = c.make(DType::kI16, {kM - 1, kK}); },
      "routing_replay_out: needs at least M rows"},
-    {"replay_out_wrong_dtype", [](BadInputCase& c) { c.args.replay_out = c.make(DType::kI32, {kM, kK}); },
+    {"replay_out_wrong_dtype", [](BadInputCase& c) { c.args.routing_replay_out = c.make(DType::kI32, {kM, kK}); },
      "routing_replay_out: expected dtype i16"},
-    {"replay_out_wrong_cols", [](BadInputCase& c) { c.args.replay_out = c.make(DType::kI16, {kM, kK + 1}); },
+    {"replay_out_wrong_cols", [](BadInputCase& c) { c.args.routing_replay_out = c.make(DType::kI16, {kM, kK + 1}); },
      "routing_replay_out: expected shape"},
-    {"replay_out_rank_3", [](BadInputCase& c) { c.args.replay_out = c.make(DType::kI16, {1, kM, kK}); },
+    {"replay_out_rank_3", [](BadInputCase& c) { c.args.routing_replay_out = c.make(DType::kI16, {1, kM, kK}); },
      "routing_replay_out: expected shape"},
     // Bias.
     {"bias_missing", [](BadInputCase& c) { c.args.score_bias = TensorView(); }, "score_bias: routing.has_score_bias is set"},

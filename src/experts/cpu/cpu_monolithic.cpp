@@ -89,8 +89,8 @@ Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*
   routing.topk_ids = TensorView::contiguous(s.topk_ids, DType::kI32, {M, k});
   routing.topk_weights = TensorView::contiguous(s.topk_weights, DType::kF32, {M, k});
   routing.expert_counts = args.expert_counts;
-  routing.replay_out = args.routing_replay_out;
-  // Shapes, dtypes, forced ids, counts and replay_out are checked here, logit
+  routing.routing_replay_out = args.routing_replay_out;
+  // Shapes, dtypes, forced ids, counts and routing_replay_out are checked here, logit
   // values by route_cpu, all before anything is written: on error nothing
   // user-visible has been touched.
   MOEKIT_RETURN_IF_ERROR(validate_routing_args(config_.routing, routing, Device::cpu()));

@@ -305,7 +305,7 @@ class Sm90Monolithic final : public Sm90Kernel {
     rl.forced_ids = a.forced_ids.defined() ? a.forced_ids.ptr<const int32_t>() : nullptr;
     rl.topk_ids = ids;
     rl.topk_weights = weights;
-    rl.replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
+    rl.routing_replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
     rl.expert_counts = nullptr;  // counted by the align stage
     MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
 

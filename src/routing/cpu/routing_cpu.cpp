@@ -173,8 +173,8 @@ void route_row(const RoutingConfig& cfg, const RoutingArgs& args, int64_t r, Row
       return;  // rejected by validate_routing_args
   }
 
-  if (args.replay_out.defined()) {
-    int16_t* cap = args.replay_out.ptr<int16_t>() + r * args.replay_out.strides[0];
+  if (args.routing_replay_out.defined()) {
+    int16_t* cap = args.routing_replay_out.ptr<int16_t>() + r * args.routing_replay_out.strides[0];
     for (int j = 0; j < k; ++j) cap[j] = static_cast<int16_t>(ids[j]);  // E <= 32767, validated
   }
 }

@@ -9,7 +9,7 @@
 namespace moekit::cpu {
 
 // Routes rows [begin, end) of `args` by docs/routing.md: writes topk_ids,
-// topk_weights and (when given) replay_out for those rows, nothing else.
+// topk_weights and (when given) routing_replay_out for those rows, nothing else.
 // Preconditions: validate_routing_args(cfg, args, Device::cpu()) returned ok.
 // Single-threaded; the result of a row never depends on the other rows.
 void route_rows(const RoutingConfig& cfg, const RoutingArgs& args, int64_t begin, int64_t end);

@@ -35,7 +35,7 @@ Status route_cuda(const RoutingConfig& config, const RoutingArgs& args, cudaStre
   launch.forced_ids = args.forced_ids.defined() ? args.forced_ids.ptr<const int32_t>() : nullptr;
   launch.topk_ids = args.topk_ids.ptr<int32_t>();
   launch.topk_weights = args.topk_weights.ptr<float>();
-  launch.replay_out = args.replay_out.defined() ? args.replay_out.ptr<int16_t>() : nullptr;
+  launch.routing_replay_out = args.routing_replay_out.defined() ? args.routing_replay_out.ptr<int16_t>() : nullptr;
   launch.expert_counts = args.expert_counts.defined() ? args.expert_counts.ptr<int32_t>() : nullptr;
   return launch_routing(launch, stream);
 }

@@ -32,7 +32,7 @@ struct RoutingLaunch {
   const int32_t* forced_ids = nullptr;   // [M, k] i32, optional: replay
   int32_t* topk_ids = nullptr;           // [M, k] i32, written
   float* topk_weights = nullptr;         // [M, k] f32, written
-  int16_t* replay_out = nullptr;         // [>= M, k] i16, optional: rows [0, M) written
+  int16_t* routing_replay_out = nullptr;         // [>= M, k] i16, optional: rows [0, M) written
   int32_t* expert_counts = nullptr;      // [E] i32, optional: overwritten
 };
 

@@ -46,7 +46,7 @@ struct KernelParams {
   const int32_t* forced;     // [M, k] or null
   int32_t* topk_ids;         // [M, k]
   float* topk_weights;       // [M, k]
-  int16_t* replay_out;       // [>= M, k] or null
+  int16_t* routing_replay_out;       // [>= M, k] or null
   int32_t* expert_counts;    // [E] or null (zeroed before the launch)
 };
 
@@ -255,7 +255,7 @@ __global__ void routing_kernel(KernelParams p) {
   }
   if (lane < k) {
     const int id = bad ? -1 : sel[lane];
-    if (p.replay_out != nullptr) p.replay_out[row * k + lane] = static_cast<int16_t>(id);
+    if (p.routing_replay_out != nullptr) p.routing_replay_out[row * k + lane] = static_cast<int16_t>(id);
     if (p.expert_counts != nullptr && id >= 0) atomicAdd(&p.expert_counts[id], 1);  // integer: order-free
   }
 }
@@ -302,7 +302,7 @@ Status launch_routing(const RoutingLaunch& launch, cudaStream_t stream) {
   p.forced = launch.forced_ids;
   p.topk_ids = launch.topk_ids;
   p.topk_weights = launch.topk_weights;
-  p.replay_out = launch.replay_out;
+  p.routing_replay_out = launch.routing_replay_out;
   p.expert_counts = launch.expert_counts;
 
   const int64_t words = warp_words(launch.num_experts, p.num_groups);
