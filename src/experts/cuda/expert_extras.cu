@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.h"
+#include "experts/cuda/activation.cuh"
 #include "experts/cuda/expert_extras.h"
 #include "experts/cuda/grouped_gemm.h"
 
@@ -37,7 +38,7 @@ __device__ int group_of_row(const int32_t* start, const int32_t* rows, int num_g
 }
 
 // One block per permuted row; threads over intermediate columns.
-__global__ void bias_activation_kernel(BiasActivationArgs a) {
+__global__ void bias_activation_kernel(BiasActivationArgs a, ActivationParams act, bool gated) {
   const int r = blockIdx.x;
   const int e = group_of_row(a.group_start, a.group_rows, static_cast<int>(a.num_groups), r);
   if (e < 0) return;
@@ -46,12 +47,12 @@ __global__ void bias_activation_kernel(BiasActivationArgs a) {
   uint16_t* out = a.inter + static_cast<int64_t>(r) * a.intermediate;
   for (int64_t i = threadIdx.x; i < a.intermediate; i += blockDim.x) {
     float v;
-    if (a.gated) {
+    if (gated) {
       const int64_t gate = (i / kGateUpBlock) * 2 * kGateUpBlock + i % kGateUpBlock;  // NOTE: grouped_gemm.h layout
       const int64_t up = gate + kGateUpBlock;
-      v = gated_activation(a.activation, bf16_to_f32(in[gate]) + b[gate], bf16_to_f32(in[up]) + b[up]);
+      v = gated_activation(act, bf16_to_f32(in[gate]) + b[gate], bf16_to_f32(in[up]) + b[up]);
     } else {
-      v = plain_activation(a.activation, bf16_to_f32(in[i]) + b[i]);
+      v = plain_activation(act, bf16_to_f32(in[i]) + b[i]);
     }
     out[i] = f32_to_bf16(v);
   }
@@ -79,7 +80,9 @@ Status bias_activation(const BiasActivationArgs& args, cudaStream_t stream) {
   if (args.max_rows == 0) return Status::Ok();
   if (args.max_rows > INT32_MAX) return InvalidArgument("bias_activation: more than 2^31 rows");
   const int threads = args.intermediate >= kThreads ? kThreads : 64;
-  bias_activation_kernel<<<static_cast<unsigned>(args.max_rows), threads, 0, stream>>>(args);
+  const ActivationParams act{args.activation.kind, args.activation.swiglu_limit, args.activation.swiglu_alpha};
+  bias_activation_kernel<<<static_cast<unsigned>(args.max_rows), threads, 0, stream>>>(args, act,
+                                                                                        args.activation.gated());
   MOEKIT_CUDA_CHECK_LAUNCH("bias_activation_kernel");
   return Status::Ok();
 }

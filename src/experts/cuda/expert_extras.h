@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "experts/cuda/activation.cuh"
+#include "moekit/config.h"
 #include "moekit/status.h"
 
 namespace moekit::cuda {
@@ -26,8 +26,7 @@ struct BiasActivationArgs {
   int64_t num_groups = 0;                // E
   int64_t n1 = 0;                        // GEMM1 columns: 2I gated, I relu2
   int64_t intermediate = 0;              // I
-  ActivationParams activation;
-  bool gated = true;
+  ActivationConfig activation;
   const uint16_t* gemm1_out = nullptr;   // [max_rows, n1] bf16, prepared column order
   const float* bias = nullptr;           // [E, n1] f32, prepared column order
   const int32_t* group_start = nullptr;  // [E] i32

@@ -195,8 +195,7 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
     ba.num_groups = s.num_experts;
     ba.n1 = s.n1();
     ba.intermediate = s.intermediate;
-    ba.activation = ActivationParams{s.activation.kind, s.activation.swiglu_limit, s.activation.swiglu_alpha};
-    ba.gated = s.activation.gated();
+    ba.activation = s.activation;
     ba.gemm1_out = reinterpret_cast<const uint16_t*>(ws + l.gemm1_raw);
     ba.bias = run.w13_bias;
     ba.group_start = group_start;
