@@ -60,6 +60,10 @@ FAMILIES = {
                                  routed_scaling_factor=1.5, norm_topk_prob=False, first_k_dense_replace=1,
                                  q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                  v_head_dim=16), "gate"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                      n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=1.8,
+                      first_k_dense_replace=1, head_dim=16), "gate"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 dict(intermediate_size=48, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
                      layer_types=["full_attention"] * 2), "router"),
@@ -199,3 +203,15 @@ def test_folder_without_config(tmp_path):
     np.save(hidden, np.zeros((2, H), np.float32))
     out = _error(["--model", str(tmp_path), "--layer", "0", "--hidden", hidden, "--out", str(tmp_path / "o.npy")])
     assert "no config.json" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_from_pretrained_on_the_gpu_matches_transformers(models, family):
+    """The same bf16 folders through the cuda_sm90 backend (biases, shared experts, gate on the GPU)."""
+    import moekit
+    m = models(family, "bf16")
+    layer = moekit.MoeLayer.from_pretrained(m.folder, layer=LAYER, device="cuda", max_num_tokens=64)
+    assert layer.backend == "cuda_sm90", layer.backend
+    out, ids = layer(m.x.cuda(), m.logits.float().cuda(), return_ids=True)
+    m.check(out.cpu(), ids.cpu())
