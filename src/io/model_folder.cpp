@@ -250,10 +250,13 @@ class LayerReader {
     const bool mixtral = has(p_ + "experts.0.w1.weight");
     const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
     out_->naming = mixtral ? "experts.<e>.{w1,w3,w2}.weight" : "experts.<e>.{gate,up,down}_proj.weight";
-    const std::string past = p_ + "experts." + std::to_string(E) + ".";
-    auto extra = shards_.names().lower_bound(past);
-    if (extra != shards_.names().end() && extra->first.starts_with(past)) {
-      return InvalidArgument(extra->first + ": an expert past the " + std::to_string(E) + " of config.json");
+    const std::string experts = p_ + "experts.";
+    for (const std::string& n : names_under(experts)) {  // every index must be one of the config's E
+      const std::string digits = n.substr(experts.size(), n.find('.', experts.size()) - experts.size());
+      if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (std::stoll(digits) >= E) {
+        return InvalidArgument(n + ": an expert past the " + std::to_string(E) + " of config.json");
+      }
     }
     std::vector<const SafetensorsEntry*> parts;  // [E][3], all checked before anything is read
     for (int64_t e = 0; e < E; ++e) {

@@ -200,6 +200,8 @@ TEST_F(ModelFolder, ErrorsNameTheProblem) {
        "model.layers.0.mlp.experts.0.down_proj.weight: shape [6, 16], expected [16, 6] from config.json"},
       {"missing expert", qwen3_config(), experts(3), "model.layers.0.mlp.experts.3.gate_proj.weight is missing"},
       {"extra expert", qwen3_config(), experts(5), "model.layers.0.mlp.experts.4.down_proj.weight: an expert past"},
+      {"expert 10 of 4", qwen3_config(), with(experts(4), {"model.layers.0.mlp.experts.10.up_proj.weight", {kI, kH}}),
+       "model.layers.0.mlp.experts.10.up_proj.weight: an expert past the 4 of config.json"},
       {"unknown naming", qwen3_config(),
        {{"model.layers.0.mlp.experts.fc1", {kE, kH}}, {"model.layers.0.self_attn.q_proj.weight", {kH, kH}}},
        "no expert naming recognised under 'model.layers.0.mlp.experts.'; names found there: "
