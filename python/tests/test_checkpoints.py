@@ -215,3 +215,11 @@ def test_from_pretrained_on_the_gpu_matches_transformers(models, family):
     assert layer.backend == "cuda_sm90", layer.backend
     out, ids = layer(m.x.cuda(), m.logits.float().cuda(), return_ids=True)
     m.check(out.cpu(), ids.cpu())
+
+
+def test_from_pretrained_errors_are_value_errors(deepseek_folder, tmp_path):
+    import moekit
+    with pytest.raises(ValueError, match=r"layer 0 is a dense \(non-MoE\) layer"):
+        moekit.MoeLayer.from_pretrained(deepseek_folder, layer=0)
+    with pytest.raises(ValueError, match="no config.json"):
+        moekit.MoeLayer.from_pretrained(tmp_path, layer=0)
