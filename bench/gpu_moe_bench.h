@@ -28,7 +28,10 @@ struct GpuBenchOptions {
   int ceiling_repeats = 10;
   uint32_t seed = 20261129u;
   std::vector<std::string> variants;  // "NAME:VAR=VALUE,..." timed beside the default, interleaved
-  double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)
+  double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)  // Extras on every shape, to measure what they cost (also settable per shape in the list):
+  bool expert_bias = false;         // gate/up and down biases (gpt-oss style)
+  int64_t shared_intermediate = 0;  // > 0: a shared expert of this width
+  bool shared_gate = false;         // the shared expert's sigmoid gate (needs shared_intermediate)
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the
