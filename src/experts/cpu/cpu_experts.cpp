@@ -3,6 +3,7 @@
 #include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
 #include "experts/cpu/permute.h"
+#include "experts/cpu/topk_reduce.h"
 
 namespace moekit::cpu {
 
@@ -72,17 +73,7 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
-  parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float* out = y + t * H;
-      for (int64_t c = 0; c < H; ++c) out[c] = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float w = topk_weights[t * k + j];
-        const float* src = b.y_perm + static_cast<int64_t>(b.pair_to_row[t * k + j]) * H;
-        for (int64_t c = 0; c < H; ++c) out[c] += w * src[c];
-      }
-    }
-  });
+  weighted_topk_reduce(b.y_perm, b.pair_to_row, topk_weights, num_tokens, k, H, y);
 }
 
 void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,
