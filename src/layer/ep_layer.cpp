@@ -247,6 +247,13 @@ Status ExpertParallelLayer::set_capture_target(const TensorView& target) {
 Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
   const Device cpu = Device::cpu();
   const int64_t H = config_.hidden, E = config_.num_experts, k = config_.top_k();
+  if (a.hidden.rank == 2 && a.hidden.dim(0) == 0) {
+    // A rank with no tokens this step still takes part in the collectives.
+    if (a.hidden.dim(1) != H || a.out.rank != 2 || a.out.dim(0) != 0) {
+      return InvalidArgument("hidden/out: a rank without tokens passes [0, H] views for both");
+    }
+    return Status::Ok();
+  }
   MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, cpu));
   const int64_t m = a.hidden.dim(0);
   if (m < 1 || m > config_.max_num_tokens) {
@@ -274,6 +281,7 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
     return InvalidArgument("topk_ids/topk_weights: only custom routing takes them");
   }
   MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, cpu));
+  MOEKIT_RETURN_IF_ERROR(check_logits_finite(a.router_logits));
   if (a.forced_ids.defined()) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(a.forced_ids, "forced_ids", {DType::kI32}, {m, k}, cpu));
     MOEKIT_RETURN_IF_ERROR(check_forced_ids(a.forced_ids, E));
@@ -286,10 +294,12 @@ Status ExpertParallelLayer::forward(const LayerForwardArgs& args) {
   State& st = *state_;
   const int64_t m = args.hidden.dim(0), k = config_.top_k(), E = config_.num_experts;
   // 1. Route this rank's tokens (logical ids; the capture target gets them).
-  const int32_t* ids = nullptr;
-  const float* weights = nullptr;
+  const int32_t* ids = st.topk_ids.data();
+  const float* weights = st.topk_weights.data();
   const TensorView ids_target = args.routing_replay_out.defined() ? args.routing_replay_out : capture_target_;
-  if (config_.routing.method == RoutingMethod::kCustom) {
+  if (m == 0) {
+    std::fill(st.counts.begin(), st.counts.end(), 0);
+  } else if (config_.routing.method == RoutingMethod::kCustom) {
     ids = args.topk_ids.ptr<const int32_t>();
     weights = args.topk_weights.ptr<const float>();
     std::fill(st.counts.begin(), st.counts.end(), 0);
@@ -308,15 +318,13 @@ Status ExpertParallelLayer::forward(const LayerForwardArgs& args) {
     r.topk_weights = TensorView::contiguous(st.topk_weights.data(), DType::kF32, {m, k});
     r.expert_counts = TensorView::contiguous(st.counts.data(), DType::kI32, {E});
     r.routing_replay_out = ids_target;
-    MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, route_cpu(config_.routing, r)));
-    ids = st.topk_ids.data();
-    weights = st.topk_weights.data();
+    MOEKIT_RETURN_IF_ERROR(route_cpu(config_.routing, r));  // inputs validated above: cannot fail on one rank only
   }
-  if (args.routing_replay_out.defined() && capture_target_.defined()) {
+  if (m > 0 && args.routing_replay_out.defined() && capture_target_.defined()) {
     std::memcpy(capture_target_.data, args.routing_replay_out.data, m * k * sizeof(int16_t));
   }
   for (int64_t e = 0; e < E; ++e) expert_load_[e] += st.counts[e];
-  if (args.expert_counts.defined()) std::memcpy(args.expert_counts.data, st.counts.data(), E * sizeof(int32_t));
+  if (m > 0 && args.expert_counts.defined()) std::memcpy(args.expert_counts.data, st.counts.data(), E * sizeof(int32_t));
 
   // 2. Replica of every (token, slot): a function of the token's position alone.
   const int64_t token_key0 = static_cast<int64_t>(comm_->rank()) * config_.max_num_tokens;

@@ -462,5 +462,42 @@ TEST(EpWeights, UpdateWritesEveryReplica) {
   EXPECT_TRUE(same_bytes(out, ref.out)) << "a replica kept the old weights";
 }
 
+TEST(EpLayer, ARankWithoutTokensStillTakesPart) {
+  const int n = 3;
+  MoeConfig c = base_config(RoutingMethod::kSigmoidRenorm, DType::kBF16);
+  const GroupInputs in(c, n, 10);
+  // Ranks 0 and 2 take every token; rank 1 has none this step.
+  const std::vector<int64_t> first = {0, in.first[2], in.first[2], in.total};
+  const SingleRank ref = run_single_rank(c, in);
+  HostTensor out(DType::kBF16, {in.total, kH}), ids(DType::kI16, {in.total, kK});
+  c.max_num_tokens = in.total;
+  auto st = run_ranks(n, [&](int r, Communicator& comm) -> Status {
+    const MoeConfig rc = rank_config(c, n, r, All2AllBackend::kNccl);
+    MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, in.weights(rc), comm));
+    if (first[r] < first[r + 1]) return layer->forward(forward_args(rc, in, first[r], first[r + 1], out, ids));
+    LayerForwardArgs none;  // [0, H] views, no data
+    none.hidden = TensorView::contiguous(nullptr, DType::kBF16, {0, kH});
+    none.out = TensorView::contiguous(nullptr, DType::kBF16, {0, kH});
+    return layer->forward(none);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(same_bytes(out, ref.out));
+  EXPECT_TRUE(same_bytes(ids, ref.ids));
+}
+
+TEST(EpBadInput, NonFiniteLogitsOnOneRankFailEveryRank) {
+  MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
+  GroupInputs in(c, 2, 11);
+  in.logits.data<float>()[in.first[1] * kE + 3] = std::nanf("");
+  HostTensor out(DType::kBF16, {in.total, kH}), ids(DType::kI16, {in.total, kK});
+  auto st = run_ranks(2, [&](int r, Communicator& comm) -> Status {
+    const MoeConfig rc = rank_config(c, 2, r, All2AllBackend::kAllgatherReducescatter);
+    MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, in.weights(rc), comm));
+    return layer->forward(forward_args(rc, in, in.first[r], in.first[r + 1], out, ids));
+  });
+  EXPECT_FALSE(st[1].ok());
+  EXPECT_NE(st[0].message().find("rank 1 rejected its input"), std::string::npos) << st[0].message();
+}
+
 }  // namespace
 }  // namespace moekit
