@@ -1,8 +1,11 @@
 // ExpertParallelLayer: routing (logical ids) -> replica choice -> EP
 // prepare (dispatch) -> this rank's experts through the modular kernel ->
 // EP finalize (combine + slot-order reduce).
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dispatch/ep_prepare_finalize.h"
 #include "eplb/slot_weights.h"
@@ -53,18 +56,21 @@ std::string group_fingerprint(const MoeConfig& c, const ExpertPlacement& p) {
   return g.to_string() + " placement " + p.to_string();
 }
 
-// Every rank's fingerprint equals rank 0's, else an error showing both.
+// Every rank's fingerprint equals rank 0's, else an error showing both. Ranks
+// exchange a hash of the whole string and its first kShown bytes (to print).
 Status check_same_on_every_rank(Communicator& comm, const std::string& mine, const char* what) {
-  constexpr size_t kBytes = 4096;
+  constexpr size_t kShown = 4088, kBytes = kShown + sizeof(uint64_t);
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : mine) hash = (hash ^ c) * 0x100000001b3ull;
   std::vector<char> buf(kBytes, 0), all(kBytes * comm.size());
-  std::memcpy(buf.data(), mine.data(), std::min(mine.size(), kBytes - 1));
+  std::memcpy(buf.data(), &hash, sizeof hash);
+  std::memcpy(buf.data() + sizeof hash, mine.data(), std::min(mine.size(), kShown - 1));
   MOEKIT_RETURN_IF_ERROR(comm.all_gather(buf.data(), all.data(), kBytes));
-  const std::string first(all.data());
   for (int r = 1; r < comm.size(); ++r) {
-    const std::string other(all.data() + r * kBytes);
-    if (other != first) {
-      return InvalidArgument(std::string("expert parallel: ") + what + " differs between ranks: rank 0 has " + first +
-                             "; rank " + std::to_string(r) + " has " + other);
+    if (std::memcmp(all.data(), all.data() + r * kBytes, sizeof hash) != 0) {
+      return InvalidArgument(std::string("expert parallel: ") + what + " differs between ranks: rank 0 has " +
+                             std::string(all.data() + sizeof hash) + "; rank " + std::to_string(r) + " has " +
+                             std::string(all.data() + r * kBytes + sizeof hash));
     }
   }
   return Status::Ok();
