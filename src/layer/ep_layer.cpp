@@ -368,7 +368,9 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   MOEKIT_RETURN_IF_ERROR(check_same_on_every_rank(*comm_, next.to_string(), "the new placement"));
   State& st = *state_;
   // Build everything new first; swap only when every rank succeeded.
-  MOEKIT_ASSIGN_OR_RETURN(eplb::SlotWeights moved, eplb::move_slot_weights(*comm_, st.weights, placement_, next));
+  StatusOr<eplb::SlotWeights> moved_or = eplb::move_slot_weights(*comm_, st.weights, placement_, next);
+  MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, moved_or.status()));
+  eplb::SlotWeights moved = std::move(*moved_or);
   const int64_t max_pairs = dispatch::EpShape{config_.max_num_tokens, config_.hidden, config_.top_k(),
                                               next.slots_per_rank, config_.quant.act_dtype}
                                 .max_pairs(comm_->size());
