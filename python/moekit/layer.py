@@ -7,7 +7,7 @@ import torch
 
 from . import _moekit, ops
 from ._moekit import MoeConfig
-from ._torch import DeviceLike, no_grad_needed, stream_of, to_device, weight
+from ._torch import DeviceLike, no_grad_needed, parse_device, stream_of, to_device, weight
 
 
 class MoeLayer:
@@ -111,7 +111,7 @@ def select_backend(config: MoeConfig, device: DeviceLike = "cuda") -> List[Dict[
     """The oracle's report for `config` among the backends that run on `device`:
     every candidate with {backend, kernel, kind, verdict, reason}. Raises ValueError,
     listing every rejection, when none can serve it."""
-    return _moekit.select_backend(config, torch.device(device).type)
+    return _moekit.select_backend(config, parse_device(device).type)
 
 
 def route(router_logits: torch.Tensor, config: MoeConfig, score_bias: Optional[torch.Tensor] = None,

@@ -9,7 +9,7 @@
 #include "dispatch/ep_pair_rows.h"
 #include "dispatch/ep_prepare_finalize.h"
 #include "dispatch/local_prepare_finalize.h"
-#include "experts/cpu/topk_reduce.h"
+#include "dispatch/topk_reduce.h"
 
 namespace moekit::dispatch {
 namespace {
@@ -94,7 +94,7 @@ class AllToAll final : public EpPrepareFinalize {
     MOEKIT_RETURN_IF_ERROR(comm_.all_to_all_v(ret_send_.data(), send_counts_.data(), ret_recv_.data(),
                                               recv_counts_.data(), max_return_rows_, H * sizeof(float)));
     float* y = local_output_buffer(out, y_.data());
-    cpu::weighted_topk_reduce(ret_recv_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
+    weighted_topk_reduce(ret_recv_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
     local_finalize(y, out);
     return Status::Ok();
   }

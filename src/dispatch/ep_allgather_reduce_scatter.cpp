@@ -14,7 +14,7 @@
 #include "dispatch/ep_pair_rows.h"
 #include "dispatch/ep_prepare_finalize.h"
 #include "dispatch/local_prepare_finalize.h"
-#include "experts/cpu/topk_reduce.h"
+#include "dispatch/topk_reduce.h"
 
 namespace moekit::dispatch {
 namespace {
@@ -87,7 +87,7 @@ class AllgatherReduceScatter final : public EpPrepareFinalize {
     }
     MOEKIT_RETURN_IF_ERROR(comm_.reduce_scatter_sum_f32(partial_.data(), mine_.data(), count));
     float* y = local_output_buffer(out, y_.data());
-    cpu::weighted_topk_reduce(mine_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
+    weighted_topk_reduce(mine_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
     local_finalize(y, out);
     return Status::Ok();
   }

@@ -9,7 +9,7 @@
 // single-rank layer over the concatenated batch does. The experts stage
 // returns each pair's *unweighted* fp32 output; finalize reduces them with the
 // top-k weights in slot order through the same function the CPU experts stage
-// uses (cpu::weighted_topk_reduce), which makes an EP layer's output bitwise
+// uses (dispatch::weighted_topk_reduce), which makes an EP layer's output bitwise
 // equal to the single-rank layer's.
 //
 // Every buffer is sized at create() for the worst case (max_num_tokens per

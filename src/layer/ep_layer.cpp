@@ -9,7 +9,6 @@
 
 #include "dispatch/ep_prepare_finalize.h"
 #include "eplb/slot_weights.h"
-#include "experts/cpu/activations.h"
 #include "moekit/ep_layer.h"
 #include "moekit/routing.h"
 
@@ -172,7 +171,7 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create(const
   } else if (whole->kernel.monolithic) {
     built = Internal("expert parallel: the oracle chose the monolithic " + whole->kernel.name + " for ep > 1");
   }
-  const int64_t n1 = cpu::gemm1_width(config.activation.kind, config.intermediate);
+  const int64_t n1 = config.activation.gated() ? 2 * config.intermediate : config.intermediate;  // w13 rows
   if (built.ok()) {
     StatusOr<eplb::SlotWeights> w = eplb::slot_weights_from_logical(
         weights, chosen, comm.rank(), config.quant.weight_dtype, n1, config.hidden, config.intermediate);

@@ -1,9 +1,9 @@
 #include "experts/cpu/cpu_experts.h"
 
+#include "dispatch/topk_reduce.h"
 #include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
 #include "experts/cpu/permute.h"
-#include "experts/cpu/topk_reduce.h"
 
 namespace moekit::cpu {
 
@@ -73,7 +73,7 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
-  weighted_topk_reduce(b.y_perm, b.pair_to_row, topk_weights, num_tokens, k, H, y);
+  dispatch::weighted_topk_reduce(b.y_perm, b.pair_to_row, topk_weights, num_tokens, k, H, y);
 }
 
 void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,

@@ -1,8 +1,8 @@
-#include "experts/cpu/topk_reduce.h"
+#include "dispatch/topk_reduce.h"
 
 #include "moekit/parallel_for.h"
 
-namespace moekit::cpu {
+namespace moekit::dispatch {
 
 void weighted_topk_reduce(const float* rows, const int32_t* pair_to_row, const float* weights, int64_t num_tokens,
                           int64_t k, int64_t H, float* y) {
@@ -19,4 +19,4 @@ void weighted_topk_reduce(const float* rows, const int32_t* pair_to_row, const f
   });
 }
 
-}  // namespace moekit::cpu
+}  // namespace moekit::dispatch
