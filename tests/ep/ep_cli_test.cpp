@@ -39,5 +39,18 @@ TEST(EpCli, BadEplbSlotsAreNamed) {
       << r.err;
 }
 
+TEST(EpCli, BackendsSaysHowAnEpLayerMovesTokensAndWhy) {
+  const std::string base = std::string(MOEKIT_CLI_PATH) + " backends --cpu-only --ep 8 --dp 8 --all2all auto";
+  const auto large = testing::run_command(base + " --max-tokens 4096");
+  ASSERT_EQ(large.code, 0) << large.out;
+  EXPECT_NE(large.out.find("rejected: monolithic kernels cannot dispatch tokens across ranks"), std::string::npos)
+      << large.out;
+  EXPECT_NE(large.out.find("ep dispatch: all-to-all: up to 32768 tokens in the group"), std::string::npos) << large.out;
+  const auto small = testing::run_command(base + " --max-tokens 16");
+  ASSERT_EQ(small.code, 0) << small.out;
+  EXPECT_NE(small.out.find("ep dispatch: allgather + reduce-scatter: at most 128 tokens"), std::string::npos)
+      << small.out;
+}
+
 }  // namespace
 }  // namespace moekit
