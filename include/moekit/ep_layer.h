@@ -39,6 +39,15 @@ class ExpertParallelLayer {
                                                                Communicator& comm,
                                                                const ExpertPlacement* placement = nullptr,
                                                                const Platform& platform = Platform::probe());
+  // The same from only this rank's expert weights, as a serving engine loads
+  // them: slot_weights.w13 [slots_per_rank, n1, H] and .w2 [slots_per_rank, H, I]
+  // hold, slot by slot, the logical experts `placement` gives this rank (an
+  // empty slot's entry is ignored); score_bias as in create().
+  static StatusOr<std::unique_ptr<ExpertParallelLayer>> create_from_slots(const MoeConfig& config,
+                                                                          const MoeWeights& slot_weights,
+                                                                          Communicator& comm,
+                                                                          const ExpertPlacement& placement,
+                                                                          const Platform& platform = Platform::probe());
   ~ExpertParallelLayer();
 
   // This rank's tokens, as MoeLayer::forward takes them (hidden [M, H] with
@@ -81,6 +90,10 @@ class ExpertParallelLayer {
  private:
   struct State;
   ExpertParallelLayer() = default;
+  static StatusOr<std::unique_ptr<ExpertParallelLayer>> create_impl(const MoeConfig& config, const MoeWeights& weights,
+                                                                    bool weights_are_slots, Communicator& comm,
+                                                                    const ExpertPlacement* placement,
+                                                                    const Platform& platform);
   Status validate(const LayerForwardArgs& args) const;
 
   MoeConfig config_;

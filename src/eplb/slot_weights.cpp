@@ -41,6 +41,20 @@ StatusOr<SlotWeights> slot_weights_from_logical(const MoeWeights& logical, const
   return w;
 }
 
+StatusOr<SlotWeights> slot_weights_from_local(const MoeWeights& local, const ExpertPlacement& p, int rank,
+                                              DType dtype, int64_t n1, int64_t H, int64_t I) {
+  const int64_t S = p.slots_per_rank;
+  MOEKIT_RETURN_IF_ERROR(check_tensor(local.w13, "w13 (this rank's slots)", {dtype}, {S, n1, H}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(local.w2, "w2 (this rank's slots)", {dtype}, {S, H, I}, Device::cpu()));
+  SlotWeights w = empty_slots(dtype, S, n1, H, I);
+  for (int64_t s = 0; s < S; ++s) {
+    if (p.physical_to_logical[rank * S + s] < 0) continue;
+    std::memcpy(w.w13.data() + s * w.w13_bytes(), local.w13.ptr<const char>() + s * w.w13_bytes(), w.w13_bytes());
+    std::memcpy(w.w2.data() + s * w.w2_bytes(), local.w2.ptr<const char>() + s * w.w2_bytes(), w.w2_bytes());
+  }
+  return w;
+}
+
 StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& mine, const ExpertPlacement& current,
                                         const ExpertPlacement& next) {
   const int n = comm.size(), me = comm.rank();

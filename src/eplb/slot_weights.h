@@ -30,6 +30,12 @@ struct SlotWeights {
 StatusOr<SlotWeights> slot_weights_from_logical(const MoeWeights& logical, const ExpertPlacement& placement, int rank,
                                                 DType dtype, int64_t n1, int64_t hidden, int64_t intermediate);
 
+// Rank `rank`'s slots under `placement` from weights that hold only those
+// slots (w13 [slots_per_rank, n1, H], w2 [slots_per_rank, H, I]; checked);
+// empty slots become zeros.
+StatusOr<SlotWeights> slot_weights_from_local(const MoeWeights& local, const ExpertPlacement& placement, int rank,
+                                              DType dtype, int64_t n1, int64_t hidden, int64_t intermediate);
+
 // Collective: this rank's slots under `next`. Each expert's weights come from
 // the lowest rank holding it under `current` (a local copy when that is this
 // rank), through one all_to_all_v of whole experts.

@@ -114,6 +114,21 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create(const
                                                                            Communicator& comm,
                                                                            const ExpertPlacement* placement,
                                                                            const Platform& platform) {
+  return create_impl(config, weights, /*weights_are_slots=*/false, comm, placement, platform);
+}
+
+StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_from_slots(
+    const MoeConfig& config, const MoeWeights& slot_weights, Communicator& comm, const ExpertPlacement& placement,
+    const Platform& platform) {
+  return create_impl(config, slot_weights, /*weights_are_slots=*/true, comm, &placement, platform);
+}
+
+StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(const MoeConfig& config,
+                                                                                const MoeWeights& weights,
+                                                                                bool weights_are_slots,
+                                                                                Communicator& comm,
+                                                                                const ExpertPlacement* placement,
+                                                                                const Platform& platform) {
   // Local checks first, then one agreement so that a rank with a bad config
   // does not leave the others waiting.
   const ParallelConfig& par = config.parallel;
@@ -173,8 +188,12 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create(const
   }
   const int64_t n1 = config.activation.gated() ? 2 * config.intermediate : config.intermediate;  // w13 rows
   if (built.ok()) {
-    StatusOr<eplb::SlotWeights> w = eplb::slot_weights_from_logical(
-        weights, chosen, comm.rank(), config.quant.weight_dtype, n1, config.hidden, config.intermediate);
+    StatusOr<eplb::SlotWeights> w =
+        weights_are_slots
+            ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
+                                            config.hidden, config.intermediate)
+            : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
+                                              config.hidden, config.intermediate);
     if (w.ok()) st.weights = std::move(*w); else built = w.status();
   }
   const int64_t max_pairs = dispatch::EpShape{config.max_num_tokens, config.hidden, config.top_k(),

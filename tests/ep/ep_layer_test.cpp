@@ -499,5 +499,46 @@ TEST(EpBadInput, NonFiniteLogitsOnOneRankFailEveryRank) {
   EXPECT_NE(st[0].message().find("rank 1 rejected its input"), std::string::npos) << st[0].message();
 }
 
+// A rank that loads only its own experts gets the same layer as one handed
+// the full weights, for a placement with replicas; a wrong slot count is named.
+TEST(EpLayer, CreateFromSlotsEqualsCreateFromFullWeights) {
+  const int n = 3;
+  MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
+  const GroupInputs in(c, n, 12);
+  ExpertPlacement p;
+  p.num_logical = kE;
+  p.num_ranks = n;
+  p.slots_per_rank = 7;  // 21 slots: every expert once, 0..4 twice, one empty slot
+  p.physical_to_logical = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, -1};
+  const int64_t n1 = 2 * kI;
+  const size_t a = n1 * kH * 2, b = kH * kI * 2;
+  HostTensor full_out(DType::kBF16, {in.total, kH}), slots_out(DType::kBF16, {in.total, kH});
+  HostTensor ids(DType::kI16, {in.total, kK});
+  auto st = run_ranks(n, [&](int r, Communicator& comm) -> Status {
+    const MoeConfig rc = rank_config(c, n, r, All2AllBackend::kNccl);
+    HostTensor w13(DType::kBF16, {p.slots_per_rank, n1, kH}), w2(DType::kBF16, {p.slots_per_rank, kH, kI});
+    for (int64_t s = 0; s < p.slots_per_rank; ++s) {
+      const int32_t e = p.physical_to_logical[r * p.slots_per_rank + s];
+      if (e < 0) continue;
+      std::memcpy(w13.data<char>() + s * a, in.w13.data<char>() + e * a, a);
+      std::memcpy(w2.data<char>() + s * b, in.w2.data<char>() + e * b, b);
+    }
+    MOEKIT_ASSIGN_OR_RETURN(auto full, ExpertParallelLayer::create(rc, in.weights(rc), comm, &p));
+    MOEKIT_ASSIGN_OR_RETURN(auto mine, ExpertParallelLayer::create_from_slots(rc, {w13.view(), w2.view(), {}}, comm, p));
+    MOEKIT_RETURN_IF_ERROR(full->forward(forward_args(rc, in, in.first[r], in.first[r + 1], full_out, ids)));
+    MOEKIT_RETURN_IF_ERROR(mine->forward(forward_args(rc, in, in.first[r], in.first[r + 1], slots_out, ids)));
+    // Rank 1 passes one slot too few: every rank fails, rank 1 naming the tensor.
+    HostTensor short_w13(DType::kBF16, {p.slots_per_rank - (r == 1), n1, kH});
+    const Status bad =
+        ExpertParallelLayer::create_from_slots(rc, {short_w13.view(), w2.view(), {}}, comm, p).status();
+    if (bad.ok()) return Internal("a wrong slot count was accepted");
+    const std::string want = r == 1 ? "w13 (this rank's slots)" : "rank 1 rejected its input";
+    if (bad.message().find(want) == std::string::npos) return Internal("unexpected error: " + bad.to_string());
+    return Status::Ok();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(same_bytes(full_out, slots_out));
+}
+
 }  // namespace
 }  // namespace moekit
