@@ -129,21 +129,23 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                                                                                 Communicator& comm,
                                                                                 const ExpertPlacement* placement,
                                                                                 const Platform& platform) {
+  if (comm.device().type != DeviceType::kCpu) {
+    // Every rank of a group has the same kind of communicator, so every rank
+    // returns here; agree() below would hand host memory to a device one.
+    // TODO(ep): the device-side dispatch/combine kernels over NCCL.
+    return Unsupported(std::string("expert parallel: the ") + comm.name() + " communicator's device path (" +
+                       comm.device().to_string() + ") is not implemented yet; only host (loopback) ranks run");
+  }
   // Local checks first, then one agreement so that a rank with a bad config
   // does not leave the others waiting.
   const ParallelConfig& par = config.parallel;
   Status local = config.validate();
   if (local.ok() && (par.ep_size != comm.size() || par.ep_rank != comm.rank() || par.dp_size != par.ep_size ||
                      par.dp_rank != par.ep_rank || par.tp_size != 1)) {
-    local = InvalidArgument("expert parallel: parallel config " + par.to_string() + " with ep_rank " +
-                            std::to_string(par.ep_rank) + " must have ep_size == dp_size == communicator size (" +
+    local = InvalidArgument("expert parallel: parallel config " + par.to_string() + " (ep_rank " +
+                            std::to_string(par.ep_rank) + ", dp_rank " + std::to_string(par.dp_rank) + ") must have ep_size == dp_size == communicator size (" +
                             std::to_string(comm.size()) + "), ep_rank == dp_rank == communicator rank (" +
                             std::to_string(comm.rank()) + ") and tp_size 1");
-  }
-  if (local.ok() && comm.device().type != DeviceType::kCpu) {
-    // TODO(ep): the device-side dispatch/combine kernels over NCCL.
-    local = Unsupported(std::string("expert parallel: the ") + comm.name() + " communicator's device path (" +
-                        comm.device().to_string() + ") is not implemented yet; only host (loopback) ranks run");
   }
   if (local.ok() && weights.score_bias.defined() != config.routing.has_score_bias) {
     local = InvalidArgument("weights.score_bias: given iff routing.has_score_bias is set");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moekit/comm.h"
+#include "moekit/ep_layer.h"
 
 namespace moekit {
 namespace {
@@ -184,6 +185,28 @@ TEST(NcclComm, NvlinkMulticastIsNotTurnedOn) {
   // The library never sets it; the machines set it to 0 (docs/expert_parallel.md).
   const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
   EXPECT_TRUE(nvls == nullptr || std::string(nvls) == "0") << "NCCL_NVLS_ENABLE=" << nvls;
+}
+
+// Until the device EP path exists, an EP layer over NCCL refuses clearly (and
+// without handing host memory to NCCL).
+TEST(NcclComm, AnEpLayerOnGpusSaysItsDevicePathIsMissing) {
+  MOEKIT_REQUIRE_GPUS(2);
+  auto st = run_gpu_ranks(2, [&](int r, Communicator& c, cudaStream_t) -> Status {
+    MoeConfig cfg;
+    cfg.num_experts = 8;
+    cfg.hidden = 64;
+    cfg.intermediate = 32;
+    cfg.max_num_tokens = 4;
+    cfg.routing.top_k = 2;
+    cfg.parallel.ep_size = cfg.parallel.dp_size = 2;
+    cfg.parallel.ep_rank = cfg.parallel.dp_rank = r;
+    cfg.parallel.all2all = All2AllBackend::kNccl;
+    return ExpertParallelLayer::create(cfg, MoeWeights{}, c).status();
+  });
+  for (const Status& s : st) {
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    EXPECT_NE(s.message().find("device path"), std::string::npos) << s.message();
+  }
 }
 
 }  // namespace
