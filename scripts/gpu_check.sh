@@ -54,6 +54,8 @@ run_ctest() {  # label, name, log, extra env...
 run_ctest gpu "gpu      " "$LOGS/ctest_gpu.log" MOEKIT_GPU_CHECK=1 >"$LOGS/ctest_gpu.lines"
 run_ctest gpu "gpu(ref) " "$LOGS/ctest_gpu_reference.log" MOEKIT_SM90_GEMM=reference >/dev/null
 run_ctest unit "unit     " "$LOGS/ctest_unit.log" >/dev/null
+# Two or more GPUs and NCCL; each test skips itself (counted as skipped) on one GPU.
+run_ctest multigpu "multigpu " "$LOGS/ctest_multigpu.log"
 passed="$(grep -hoE '\[  PASSED  \] [0-9]+' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
 failed="$(grep -hoE '\[  FAILED  \] [0-9]+ tests?, listed' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"
 skipped="$(grep -hoE '\[  SKIPPED \] [0-9]+ tests?, listed' "$LOGS/ctest_gpu.log" | awk '{s+=$4} END {print s+0}')"

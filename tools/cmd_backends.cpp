@@ -58,8 +58,10 @@ StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
     c.parallel.all2all = All2AllBackend::kNccl;
   } else if (o.all2all == "allgather_reducescatter") {
     c.parallel.all2all = All2AllBackend::kAllgatherReducescatter;
+  } else if (o.all2all == "auto") {
+    c.parallel.all2all = All2AllBackend::kAuto;
   } else {
-    return InvalidArgument("--all2all: one of none|nccl|allgather_reducescatter, got '" + o.all2all + "'");
+    return InvalidArgument("--all2all: one of none|nccl|allgather_reducescatter|auto, got '" + o.all2all + "'");
   }
   c.parallel.enable_eplb = o.eplb;
   c.needs_capture = o.capture;
@@ -77,6 +79,11 @@ Status run_backends(const BackendsOptions& o) {
   auto res = select_backend(config, platform);
   if (!res.ok()) return res.status();
   std::printf("%s", res->report_string().c_str());
+  if (config.parallel.ep_size > 1) {
+    // How an expert-parallel layer of this config would move its tokens (docs/expert_parallel.md).
+    MOEKIT_ASSIGN_OR_RETURN(const EpDispatchChoice ep, choose_ep_dispatch(config));
+    std::printf("ep dispatch: %s\n", ep.reason.c_str());
+  }
   return Status::Ok();
 }
 
@@ -101,7 +108,7 @@ void add_backends_command(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();
   cmd->add_option("--ep", o->ep, "expert-parallel size")->capture_default_str();
   cmd->add_option("--dp", o->dp, "data-parallel size")->capture_default_str();
-  cmd->add_option("--all2all", o->all2all, "none|nccl|allgather_reducescatter")->capture_default_str();
+  cmd->add_option("--all2all", o->all2all, "none|nccl|allgather_reducescatter|auto")->capture_default_str();
   cmd->add_flag("--eplb", o->eplb, "expert-parallel load balancing on");
   cmd->add_flag("--capture", o->capture, "routed-expert capture needed");
   cmd->add_flag("--replay", o->replay, "forced ids (replay) needed");

@@ -24,6 +24,7 @@
 #include "moekit/platform.h"
 #include "output_paths.h"
 #include "run_capture.h"
+#include "run_ep.h"
 #include "synthetic_model.h"
 
 // OpenBLAS's thread count (the CPU expert GEMMs run on its threads).
@@ -41,6 +42,8 @@ struct RunOptions {
   std::string backend = "auto";  // MoeConfig::backend: "auto" or a backend name
   std::string capture_path = "moekit_capture.safetensors";
   bool no_capture = false;
+  int ep = 1;                    // expert-parallel ranks (run_ep.h)
+  int64_t eplb_redundant = -1;   // EPLB replicas beyond E; -1: one per rank
 };
 
 using Clock = std::chrono::steady_clock;
@@ -110,6 +113,10 @@ Status run_run(const RunOptions& o) {
     // Before the first parallel_for creates its pool.
     setenv("MOEKIT_NUM_THREADS", std::to_string(o.threads).c_str(), 1);
     openblas_set_num_threads(o.threads);
+  }
+  if (o.ep > 1) {
+    if (o.no_capture) return InvalidArgument("--ep: the expert-parallel run always captures and replays");
+    return run_expert_parallel({o.spec, o.ep, o.eplb_redundant, o.num_requests, o.prompt_tokens, o.decode_tokens});
   }
   const SyntheticModelSpec& spec = o.spec;
   MoeConfig config = synthetic_config(spec, o.backend);
@@ -220,6 +227,13 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--capture", o->capture_path, "capture file to write (then replayed)")->capture_default_str();
   cmd->add_flag("--no-capture", o->no_capture, "run without capture (nothing allocated) and without the replay");
+  cmd->add_option("--ep", o->ep,
+                  "expert-parallel ranks: > 1 runs N loopback ranks, rebalances with EPLB, captures and replays")
+      ->check(integer_in(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--eplb-redundant", o->eplb_redundant,
+                  "with --ep: EPLB replica slots beyond the experts, over all ranks (-1: one per rank)")
+      ->capture_default_str();
   cmd->callback([o] {
     const Status st = run_run(*o);
     finish(st.ok() ? kExitOk : report_error("run", st));

@@ -70,7 +70,12 @@ struct QuantScheme {
   std::string to_string() const;
 };
 
-enum class All2AllBackend : uint8_t { kNone, kNccl, kAllgatherReducescatter };
+// How an expert-parallel layer moves tokens between ranks (docs/expert_parallel.md):
+// kNccl: all-to-all, each token sent once per rank holding one of its experts
+// (over the layer's communicator, NCCL or loopback); kAllgatherReducescatter:
+// every token to every rank, partial outputs reduce-scattered back; kAuto: the
+// oracle picks (choose_ep_dispatch, oracle.h) and says why.
+enum class All2AllBackend : uint8_t { kNone, kNccl, kAllgatherReducescatter, kAuto };
 const char* all2all_name(All2AllBackend b);
 
 struct ParallelConfig {

@@ -77,4 +77,16 @@ StatusOr<Resolution> select_backend_on(const MoeConfig& config, const Platform& 
 // error message of select_backend lists), for tools that print it.
 std::string format_report(const std::vector<CandidateReport>& report);
 
+// The token movement of an expert-parallel layer (ep > 1): all-to-all or
+// allgather + reduce-scatter, with the reason in words. parallel.all2all set
+// to one of them is obeyed; kAuto picks allgather + reduce-scatter for small
+// batches (where the all-to-all's two rounds of count exchange and scatter cost
+// more than moving every token everywhere) and all-to-all otherwise. Pure, so
+// every rank agrees.
+struct EpDispatchChoice {
+  All2AllBackend kind = All2AllBackend::kNccl;  // kNccl (all-to-all) or kAllgatherReducescatter
+  std::string reason;
+};
+StatusOr<EpDispatchChoice> choose_ep_dispatch(const MoeConfig& config);
+
 }  // namespace moekit

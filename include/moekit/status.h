@@ -20,6 +20,7 @@ enum class StatusCode {
   kIoError,             // the OS refused a read or write
   kResourceExhausted,   // an allocation failed
   kInternal,            // a bug or a device error
+  kDeadlineExceeded,    // a peer (another rank) did not answer in time
 };
 
 const char* status_code_name(StatusCode code);
@@ -50,6 +51,7 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
 // A value or the Status that explains why there is none.
 template <typename T>

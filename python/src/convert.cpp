@@ -97,6 +97,7 @@ void throw_if_error(const Status& status) {
     case StatusCode::kIoError: PyErr_SetString(PyExc_OSError, msg.c_str()); throw nb::python_error();
     case StatusCode::kResourceExhausted: PyErr_SetString(PyExc_MemoryError, msg.c_str()); throw nb::python_error();
     case StatusCode::kInternal: throw std::runtime_error(msg);
+    case StatusCode::kDeadlineExceeded: PyErr_SetString(PyExc_TimeoutError, msg.c_str()); throw nb::python_error();
   }
   throw std::runtime_error(msg);
 }

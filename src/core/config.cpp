@@ -61,6 +61,7 @@ const char* all2all_name(All2AllBackend b) {
     case All2AllBackend::kNone: return "none";
     case All2AllBackend::kNccl: return "nccl";
     case All2AllBackend::kAllgatherReducescatter: return "allgather_reducescatter";
+    case All2AllBackend::kAuto: return "auto";
   }
   return "?";
 }

@@ -14,6 +14,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kIoError: return "IoError";
     case StatusCode::kResourceExhausted: return "ResourceExhausted";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
   }
   return "Unknown";
 }

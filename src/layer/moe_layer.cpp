@@ -78,15 +78,14 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
   }
   const Support s = kernel_class.supports(config, platform);
   if (!s.ok) return Unsupported("layer: " + kernel_class.name + " cannot serve this configuration: " + s.reason);
-  // NOTE: the oracle answers for parallel configurations (which class would
-  // serve them), but only the local prepare/finalize exists: running such a
-  // layer here would silently compute every expert on one rank.
+  // NOTE: a MoeLayer runs every expert on one rank; expert parallelism needs
+  // a communicator and the EP prepare/finalize, which ExpertParallelLayer wires.
   const ParallelConfig& par = config.parallel;
   if (par.tp_size > 1 || par.ep_size > 1 || par.dp_size > 1) {
     return Unsupported("layer: tp/ep/dp > 1 (tp=" + std::to_string(par.tp_size) + ", ep=" +
                        std::to_string(par.ep_size) + ", dp=" + std::to_string(par.dp_size) +
-                       ") needs the NCCL prepare/finalize, which this version does not have; only the backend "
-                       "selection (moekit backends) answers for it");
+                       ") is not a single-rank layer: expert parallelism runs through ExpertParallelLayer "
+                       "(moekit/ep_layer.h) with a communicator; tensor parallelism is not implemented");
   }
   if (weights.score_bias.defined() != config.routing.has_score_bias) {
     return InvalidArgument(config.routing.has_score_bias

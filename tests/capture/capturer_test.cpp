@@ -84,7 +84,8 @@ std::unique_ptr<Model> spy_model(const KernelClass& kc, int layers, const ModelS
 
 TEST(Layer, ParallelConfigsAreSelectedButNotRunLocally) {
   // The oracle picks CpuModular for an all-to-all configuration, but a layer
-  // refuses to run it rather than compute every expert on one rank.
+  // refuses to run it rather than compute every expert on one rank (that is
+  // ExpertParallelLayer's job).
   ModelShape s;
   MoeConfig cfg = testing::config_for(s);
   cfg.parallel.dp_size = cfg.parallel.ep_size = 2;
@@ -98,7 +99,7 @@ TEST(Layer, ParallelConfigsAreSelectedButNotRunLocally) {
   auto layer = MoeLayer::create(cfg, MoeWeights{w13.view(), w2.view(), {}}, Platform::cpu_only());
   ASSERT_FALSE(layer.ok());
   EXPECT_EQ(layer.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(layer.status().message().find("needs the NCCL prepare/finalize"), std::string::npos)
+  EXPECT_NE(layer.status().message().find("runs through ExpertParallelLayer"), std::string::npos)
       << layer.status().to_string();
 }
 

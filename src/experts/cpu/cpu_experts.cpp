@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "dispatch/topk_reduce.h"
 #include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
 #include "experts/cpu/permute.h"
@@ -132,17 +133,7 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   if (!w2_bias_.empty()) add_expert_bias(b.y_perm, w2_bias_, H);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
-  parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float* out = y + t * H;
-      for (int64_t c = 0; c < H; ++c) out[c] = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const float w = topk_weights[t * k + j];
-        const float* src = b.y_perm + static_cast<int64_t>(b.pair_to_row[t * k + j]) * H;
-        for (int64_t c = 0; c < H; ++c) out[c] += w * src[c];
-      }
-    }
-  });
+  dispatch::weighted_topk_reduce(b.y_perm, b.pair_to_row, topk_weights, num_tokens, k, H, y);
   if (shared_intermediate_ > 0) apply_shared(x, num_tokens, y, b);
 }
 

@@ -1,0 +1,110 @@
+// ExpertParallelLayer: one MoE layer whose experts are spread over the ranks
+// of a Communicator (DESIGN.md §2.5, docs/expert_parallel.md). Each rank
+// routes its own tokens (logical ids; capture and replay see only those),
+// maps every (token, slot) to a physical replica by the token's position,
+// and runs the modular kernel with an expert-parallel prepare/finalize:
+// dispatch -> the experts this rank holds -> combine -> weighted reduce.
+//
+// Every call marked "collective" must be made by every rank, in the same
+// order. A bad argument on one rank fails the call on every rank (that rank's
+// error names the problem; the others say which rank failed), and nothing is
+// written.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/comm.h"
+#include "moekit/config.h"
+#include "moekit/eplb.h"
+#include "moekit/kernel.h"
+#include "moekit/layer.h"
+#include "moekit/oracle.h"
+#include "moekit/platform.h"
+#include "moekit/status.h"
+
+namespace moekit {
+
+class ExpertParallelLayer {
+ public:
+  // config.parallel: ep_size == dp_size == comm.size(), ep_rank == dp_rank ==
+  // comm.rank(), all2all one of nccl | allgather_reducescatter | auto (the
+  // oracle's choose_ep_dispatch decides). weights: the full logical weights
+  // ([E, ...], host); this rank keeps only the slots `placement` gives it
+  // (contiguous when null). Collective: ranks whose configs or placements
+  // differ (rank aside) fail with an error showing both.
+  static StatusOr<std::unique_ptr<ExpertParallelLayer>> create(const MoeConfig& config, const MoeWeights& weights,
+                                                               Communicator& comm,
+                                                               const ExpertPlacement* placement = nullptr,
+                                                               const Platform& platform = Platform::probe());
+  // The same from only this rank's expert weights, as a serving engine loads
+  // them: slot_weights.w13 [slots_per_rank, n1, H] and .w2 [slots_per_rank, H, I]
+  // hold, slot by slot, the logical experts `placement` gives this rank (an
+  // empty slot's entry is ignored); score_bias as in create().
+  static StatusOr<std::unique_ptr<ExpertParallelLayer>> create_from_slots(const MoeConfig& config,
+                                                                          const MoeWeights& slot_weights,
+                                                                          Communicator& comm,
+                                                                          const ExpertPlacement& placement,
+                                                                          const Platform& platform = Platform::probe());
+  ~ExpertParallelLayer();
+
+  // This rank's tokens, as MoeLayer::forward takes them (hidden [M, H] with
+  // M <= max_num_tokens, which may differ between ranks). Collective.
+  Status forward(const LayerForwardArgs& args);
+
+  // As MoeLayer::set_capture_target: [>= max_num_tokens, k] i16, logical ids.
+  Status set_capture_target(const TensorView& target);
+
+  const MoeConfig& config() const { return config_; }
+  const ExpertPlacement& placement() const { return placement_; }
+  // "all_to_all" or "allgather_reduce_scatter", and the oracle's reason.
+  const char* dispatch_name() const;
+  const std::string& dispatch_reason() const { return dispatch_reason_; }
+  // The oracle's report for the kernel that runs this rank's experts.
+  const std::vector<CandidateReport>& selection_report() const { return report_; }
+
+  // Load counters. expert_load: tokens this rank routed to each logical
+  // expert since the last reset ([E]); computed_pairs: (token, slot) pairs
+  // this rank's experts computed since the last reset.
+  const std::vector<int64_t>& expert_load() const { return expert_load_; }
+  int64_t computed_pairs() const { return computed_pairs_; }
+  void reset_load();
+  // Collective: the group's expert_load summed over ranks ([E]), and every
+  // rank's computed_pairs ([N]).
+  StatusOr<std::vector<int64_t>> gather_expert_load();
+  StatusOr<std::vector<int64_t>> gather_computed_pairs();
+
+  // Collective: moves to `placement` (e.g. from plan_eplb): the weights of
+  // every new slot come from the lowest rank that held that expert, over the
+  // communicator. Every rank must pass the same placement, covering every
+  // logical expert. On error nothing changes.
+  Status rebalance(const ExpertPlacement& placement);
+
+  // Writes new weights of logical expert `logical` (w13 [n1, H], w2 [H, I],
+  // the config's weight dtype, host) into every replica this rank holds. Call
+  // it on every rank with the same tensors (each updates its own replicas).
+  Status update_expert_weights(int64_t logical, const TensorView& w13, const TensorView& w2);
+
+ private:
+  struct State;
+  ExpertParallelLayer() = default;
+  static StatusOr<std::unique_ptr<ExpertParallelLayer>> create_impl(const MoeConfig& config, const MoeWeights& weights,
+                                                                    bool weights_are_slots, Communicator& comm,
+                                                                    const ExpertPlacement* placement,
+                                                                    const Platform& platform);
+  Status validate(const LayerForwardArgs& args) const;
+
+  MoeConfig config_;
+  Communicator* comm_ = nullptr;
+  ExpertPlacement placement_;
+  std::string dispatch_reason_;
+  std::vector<CandidateReport> report_;
+  std::vector<int64_t> expert_load_;  // [E]
+  int64_t computed_pairs_ = 0;
+  TensorView capture_target_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,228 @@
+#include "run_ep.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "batch_schedule.h"
+#include "moekit/comm.h"
+#include "moekit/ep_layer.h"
+#include "moekit/eplb.h"
+
+namespace moekit::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Rows [first, end) of a step that one rank holds.
+struct RankRows {
+  int64_t first = 0, end = 0;
+};
+RankRows rows_of_rank(int64_t m, int ranks, int r) { return {m * r / ranks, m * (r + 1) / ranks}; }
+
+// (request, position) of every row of a step.
+std::vector<std::pair<int, int64_t>> row_tokens(const Step& step) {
+  std::vector<std::pair<int, int64_t>> rows;
+  for (const StepSlice& s : step.slices) {
+    for (int64_t t = 0; t < s.num_tokens; ++t) rows.emplace_back(s.request, s.first_position + t);
+  }
+  return rows;
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// What one pass of the job leaves per rank.
+struct PassResult {
+  std::vector<uint64_t> step_digests;               // per step: FNV-1a of this rank's last-layer bf16 outputs
+  std::vector<std::vector<int16_t>> captured;       // per (step, layer): this rank's [rows, k] logical ids
+  std::vector<int64_t> computed_pairs;              // per rank, summed over layers (gathered)
+  double seconds = 0;
+};
+
+// One rank's state: its layers and step buffers.
+struct Rank {
+  int rank = 0;
+  std::vector<std::unique_ptr<ExpertParallelLayer>> layers;
+  std::vector<float> h;  // [max_rows, H] residual stream
+  HostTensor x, logits, out, ids;
+};
+
+// One pass over every step. `forced`: per (step, layer) ids to replay, or null.
+Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer>& model, const std::vector<Step>& steps,
+                int ranks, Rank& me, const std::vector<std::vector<int16_t>>* forced, PassResult& result) {
+  const int64_t H = spec.hidden, E = spec.num_experts, k = spec.top_k;
+  const int L = static_cast<int>(model.size());
+  for (auto& l : me.layers) l->reset_load();
+  const auto t0 = Clock::now();
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const auto tokens = row_tokens(steps[si]);
+    const RankRows rr = rows_of_rank(steps[si].num_tokens, ranks, me.rank);
+    const int64_t m = rr.end - rr.first;
+    for (int64_t t = 0; t < m; ++t) {
+      embed_token(spec, tokens[rr.first + t].first, tokens[rr.first + t].second, &me.h[t * H]);
+    }
+    for (int l = 0; l < L; ++l) {
+      LayerForwardArgs a;
+      a.hidden = TensorView::contiguous(me.x.data<uint16_t>(), DType::kBF16, {m, H});
+      a.out = TensorView::contiguous(me.out.data<uint16_t>(), DType::kBF16, {m, H});
+      HostTensor forced_i32;
+      if (m > 0) {
+        rmsnorm_to_bf16(me.h.data(), m, H, me.x.data<uint16_t>());
+        router_logits(me.x.data<uint16_t>(), model[l].gate.data<float>(), m, E, H, me.logits.data<float>());
+        a.router_logits = TensorView::contiguous(me.logits.data<float>(), DType::kF32, {m, E});
+        a.routing_replay_out = TensorView::contiguous(me.ids.data<int16_t>(), DType::kI16, {m, k});
+        if (forced != nullptr) {
+          const std::vector<int16_t>& f = (*forced)[si * L + l];
+          forced_i32 = HostTensor(DType::kI32, {m, k});
+          for (int64_t i = 0; i < m * k; ++i) forced_i32.data<int32_t>()[i] = f[i];
+          a.forced_ids = forced_i32.view();
+        }
+      }
+      MOEKIT_RETURN_IF_ERROR(me.layers[l]->forward(a));
+      const int16_t* ids = me.ids.data<int16_t>();
+      result.captured.emplace_back(ids, ids + m * k);
+      const uint16_t* out = me.out.data<uint16_t>();
+      for (int64_t i = 0; i < m * H; ++i) me.h[i] += bf16_bits_to_f32(out[i]);
+    }
+    result.step_digests.push_back(fnv1a(0xcbf29ce484222325ull, me.out.data<uint16_t>(), m * H * 2));
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  result.computed_pairs.assign(ranks, 0);
+  for (auto& l : me.layers) {
+    MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> pairs, l->gather_computed_pairs());
+    for (int r = 0; r < ranks; ++r) result.computed_pairs[r] += pairs[r];
+  }
+  return Status::Ok();
+}
+
+void print_rank_load(const char* when, const std::vector<int64_t>& pairs) {
+  int64_t mx = 0, sum = 0;
+  for (int64_t p : pairs) mx = std::max(mx, p), sum += p;
+  const double mean = static_cast<double>(sum) / static_cast<double>(pairs.size());
+  std::printf("load %-7s (token-slots computed per rank, all layers):", when);
+  for (size_t r = 0; r < pairs.size(); ++r) std::printf(" rank%zu %" PRId64, r, pairs[r]);
+  std::printf("  max/mean %.3f\n", mean > 0 ? static_cast<double>(mx) / mean : 0.0);
+}
+
+}  // namespace
+
+Status run_expert_parallel(const EpRunOptions& o) {
+  const SyntheticModelSpec& spec = o.spec;
+  const int N = o.ranks;
+  if (N < 2) return InvalidArgument("--ep must be >= 2 for an expert-parallel run, got " + std::to_string(N));
+  if (spec.num_experts < N) {
+    return InvalidArgument("--ep " + std::to_string(N) + " ranks need at least as many experts (--experts " +
+                           std::to_string(spec.num_experts) + ")");
+  }
+  const int64_t per_rank = (spec.max_num_tokens + N - 1) / N;
+  MoeConfig config = synthetic_config(spec, "cpu");
+  config.max_num_tokens = per_rank;
+  config.parallel.ep_size = config.parallel.dp_size = N;
+  config.parallel.all2all = All2AllBackend::kAuto;
+  config.parallel.enable_eplb = true;
+  config.needs_capture = config.needs_replay = true;
+  MOEKIT_RETURN_IF_ERROR(config.validate());
+  const int64_t slots = o.redundant_slots < 0 ? (spec.num_experts + N - 1) / N * N + N
+                                              : spec.num_experts + o.redundant_slots;
+
+  const std::vector<Request> requests = make_requests(o.num_requests, o.prompt_tokens, o.decode_tokens, spec.seed);
+  const std::vector<Step> steps = schedule(requests, spec.max_num_tokens);
+  int64_t total_tokens = 0;
+  for (const Step& s : steps) total_tokens += s.num_tokens;
+  std::printf("moekit run --ep %d: synthetic MoE model, seed %" PRIu64 ", %d loopback ranks (threads, host memory)\n",
+              N, spec.seed, N);
+  std::printf("config:   %d MoE layers, %s\n", spec.num_layers, config.to_string().c_str());
+  std::printf("batch:    %d requests, %zu steps of <= %" PRId64 " tokens (<= %" PRId64 " per rank), %" PRId64
+              " tokens\n",
+              o.num_requests, steps.size(), spec.max_num_tokens, per_rank, total_tokens);
+  std::fflush(stdout);
+  std::vector<SyntheticLayer> model;
+  for (int l = 0; l < spec.num_layers; ++l) model.push_back(build_synthetic_layer(spec, l));
+
+  std::vector<PassResult> before(N), after(N), replayed(N);
+  std::vector<Status> status(N);
+  std::string dispatch, placement_after;
+  std::mutex mu;
+  const CommUniqueId id = loopback_unique_id();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < N; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = [&]() -> Status {
+        MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, create_loopback_communicator(id, N, r));
+        Rank me;
+        me.rank = r;
+        MoeConfig rc = config;
+        rc.parallel.ep_rank = rc.parallel.dp_rank = r;
+        for (int l = 0; l < spec.num_layers; ++l) {
+          MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, model[l].weights(), *comm));
+          me.layers.push_back(std::move(layer));
+        }
+        me.h.resize(per_rank * spec.hidden);
+        me.x = HostTensor(DType::kBF16, {per_rank, spec.hidden});
+        me.logits = HostTensor(DType::kF32, {per_rank, spec.num_experts});
+        me.out = HostTensor(DType::kBF16, {per_rank, spec.hidden});
+        me.ids = HostTensor(DType::kI16, {per_rank, spec.top_k});
+        MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, before[r]));
+        // EPLB: plan every layer from the group's measured load, move the weights.
+        for (auto& layer : me.layers) {
+          MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> load, layer->gather_expert_load());
+          EplbOptions opt;
+          opt.num_physical_slots = slots;
+          opt.num_groups = spec.num_groups;
+          MOEKIT_ASSIGN_OR_RETURN(ExpertPlacement plan, plan_eplb(load, N, opt));
+          MOEKIT_RETURN_IF_ERROR(layer->rebalance(plan));
+        }
+        MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, after[r]));
+        MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, &after[r].captured, replayed[r]));
+        if (r == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          dispatch = std::string(me.layers[0]->dispatch_name()) + " (" + me.layers[0]->dispatch_reason() + ")";
+          placement_after = me.layers[0]->placement().to_string();
+        }
+        return Status::Ok();
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < N; ++r) {
+    if (!status[r].ok()) return status[r];
+  }
+  std::printf("dispatch: %s\n", dispatch.c_str());
+  std::printf("run:      contiguous placement %.3f s; after EPLB %.3f s; replay %.3f s (%" PRId64 " tokens x %d layers)\n",
+              before[0].seconds, after[0].seconds, replayed[0].seconds, total_tokens, spec.num_layers);
+  print_rank_load("before", before[0].computed_pairs);
+  print_rank_load("after", after[0].computed_pairs);
+  std::printf("eplb:     %" PRId64 " physical slots for %" PRId64 " experts; layer 0 after: %s\n", slots,
+              spec.num_experts, placement_after.c_str());
+  bool same_out = true, same_ids = true, replay_out = true, replay_ids = true;
+  uint64_t digest = 0xcbf29ce484222325ull;
+  for (int r = 0; r < N; ++r) {
+    same_out &= before[r].step_digests == after[r].step_digests;
+    same_ids &= before[r].captured == after[r].captured;
+    replay_out &= replayed[r].step_digests == after[r].step_digests;
+    replay_ids &= replayed[r].captured == after[r].captured;
+    for (uint64_t d : after[r].step_digests) digest = fnv1a(digest, &d, sizeof d);
+  }
+  std::printf("output digest: %016" PRIx64 " (over ranks and steps)\n", digest);
+  std::printf("eplb:     outputs %s, captured logical ids %s\n",
+              same_out ? "bit for bit equal to the contiguous placement's" : "DIFFER from the contiguous placement's",
+              same_ids ? "identical" : "DIFFER");
+  if (!replay_out || !replay_ids) return DataLoss("replay through EP differs from the run it replays");
+  std::printf("replay:   %zu steps with the captured experts forced in every layer: outputs matched bit for bit\n",
+              steps.size());
+  if (!same_ids) return DataLoss("EPLB changed the captured logical ids");
+  return Status::Ok();
+}
+
+}  // namespace moekit::tools
