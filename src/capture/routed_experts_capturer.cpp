@@ -28,6 +28,7 @@ const RequestCapture* CaptureSet::find(const std::string& request) const {
 
 struct RoutedExpertsCapturer::Request {
   int64_t skip = 0;         // tokens not kept at the start
+  int64_t prompt = -1;      // prompt length (first generated token), -1 when not known
   int64_t tokens_seen = 0;  // tokens of this request seen in steps so far (kept or not)
   std::vector<int16_t> ids;  // [kept tokens, num_moe_layers, top_k] i16
 };
@@ -92,16 +93,22 @@ Status RoutedExpertsCapturer::require_bound(const char* what) const {
   return Status::Ok();
 }
 
-Status RoutedExpertsCapturer::add_request(const std::string& request, int64_t skip_prompt_tokens) {
+Status RoutedExpertsCapturer::add_request(const std::string& request, int64_t skip_prompt_tokens,
+                                          int64_t prompt_tokens) {
   if (!enabled_) return Status::Ok();
   if (skip_prompt_tokens < 0) {
     return InvalidArgument("capturer.add_request(" + quoted(request) + "): skip_prompt_tokens must be >= 0, got " +
                            std::to_string(skip_prompt_tokens));
   }
+  if (prompt_tokens < -1) {
+    return InvalidArgument("capturer.add_request(" + quoted(request) + "): prompt_tokens must be >= 0 (or -1: not known), got " +
+                           std::to_string(prompt_tokens));
+  }
   if (impl_->requests.count(request)) {
     return InvalidArgument("capturer.add_request: request " + quoted(request) + " was already added");
   }
   impl_->requests[request].skip = skip_prompt_tokens;
+  impl_->requests[request].prompt = prompt_tokens;
   impl_->order.push_back(request);
   return Status::Ok();
 }
@@ -236,11 +243,12 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
 }
 
 namespace {
-RequestCapture to_capture(const std::string& name, int64_t skip, const std::vector<int16_t>& ids, int layers,
-                          int k) {
+RequestCapture to_capture(const std::string& name, int64_t skip, int64_t prompt, const std::vector<int16_t>& ids,
+                          int layers, int k) {
   RequestCapture rc;
   rc.request = name;
   rc.first_token = skip;
+  rc.first_generated_token = prompt;
   const int64_t tokens = static_cast<int64_t>(ids.size()) / (static_cast<int64_t>(layers) * k);
   rc.ids = HostTensor(DType::kI16, {tokens, layers, k});
   std::copy(ids.begin(), ids.end(), rc.ids.data<int16_t>());
@@ -254,7 +262,7 @@ StatusOr<HostTensor> RoutedExpertsCapturer::routed_experts(const std::string& re
   if (it == impl_->requests.end()) {
     return NotFound("capturer.routed_experts: unknown request " + quoted(request));
   }
-  return to_capture(request, it->second.skip, it->second.ids, num_layers_, top_k_).ids;
+  return to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_).ids;
 }
 
 StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string& request) {
@@ -264,7 +272,7 @@ StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string
   if (it == impl_->requests.end()) {
     return NotFound("capturer.finish_request: unknown request " + quoted(request));
   }
-  RequestCapture rc = to_capture(request, it->second.skip, it->second.ids, num_layers_, top_k_);
+  RequestCapture rc = to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_);
   impl_->requests.erase(it);
   impl_->order.erase(std::find(impl_->order.begin(), impl_->order.end(), request));
   return rc;
@@ -276,7 +284,7 @@ StatusOr<CaptureSet> RoutedExpertsCapturer::snapshot() const {
   set.info = info_;
   for (const std::string& name : impl_->order) {
     const Request& r = impl_->requests.at(name);
-    set.requests.push_back(to_capture(name, r.skip, r.ids, num_layers_, top_k_));
+    set.requests.push_back(to_capture(name, r.skip, r.prompt, r.ids, num_layers_, top_k_));
   }
   return set;
 }
