@@ -96,6 +96,10 @@ struct MoeConfig {
   // What the caller needs from the kernel (checked last by supports()):
   bool needs_capture = false;  // routed-expert ids written out (routing_replay_out)
   bool needs_replay = false;   // forced ids accepted
+  // A token's output row must not depend on M or on the other rows of the
+  // batch: one GEMM path and one reduction order for every M (docs/batch_invariance.md).
+  // Kernels that cannot honour it are rejected by supports().
+  bool batch_invariant = false;
 
   int top_k() const { return routing.top_k; }
   Status validate() const;

@@ -182,7 +182,8 @@ std::string MoeConfig::to_string() const {
      << ", max_tokens=" << max_num_tokens << ", logits=" << dtype_name(logits_dtype) << ", quant=" << quant.to_string()
      << ", activation=" << activation.to_string() << ", routing=" << routing.to_string()
      << ", parallel=" << parallel.to_string() << ", backend=" << backend
-     << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no") << "}";
+     << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no")
+     << (batch_invariant ? ", batch_invariant" : "") << "}";
   return os.str();
 }
 

@@ -18,6 +18,7 @@ Status CpuExperts::prepare(const MoeConfig& config, const TensorView& w13, const
   top_k_ = config.top_k();
   activation_ = config.activation;
   path_ = cpu_gemm_path(config);
+  batch_invariant_ = config.batch_invariant;
   switch (path_) {
     case CpuGemmPath::kBlasF32:
       w13_.assign(w13);
@@ -95,7 +96,11 @@ void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF3
       for (int64_t e = 0; e < num_experts_; ++e) {
         const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
         if (rows == 0) continue;
-        gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        if (batch_invariant_) {
+          gemm_abt_fixed_order(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        } else {
+          gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        }
       }
       return;
     case CpuGemmPath::kPackedBf16:

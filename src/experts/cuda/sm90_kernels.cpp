@@ -110,6 +110,12 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   }
   // capture / replay: both classes serve them (the monolithic kernel writes
   // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
+  // NOTE: batch invariance needs one GEMM tile path and one reduction order for
+  // every M; these kernels choose both by M (grouped_gemm_sm90.cu, the decode kernel).
+  if (c.batch_invariant) {
+    return Support::no("batch_invariant: the GEMM tile path and the decode kernel are chosen by M, so a row's "
+                       "result can depend on the batch (not honoured yet)");
+  }
   return Support::yes();
 }
 
