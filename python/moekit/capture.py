@@ -34,8 +34,9 @@ class RoutedExpertsCapturer:
     allocated_bytes = property(lambda self: self._capturer.allocated_bytes)
     bound = property(lambda self: self._capturer.bound)
 
-    def add_request(self, request: str, skip_prompt_tokens: int = 0) -> None:
-        self._capturer.add_request(request, skip_prompt_tokens)
+    def add_request(self, request: str, skip_prompt_tokens: int = 0, prompt_tokens: int = -1) -> None:
+        """prompt_tokens (when known) marks where generated tokens start (first_generated_token)."""
+        self._capturer.add_request(request, skip_prompt_tokens, prompt_tokens)
 
     def begin_step(self, segments: Segments) -> None:
         self._capturer.begin_step(list(segments), stream_of(self.device))
@@ -84,8 +85,9 @@ def write_capture_file(path: PathLike, captures: CaptureSet) -> None:
     _moekit.write_capture_file(os.fspath(path), captures)
 
 
-def read_capture_file(path: PathLike) -> CaptureSet:
-    return _moekit.read_capture_file(os.fspath(path))
+def read_capture_file(path: PathLike, check_ids: bool = True) -> CaptureSet:
+    """Reads a capture file of version 1 or 2. check_ids=False keeps ids outside [0, E) (for moekit.r3.check)."""
+    return _moekit.read_capture_file(os.fspath(path), check_ids)
 
 
 __all__: List[str] = ["RoutedExpertsCapturer", "RoutedExpertsReplayer", "bind", "read_capture_file",
