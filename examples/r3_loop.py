@@ -193,6 +193,11 @@ def train_forward(model, sample_tokens, ids, rows):
 
 
 def main(argv=None) -> int:
+    with torch.enable_grad():  # the trainer part needs autograd, whatever the caller switched off
+        return run(argv)
+
+
+def run(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--capture", default=None, help="capture file to write (default: a temporary file)")

@@ -18,12 +18,12 @@ def test_row_alone_equals_row_in_any_batch(weight_dtype, routing):
     w2 = (torch.randn((E, H, I), generator=gen) * 0.1).to(dt)
     bias = torch.rand(E, generator=gen) * 1e-3 if routing == "deepseek_v3" else None
     layer = moekit.MoeLayer(cfg, w13, w2, score_bias=bias)
-    M = 61
+    M = 64  # sgemm (f32 weights) without the flag gives a few rows that differ alone at this size
     hidden = torch.randn((M, H), generator=gen).bfloat16()
     logits = torch.randn((M, E), generator=gen)
     full = layer(hidden, logits)
     bits = lambda t: t.view(torch.int16)
-    for r in torch.randperm(M, generator=gen)[:8].tolist():
+    for r in range(M):
         assert torch.equal(bits(layer(hidden[r:r + 1], logits[r:r + 1])), bits(full[r:r + 1])), r
     idx = torch.randperm(M, generator=gen)[:37]
     assert torch.equal(bits(layer(hidden[idx], logits[idx])), bits(full[idx]))

@@ -238,8 +238,8 @@ TEST(CaptureFile, ReadRefusesNumbersOutOfRangeAndAmbiguousMetadata) {
        R"([{"request":"a","tensor":"routed_experts.0","first_token":-1,"num_tokens":5}])",
        "field \"first_token\" must be an integer in [0, "},
       {"shared", "requests",
-       R"([{"request":"a","tensor":"routed_experts.1","first_token":0,"num_tokens":1},)"
-       R"({"request":"b","tensor":"routed_experts.1","first_token":0,"num_tokens":1}])",
+       R"([{"request":"a","tensor":"routed_experts.1","first_token":0,"num_tokens":1,"first_generated_token":null},)"
+       R"({"request":"b","tensor":"routed_experts.1","first_token":0,"num_tokens":1,"first_generated_token":null}])",
        "tensor \"routed_experts.1\" belongs to an earlier request too"},
   };
   for (const Case& c : cases) {

@@ -120,7 +120,7 @@ TEST(CaptureFormatV2, ReadsVersion1Files) {
       if (E <= 256) stored.data<uint8_t>()[e] = static_cast<uint8_t>(v);
       else stored.data<int16_t>()[e] = v;
     }
-    stored.data<uint8_t>()[0] = 255;  // expert 255 is a valid id in v1 at E = 256 (no sentinel)
+    if (E <= 256) stored.data<uint8_t>()[0] = 255;  // expert 255 is a valid id in v1 at E = 256 (no sentinel)
     std::map<std::string, std::string> meta = {
         {"format", "moekit.routed_experts"}, {"format_version", "1"}, {"routing_spec_version", "1"},
         {"routing", R"({"method":"sigmoid_renorm","top_k":2,"num_groups":1,"topk_groups":1,"routed_scaling_factor":1.0,"score_bias":false})"},
