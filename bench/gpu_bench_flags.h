@@ -27,6 +27,9 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
                   "are timed interleaved with the default's; repeatable");
   app->add_option("--skew", opt->skew, "expert popularity skew: 0 balanced (default), ALPHA > 0 adds -ALPHA*ln(1+e) "
                   "to expert e's logits (Zipf-like)")->check(CLI::Range(0.0, 8.0));
+  app->add_flag("--capture-modes,!--no-capture-modes", opt->capture_modes,
+                "also time each case with capture on (ids written, rows copied to pinned host memory) and with "
+                "replay (forced ids), interleaved with the default (default: on)");
 }
 
 }  // namespace moekit::bench

@@ -29,6 +29,9 @@ struct GpuBenchOptions {
   uint32_t seed = 20261129u;
   std::vector<std::string> variants;  // "NAME:VAR=VALUE,..." timed beside the default, interleaved
   double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)
+  // Also time every case with capture on and with replay, interleaved with the default (variants
+  // "capture" and "replay"; their ratio to the default is the overhead).
+  bool capture_modes = true;
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the
