@@ -28,7 +28,7 @@ const char* capture_finding_name(CaptureFindingKind kind);  // "unwritten", "dup
 
 struct CaptureFinding {
   CaptureFindingKind kind;
-  std::string request;
+  std::string request;   // empty: about the capture as a whole (a dense layer)
   int64_t token = -1;    // token index in the request (first_token based); -1: the whole request
   int layer = -1;        // MoE layer; -1: every layer
   int model_layer = -1;  // its model layer (capture's map); -1 with layer

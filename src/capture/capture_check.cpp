@@ -41,11 +41,14 @@ class Reporter {
     const int64_t n = ++report_->counts[kind];
     if (n > options_.max_findings_per_kind) return;
     CaptureFinding f{kind, request, token, layer, layer >= 0 ? info_.model_layers[layer] : -1, slot, ""};
-    f.message = std::string(capture_finding_name(kind)) + ": request '" + request + "'";
-    if (token >= 0) f.message += ", token " + std::to_string(token);
+    // A finding about the capture as a whole (request "") names no request.
+    std::string where = request.empty() ? "" : "request '" + request + "'";
+    if (token >= 0) where += ", token " + std::to_string(token);
     if (layer >= 0) {
-      f.message += ", MoE layer " + std::to_string(layer) + " (model layer " + std::to_string(f.model_layer) + ")";
+      where += std::string(where.empty() ? "" : ", ") + "MoE layer " + std::to_string(layer) + " (model layer " +
+               std::to_string(f.model_layer) + ")";
     }
+    f.message = std::string(capture_finding_name(kind)) + ": " + where;
     if (slot >= 0) f.message += ", slot " + std::to_string(slot);
     f.message += ": " + what;
     report_->findings.push_back(std::move(f));
@@ -162,7 +165,7 @@ CaptureCheckReport check_capture(const CaptureSet& captures, const CaptureCheckO
   const std::set<int> dense(options.dense_layers.begin(), options.dense_layers.end());
   for (int l = 0; l < captures.info.num_moe_layers(); ++l) {
     if (dense.count(captures.info.model_layers[l])) {
-      out.add(CaptureFindingKind::kDenseLayer, "*", -1, l, -1,
+      out.add(CaptureFindingKind::kDenseLayer, "", -1, l, -1,
               "model layer " + std::to_string(captures.info.model_layers[l]) +
                   " is dense (no router) but the capture has a layer for it: the layer axis counts dense layers");
     }
