@@ -41,6 +41,9 @@ struct CaptureCheckOptions {
   std::map<std::string, int64_t> expected_tokens;
   // > E: ids in [E, num_physical_experts) are reported as physical (an EPLB map's replicas), not just out of range.
   int64_t num_physical_experts = 0;
+  // An EPLB map, physical expert -> logical expert ([P]); when given, P = its size and each physical-looking id
+  // is reported with the logical expert it stands for.
+  std::vector<int> physical_to_logical;
   // Model layers that are dense (no router): a captured layer among them is reported.
   std::vector<int> dense_layers;
   // A layer whose ids are the same for every token is reported when the request has at least this many tokens.

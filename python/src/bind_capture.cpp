@@ -227,8 +227,10 @@ void bind_capture(nb::module_& m) {
         nb::arg("requests"), nb::arg("backend") = "", nb::arg("router_weights_dtype") = "");
   m.def("check_capture", [](const CaptureSet& c, const std::map<std::string, int64_t>& expected_tokens,
                             int64_t num_physical_experts, const std::vector<int>& dense_layers,
-                            int64_t min_tokens_constant, int max_findings_per_kind) {
+                            int64_t min_tokens_constant, int max_findings_per_kind,
+                            const std::vector<int>& physical_to_logical) {
           CaptureCheckOptions o;
+          o.physical_to_logical = physical_to_logical;
           o.expected_tokens = expected_tokens;
           o.num_physical_experts = num_physical_experts;
           o.dense_layers = dense_layers;
@@ -239,7 +241,7 @@ void bind_capture(nb::module_& m) {
           for (const auto& [kind, n] : report.counts) counts[capture_finding_name(kind)] = n;
           return nb::make_tuple(findings_list(report), counts);
         }, nb::arg("captures"), nb::arg("expected_tokens"), nb::arg("num_physical_experts"), nb::arg("dense_layers"),
-        nb::arg("min_tokens_constant"), nb::arg("max_findings_per_kind"));
+        nb::arg("min_tokens_constant"), nb::arg("max_findings_per_kind"), nb::arg("physical_to_logical"));
 }
 
 }  // namespace moekit::python

@@ -43,6 +43,9 @@ def test_physical_ids_dense_layers_and_token_counts():
     assert rep.counts == {"physical_id": 1, "dense_layer": 1, "token_count": 1}
     f = {x["kind"]: x for x in rep.findings}
     assert (f["physical_id"]["token"], f["physical_id"]["layer"], f["physical_id"]["model_layer"]) == (3, 1, 2)
+    eplb = list(range(20)) + [5, 11, 7, 0]  # physical 20.. are replicas of hot logical experts
+    rep = r3.check({"x": a}, num_experts=20, physical_to_logical=eplb)
+    assert rep.counts == {"physical_id": 1} and "(logical expert 7)" in rep.findings[0]["message"]
 
 
 def test_file_and_capture_forms(tmp_path):

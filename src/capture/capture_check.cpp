@@ -73,6 +73,9 @@ void check_request(const RequestCapture& r, const CaptureInfo& info, const Captu
   const int64_t E = info.num_experts;
   const int64_t tokens = r.num_tokens();
   const int16_t* ids = r.ids.data<int16_t>();
+  const int64_t num_physical = options.physical_to_logical.empty()
+                                   ? options.num_physical_experts
+                                   : static_cast<int64_t>(options.physical_to_logical.size());
   auto row_at = [&](int64_t t, int l) { return ids + (t * layers + l) * k; };
   auto is_zero_row = [&](const int16_t* row) { return std::all_of(row, row + k, [](int16_t v) { return v == 0; }); };
 
@@ -120,11 +123,13 @@ void check_request(const RequestCapture& r, const CaptureInfo& info, const Captu
           out.add(CaptureFindingKind::kUnwritten, r.request, token, l, j, "the sentinel -1 in a partly written row " + row_string(row, k));
           continue;
         }
-        if (id >= E && id < options.num_physical_experts) {
+        if (id >= E && id < num_physical) {
+          const auto& map = options.physical_to_logical;
           out.add(CaptureFindingKind::kPhysicalId, r.request, token, l, j,
                   "id " + std::to_string(id) + " is outside the " + std::to_string(E) +
-                      " logical experts but inside the " + std::to_string(options.num_physical_experts) +
-                      " physical ones: ids captured after the EPLB remap");
+                      " logical experts but inside the " + std::to_string(num_physical) +
+                      " physical ones: ids captured after the EPLB remap" +
+                      (map.empty() ? "" : " (logical expert " + std::to_string(map[id]) + ")"));
           continue;
         }
         if (id < 0 || id >= E) {

@@ -144,7 +144,6 @@ Status check_info(const CaptureInfo& info, const std::string& what) {
   return Status::Ok();
 }
 
-
 // Ids in [0, E) or the sentinel -1 (named by request for the writer's error).
 Status check_writable_ids(const RequestCapture& r, int64_t num_experts) {
   const int16_t* ids = r.ids.data<int16_t>();

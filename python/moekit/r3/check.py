@@ -51,13 +51,14 @@ def check(capture: Union[str, os.PathLike, Capture, "_moekit.CaptureSet", Mappin
           num_experts: Optional[int] = None, model_layers: Optional[Sequence[int]] = None,
           routing: str = "softmax_topk", expected_tokens: Optional[Mapping[str, int]] = None,
           num_physical_experts: int = 0, dense_layers: Sequence[int] = (), min_tokens_constant: int = 8,
-          max_findings_per_kind: int = 20) -> CheckReport:
+          max_findings_per_kind: int = 20, physical_to_logical: Optional[Sequence[int]] = None) -> CheckReport:
     """Checks a capture and names every inconsistency by request, token and layer.
 
     capture: a file path, a moekit.CaptureSet, a moekit.r3.Capture, or {request: ids [tokens, moe_layers,
     k]} (then num_experts is required; model_layers defaults to 0..L-1, routing to softmax_topk, which
     only matters for the metadata). expected_tokens: {request: rows it should have}.
-    num_physical_experts > E: ids in [E, that) are reported as EPLB physical ids. dense_layers: model layers
+    num_physical_experts > E: ids in [E, that) are reported as EPLB physical ids; physical_to_logical (an
+    EPLB map [P]) does the same with P = its length and names the logical expert. dense_layers: model layers
     without a router (a captured layer among them is reported)."""
     if isinstance(capture, (str, os.PathLike)):
         cs = _moekit.read_capture_file(os.fspath(capture), check_ids=False)
@@ -78,5 +79,6 @@ def check(capture: Union[str, os.PathLike, Capture, "_moekit.CaptureSet", Mappin
         cs = _capture_set(capture)
     findings, counts = _moekit.check_capture(cs, dict(expected_tokens or {}), int(num_physical_experts),
                                              list(map(int, dense_layers)), int(min_tokens_constant),
-                                             int(max_findings_per_kind))
+                                             int(max_findings_per_kind),
+                                             [int(e) for e in (physical_to_logical if physical_to_logical is not None else ())])
     return CheckReport(list(findings), dict(counts))
