@@ -101,14 +101,15 @@ def moekit_route(logits, cfg, score_bias, forced_ids):
 
 
 def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "_moekit.MoeConfig",
-                   score_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   score_bias: Optional[torch.Tensor] = None, check_ids: bool = True) -> torch.Tensor:
     """weights [M, k] float32 of `forced_ids` [M, k] (int32/int64/int16; logical ids in [0, E), distinct
     per row) under cfg's routing method, computed from router_logits [M, E] (float32 or bfloat16; float64
     for gradient checks), differentiable with respect to router_logits.
 
     score_bias [E] (deepseek_v3) only enters selection, never a weight: it changes nothing here but is
-    accepted so a call can mirror the layer's. Forced ids are checked as the layer checks them (ValueError
-    naming the first bad slot)."""
+    accepted so a call can mirror the layer's. Forced ids are checked (range, -1, duplicates; ValueError
+    naming the first bad one): host ids by the kernel's own check, device ids on the host after a copy (a
+    synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture)."""
     if router_logits.dim() != 2 or router_logits.shape[1] != cfg.num_experts:
         raise ValueError(f"router_logits: expected [M, {cfg.num_experts}], got {list(router_logits.shape)}")
     if forced_ids.shape != (router_logits.shape[0], cfg.top_k):
@@ -117,8 +118,8 @@ def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "
         raise ValueError(f"forced_ids: expected an integer dtype, got {forced_ids.dtype}")
     if cfg.routing == "custom":
         raise ValueError("replay_routing: custom routing has no weight formula to replay")
-    if router_logits.dtype == torch.float64:
-        _check_ids_host(forced_ids, cfg.num_experts)  # the kernel checks them on the other path
+    if router_logits.dtype == torch.float64 or (check_ids and router_logits.device.type != "cpu"):
+        _check_ids_host(forced_ids, cfg.num_experts)  # host ids on the kernel path are checked by the kernel
         if not torch.isfinite(router_logits).all():
             raise ValueError("router_logits: router logits must be finite")
     if score_bias is not None and cfg.routing != "deepseek_v3":

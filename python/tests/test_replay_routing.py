@@ -116,3 +116,26 @@ def test_drift_counts_what_changed():
     ib, _ = moekit.route(b[1], cfg)
     changed = (ia.sort(1).values != ib.sort(1).values).any(1).float().mean().item()
     assert d[0]["changed_tokens"] == 0.0 and d[1]["changed_tokens"] == changed > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_cuda_forward_is_the_cuda_kernel_and_gradient_matches_the_cpu(method):
+    gen = torch.Generator().manual_seed(seed_of("cuda", method))
+    cfg = config(method)
+    logits = torch.randn((45, E), generator=gen) * 2
+    ids = forced(45, gen)
+    g = torch.randn((45, K), generator=gen)
+    x = logits.cuda().requires_grad_()
+    w = moekit.torch.replay_routing(x, ids.cuda(), cfg)
+    _, want = moekit.route(x.detach(), cfg, forced_ids=ids.cuda())
+    assert torch.equal(w.view(torch.int32), want.view(torch.int32))  # the CUDA router's own weights
+    (w * g.cuda()).sum().backward()
+    xc = logits.clone().requires_grad_()
+    (moekit.torch.replay_routing(xc, ids, cfg) * g).sum().backward()
+    # CPU and CUDA weights agree to fp32 rounding (docs/routing.md section 2), so do the gradients.
+    torch.testing.assert_close(x.grad.cpu(), xc.grad, rtol=1e-5, atol=2e-6)
+    with pytest.raises(ValueError, match="repeats"):
+        bad = ids.clone()
+        bad[3, 1] = bad[3, 0]
+        moekit.torch.replay_routing(x, bad.cuda(), cfg)
