@@ -122,6 +122,16 @@ class RoutedExpertsCapturer {
   // device, then waits for them), checks that every row was written with an id
   // in [0, E), and appends each request's rows. On error nothing is appended.
   Status end_step(Stream stream = nullptr);
+  // end_step without waiting: on a CUDA device the rows' copy to pinned host
+  // memory is enqueued on `stream` with an event, and the check and append run
+  // at collect() — called by the next end_step_async (which then waits for the
+  // previous step's copy, normally long done), by end_step, routed_experts,
+  // finish_request and snapshot. An error of that step is returned by the call
+  // that collects it, and nothing of that step is appended. On the CPU it is end_step.
+  // The next begin_step must be on the same stream (its sentinel fill is ordered after the copy).
+  Status end_step_async(Stream stream = nullptr);
+  // Checks and appends the rows of a step ended with end_step_async (no-op when none is pending).
+  Status collect();
 
   // [num_tokens, num_moe_layers, top_k] i16 for one request, tokens in order.
   StatusOr<HostTensor> routed_experts(const std::string& request) const;
@@ -136,6 +146,8 @@ class RoutedExpertsCapturer {
   struct Impl;
   RoutedExpertsCapturer() = default;
   Status require_bound(const char* what) const;
+  // collect() for the const readers: it changes only what the pending step appends (its rows exist already).
+  Status collect_pending() const;
 
   bool enabled_ = false;
   bool bound_ = false;

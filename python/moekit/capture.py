@@ -44,6 +44,14 @@ class RoutedExpertsCapturer:
     def end_step(self) -> None:
         self._capturer.end_step(stream_of(self.device))
 
+    def end_step_async(self) -> None:
+        """end_step without waiting for the device: the rows are checked and appended by the next
+        end_step_async, collect(), or a reader (routed_experts, finish_request, snapshot)."""
+        self._capturer.end_step_async(stream_of(self.device))
+
+    def collect(self) -> None:
+        self._capturer.collect()
+
     def routed_experts(self, request: str) -> torch.Tensor:
         return self._capturer.routed_experts(request)
 

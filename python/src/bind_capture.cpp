@@ -180,6 +180,17 @@ void bind_capture(nb::module_& m) {
             }
             throw_if_error(s);
           }, nb::arg("stream"))
+      .def("end_step_async", [](RoutedExpertsCapturer& c, uintptr_t stream) {
+            throw_if_error(c.end_step_async(reinterpret_cast<Stream>(stream)));
+          }, nb::arg("stream"))
+      .def("collect", [](RoutedExpertsCapturer& c) {
+            Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.collect();
+            }
+            throw_if_error(s);
+          })
       .def("routed_experts", [](const RoutedExpertsCapturer& c, const std::string& request) {
             return to_torch(value_or_throw(c.routed_experts(request)));
           }, nb::arg("request"))

@@ -40,7 +40,18 @@ struct RoutedExpertsCapturer::Impl {
   std::vector<std::string> order;  // requests in the order they were added
   StepLayout step;                 // the step between begin_step and end_step
   bool in_step = false;
+  // A step ended with end_step_async whose rows are being copied to `staging`.
+  StepLayout pending;
+  bool has_pending = false;
+  void* copied = nullptr;  // cudaEvent_t recorded after the copy (CUDA devices, created on first use)
+  ~Impl();
 };
+
+RoutedExpertsCapturer::Impl::~Impl() {
+#ifdef MOEKIT_WITH_CUDA
+  if (copied != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(copied));
+#endif
+}
 
 namespace {
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
@@ -168,8 +179,58 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
   if (!enabled_) return Status::Ok();
   MOEKIT_RETURN_IF_ERROR(require_bound("end_step"));
   if (!impl_->in_step) return FailedPrecondition("capturer.end_step: no step was begun");
+  MOEKIT_RETURN_IF_ERROR(end_step_async(stream));
+  return collect();
+}
+
+Status RoutedExpertsCapturer::end_step_async(Stream stream) {
+  if (!enabled_) return Status::Ok();
+  MOEKIT_RETURN_IF_ERROR(require_bound("end_step_async"));
+  if (!impl_->in_step) return FailedPrecondition("capturer.end_step: no step was begun");
+  // The staging buffer holds one step: the previous one is collected first.
+  MOEKIT_RETURN_IF_ERROR(collect());
   impl_->in_step = false;
-  const int64_t m = impl_->step.num_rows();
+  impl_->pending = impl_->step;
+  impl_->has_pending = true;
+  switch (device_.type) {
+    case DeviceType::kCpu: break;  // the rows are in host memory already; collect() reads them
+    case DeviceType::kCuda: {
+#ifdef MOEKIT_WITH_CUDA
+      auto s = static_cast<cudaStream_t>(stream);
+      const int64_t m = impl_->step.num_rows();
+      const size_t row_bytes = static_cast<size_t>(m) * top_k_ * sizeof(int16_t);
+      const size_t layer_bytes = static_cast<size_t>(max_tokens_) * top_k_ * sizeof(int16_t);
+      cudaError_t err = impl_->copied == nullptr
+                            ? cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&impl_->copied),
+                                                       cudaEventDisableTiming)
+                            : cudaSuccess;
+      if (err == cudaSuccess) {
+        err = cudaMemcpy2DAsync(impl_->staging.data(), layer_bytes, impl_->buffer.data(), layer_bytes, row_bytes,
+                                num_layers_, cudaMemcpyDeviceToHost, s);
+      }
+      if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(impl_->copied), s);
+      if (err != cudaSuccess) {
+        impl_->has_pending = false;
+        return Internal(std::string("capturer.end_step: copy to host failed: ") + cudaGetErrorString(err));
+      }
+      break;
+#else
+      impl_->has_pending = false;
+      return Unsupported("capturer: this build has no CUDA support");
+#endif
+    }
+  }
+  // CPU: nothing to wait for, so the step is checked now (end_step_async is end_step there).
+  return device_.type == DeviceType::kCpu ? collect() : Status::Ok();
+}
+
+Status RoutedExpertsCapturer::collect() { return collect_pending(); }
+
+Status RoutedExpertsCapturer::collect_pending() const {
+  if (!enabled_ || !impl_->has_pending) return Status::Ok();
+  impl_->has_pending = false;  // collected once, whatever the outcome
+  const StepLayout& step = impl_->pending;
+  const int64_t m = step.num_rows();
   const int64_t k = top_k_;
   // host: rows [0, M) of layer l start at host + l * layer_stride (elements).
   const int16_t* host = static_cast<const int16_t*>(impl_->buffer.data());
@@ -177,12 +238,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
     case DeviceType::kCpu: break;
     case DeviceType::kCuda: {
 #ifdef MOEKIT_WITH_CUDA
-      auto s = static_cast<cudaStream_t>(stream);
-      const size_t row_bytes = static_cast<size_t>(m) * k * sizeof(int16_t);
-      const size_t layer_bytes = static_cast<size_t>(max_tokens_) * k * sizeof(int16_t);
-      cudaError_t err = cudaMemcpy2DAsync(impl_->staging.data(), layer_bytes, impl_->buffer.data(), layer_bytes,
-                                          row_bytes, num_layers_, cudaMemcpyDeviceToHost, s);
-      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+      const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(impl_->copied));
       if (err != cudaSuccess) {
         return Internal(std::string("capturer.end_step: copy to host failed: ") + cudaGetErrorString(err));
       }
@@ -205,7 +261,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
       // Name the row's request and token for the message.
       int64_t row = i / k, base = 0;
       std::string where;
-      for (const StepSegment& s : impl_->step.segments) {
+      for (const StepSegment& s : step.segments) {
         if (row < base + s.num_rows) {
           where = "request " + quoted(s.request) + ", token " +
                   std::to_string(impl_->requests.at(s.request).tokens_seen + row - base);
@@ -226,7 +282,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
   }
 
   int64_t row0 = 0;
-  for (const StepSegment& s : impl_->step.segments) {
+  for (const StepSegment& s : step.segments) {
     Request& req = impl_->requests.at(s.request);
     for (int64_t r = 0; r < s.num_rows; ++r) {
       const int64_t token = req.tokens_seen + r;
@@ -258,6 +314,7 @@ RequestCapture to_capture(const std::string& name, int64_t skip, int64_t prompt,
 
 StatusOr<HostTensor> RoutedExpertsCapturer::routed_experts(const std::string& request) const {
   MOEKIT_RETURN_IF_ERROR(require_bound("routed_experts"));
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   auto it = impl_->requests.find(request);
   if (it == impl_->requests.end()) {
     return NotFound("capturer.routed_experts: unknown request " + quoted(request));
@@ -268,6 +325,7 @@ StatusOr<HostTensor> RoutedExpertsCapturer::routed_experts(const std::string& re
 StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string& request) {
   MOEKIT_RETURN_IF_ERROR(require_bound("finish_request"));
   if (impl_->in_step) return FailedPrecondition("capturer.finish_request: called inside a step");
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   auto it = impl_->requests.find(request);
   if (it == impl_->requests.end()) {
     return NotFound("capturer.finish_request: unknown request " + quoted(request));
@@ -280,6 +338,7 @@ StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string
 
 StatusOr<CaptureSet> RoutedExpertsCapturer::snapshot() const {
   MOEKIT_RETURN_IF_ERROR(require_bound("snapshot"));
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   CaptureSet set;
   set.info = info_;
   for (const std::string& name : impl_->order) {

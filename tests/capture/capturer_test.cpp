@@ -188,6 +188,29 @@ TEST(Capturer, RecordsPromptBoundaryAndBackendThroughTheFile) {
   std::remove(path.c_str());
 }
 
+// On the CPU end_step_async is end_step: the rows are there at once, errors too.
+TEST(Capturer, EndStepAsyncOnTheCpuChecksAtOnce) {
+  ModelShape s;
+  auto model = make_model(s, "CpuModular", 13);
+  ASSERT_TRUE(model);
+  auto cap = RoutedExpertsCapturer::create(s.num_layers, s.max_tokens, s.k);
+  ASSERT_TRUE(cap.ok());
+  ASSERT_TRUE(bind(*model, **cap).ok());
+  ASSERT_TRUE((*cap)->add_request("a").ok());
+  EXPECT_EQ((*cap)->end_step_async().code(), StatusCode::kFailedPrecondition);  // no step begun
+  ASSERT_TRUE((*cap)->begin_step(StepLayout{{{"a", 2}}}).ok());
+  auto in = make_step_inputs(s, 2, 14);
+  ASSERT_TRUE(run_layers(*model, in).ok());
+  ASSERT_TRUE((*cap)->end_step_async().ok());
+  EXPECT_EQ((*cap)->routed_experts("a")->shape()[0], 2);
+  EXPECT_TRUE((*cap)->collect().ok());  // nothing pending
+  ASSERT_TRUE((*cap)->begin_step(StepLayout{{{"a", 1}}}).ok());  // no layer runs: the row stays -1
+  const Status st = (*cap)->end_step_async();
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("still holds the sentinel -1"), std::string::npos) << st.message();
+  EXPECT_EQ((*cap)->routed_experts("a")->shape()[0], 2);  // nothing of the bad step appended
+}
+
 TEST(Capturer, CreateRejectsBadSizes) {
   EXPECT_FALSE(RoutedExpertsCapturer::create(0, 8, 2).ok());
   EXPECT_FALSE(RoutedExpertsCapturer::create(2, 0, 2).ok());
