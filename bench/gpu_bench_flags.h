@@ -30,6 +30,8 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
   app->add_flag("--capture-modes,!--no-capture-modes", opt->capture_modes,
                 "also time each case with capture on (ids written, rows copied to pinned host memory) and with "
                 "replay (forced ids), interleaved with the default (default: on)");
+  app->add_flag("--batch-invariant", opt->batch_invariant,
+                "run every layer in batch-invariant mode (one GEMM path for every M); compare with a run without");
 }
 
 }  // namespace moekit::bench

@@ -323,6 +323,7 @@ class ShapeRunner {
     c = spec_.config;
     c.max_num_tokens = max_m_;
     c.backend = opt_.backend;
+    c.batch_invariant = opt_.batch_invariant;
     MOEKIT_RETURN_IF_ERROR(c.validate());
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
@@ -723,6 +724,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
               {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},
+              {"batch_invariant", opt.batch_invariant},
               {"variants", [&] {
                  json vs = json::array();
                  for (size_t v = 1; v < variants.size(); ++v) {

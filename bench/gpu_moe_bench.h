@@ -32,6 +32,7 @@ struct GpuBenchOptions {
   // Also time every case with capture on and with replay, interleaved with the default (variants
   // "capture" and "replay"; their ratio to the default is the overhead).
   bool capture_modes = true;
+  bool batch_invariant = false;  // every layer with MoeConfig::batch_invariant (docs/batch_invariance.md)
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the

@@ -186,7 +186,7 @@ def train_forward(model, sample_tokens, ids, rows):
         logits = rowwise(lambda v: v.float() @ model.routers[l].t(), h)       # differentiable in the router
         f = forced[:, l].contiguous().to(logits.device)
         weights = moekit.torch.replay_routing(logits, f, model.cfg, score_bias=model.bias[l])
-        out = ReplayedMoe.apply(weights, h, logits.detach(), f.cpu(), layer, model.experts[l])
+        out = ReplayedMoe.apply(weights, h, logits.detach(), f, layer, model.experts[l])
         outs.append(out)
         x = x + out
     return x, outs

@@ -22,7 +22,7 @@ def test_r3_loop_on_cpu(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_r3_loop_on_cuda_needs_batch_invariant_kernels(tmp_path):
-    # The CUDA kernels do not honour batch_invariant yet (docs/batch_invariance.md): the oracle says so.
-    with pytest.raises(ValueError, match="batch_invariant"):
-        _main()(["--device", "cuda", "--capture", str(tmp_path / "r3.safetensors")])
+def test_r3_loop_on_cuda_with_batch_invariant_kernels(tmp_path, capsys):
+    assert _main()(["--device", "cuda", "--capture", str(tmp_path / "r3.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "cuda_sm90" in out and "OK" in out.splitlines()[-1]

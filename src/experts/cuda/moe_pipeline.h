@@ -25,6 +25,7 @@ struct ExpertsShape {
   int64_t intermediate = 0;  // I
   int64_t top_k = 0;         // k
   ActivationConfig activation;
+  bool batch_invariant = false;  // GEMM problems get it: one path for every M, no K slices
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
 };
 

@@ -53,6 +53,7 @@ ExpertsShape shape_of(const MoeConfig& c) {
   s.intermediate = c.intermediate;
   s.top_k = c.top_k();
   s.activation = c.activation;
+  s.batch_invariant = c.batch_invariant;
   return s;
 }
 
@@ -110,12 +111,8 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   }
   // capture / replay: both classes serve them (the monolithic kernel writes
   // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
-  // NOTE: batch invariance needs one GEMM tile path and one reduction order for
-  // every M; these kernels choose both by M (grouped_gemm_sm90.cu, the decode kernel).
-  if (c.batch_invariant) {
-    return Support::no("batch_invariant: the GEMM tile path and the decode kernel are chosen by M, so a row's "
-                       "result can depend on the batch (not honoured yet)");
-  }
+  // batch_invariant is served: the GEMM problems carry it (shape_of), and
+  // choose_sm90_gemm then takes one path for every M, without K slices.
   return Support::yes();
 }
 
