@@ -177,9 +177,28 @@ struct CaseResult {
 
 // A --variant: environment overrides (e.g. MOEKIT_SM90_STREAM=rows32_k64_t16)
 // under which a second set of graphs is captured and timed beside the default.
+// What a variant's forward does beside the layer itself (--capture-modes).
+enum class VariantMode {
+  kPlain,    // the forward alone
+  kCapture,  // sentinel fill of the capture target, the forward writing the ids, rows copied to pinned host memory
+  kReplay,   // the forward with forced ids (the ids this layer selected for the set, from pinned host memory)
+};
+
 struct Variant {
   std::string name;
   std::vector<std::pair<std::string, std::string>> env;
+  VariantMode mode = VariantMode::kPlain;
+};
+
+// Pinned host memory freed on scope exit (a graph's host copies need pinned memory).
+struct PinnedHost {
+  void* ptr = nullptr;
+  PinnedHost() = default;
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  ~PinnedHost() {
+    if (ptr) cudaFreeHost(ptr);
+  }
 };
 
 // "NAME:VAR=VALUE,VAR=VALUE" -> Variant.
@@ -307,6 +326,7 @@ class ShapeRunner {
     c = spec_.config;
     c.max_num_tokens = max_m_;
     c.backend = opt_.backend;
+    c.batch_invariant = opt_.batch_invariant;
     MOEKIT_RETURN_IF_ERROR(c.validate());
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
@@ -438,22 +458,60 @@ class ShapeRunner {
   Status capture_and_time(int64_t m, int sets, std::vector<DeviceBuffer>& hidden, std::vector<DeviceBuffer>& logits,
                           std::vector<DeviceBuffer>& out, cudaStream_t stream, std::vector<cudaGraphExec_t>* graphs,
                           CaseResult* r) {
-    const int64_t E = config_.num_experts, H = config_.hidden;
+    const int64_t E = config_.num_experts, H = config_.hidden, k = config_.top_k();
+    const size_t ids_bytes = static_cast<size_t>(m * k) * sizeof(int16_t);
     const int nv = static_cast<int>(variants_.size());
     graphs->assign(static_cast<size_t>(nv) * sets, nullptr);
+    // Capture/replay resources per input set (allocated by the first variant that needs them).
+    std::vector<DeviceBuffer> ids_dev(sets);  // [M, k] i16: the capture target
+    std::vector<PinnedHost> ids_host(sets);   // [M, k] i16: where captured rows land
+    std::vector<PinnedHost> forced(sets);     // [M, k] i32: forced ids (host, pinned)
     for (int v = 0; v < nv; ++v) {
       ScopedEnv env(variants_[v].env);
+      const VariantMode mode = variants_[v].mode;
       for (int s = 0; s < sets; ++s) {
         LayerForwardArgs args;
         args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
         args.router_logits = TensorView::contiguous(logits[s].ptr, DType::kF32, {m, E}, Device::cuda(0));
         args.out = TensorView::contiguous(out[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
+        if (mode != VariantMode::kPlain && ids_dev[s].ptr == nullptr) {
+          MOEKIT_RETURN_IF_ERROR(ids_dev[s].allocate(ids_bytes));
+          BENCH_CUDA_RETURN(cudaMallocHost(&ids_host[s].ptr, ids_bytes));
+        }
+        const TensorView target = mode == VariantMode::kPlain
+                                      ? TensorView{}
+                                      : TensorView::contiguous(ids_dev[s].ptr, DType::kI16, {m, k}, Device::cuda(0));
+        if (mode == VariantMode::kCapture) args.routing_replay_out = target;
+        if (mode == VariantMode::kReplay) {
+          // The ids this layer selects for the set, forced back: the output must equal the default's bit for bit.
+          LayerForwardArgs select = args;
+          select.routing_replay_out = target;
+          MOEKIT_RETURN_IF_ERROR(layer_->forward(select, stream));
+          BENCH_CUDA_RETURN(cudaMemcpyAsync(ids_host[s].ptr, ids_dev[s].ptr, ids_bytes, cudaMemcpyDeviceToHost, stream));
+          BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+          if (forced[s].ptr == nullptr) BENCH_CUDA_RETURN(cudaMallocHost(&forced[s].ptr, static_cast<size_t>(m * k) * 4));
+          const auto* from = static_cast<const int16_t*>(ids_host[s].ptr);
+          auto* to = static_cast<int32_t*>(forced[s].ptr);
+          for (int64_t i = 0; i < m * k; ++i) to[i] = from[i];
+          args.forced_ids = TensorView::contiguous(forced[s].ptr, DType::kI32, {m, k});
+        }
+        // One step as an engine runs it; no host synchronization inside.
+        auto step = [&]() -> Status {
+          if (mode == VariantMode::kCapture) {
+            BENCH_CUDA_RETURN(cudaMemsetAsync(ids_dev[s].ptr, 0xff, ids_bytes, stream));  // the sentinel -1
+          }
+          MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
+          if (mode == VariantMode::kCapture) {
+            BENCH_CUDA_RETURN(cudaMemcpyAsync(ids_host[s].ptr, ids_dev[s].ptr, ids_bytes, cudaMemcpyDeviceToHost, stream));
+          }
+          return Status::Ok();
+        };
         // One eager forward first: errors surface outside capture, and lazy setup happens here.
-        MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
+        MOEKIT_RETURN_IF_ERROR(step());
         BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
         cudaGraph_t graph;
         BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        const Status fwd = layer_->forward(args, stream);
+        const Status fwd = step();
         const cudaError_t end = cudaStreamEndCapture(stream, &graph);
         MOEKIT_RETURN_IF_ERROR(fwd);
         BENCH_CUDA_RETURN(end);
@@ -652,6 +710,10 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
     if (!v.ok()) return v.status();
     variants.push_back(std::move(*v));
   }
+  if (opt.capture_modes) {  // every case also timed with capture on and with replay (forced ids)
+    variants.push_back(Variant{"capture", {}, VariantMode::kCapture});
+    variants.push_back(Variant{"replay", {}, VariantMode::kReplay});
+  }
   const int64_t max_m = *std::max_element(m_list.begin(), m_list.end());
 
   Ceilings ceil;
@@ -700,9 +762,12 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
               {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},
+              {"batch_invariant", opt.batch_invariant},
               {"variants", [&] {
                  json vs = json::array();
-                 for (size_t v = 1; v < variants.size(); ++v) vs.push_back(opt.variants[v - 1]);
+                 for (size_t v = 1; v < variants.size(); ++v) {
+                   vs.push_back(v - 1 < opt.variants.size() ? opt.variants[v - 1] : variants[v].name);
+                 }
                  return vs;
                }()},
               {"shapes", j_shapes},

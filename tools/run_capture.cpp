@@ -126,7 +126,9 @@ StepLayout step_layout(const Step& step) {
 }
 
 Status add_requests(RoutedExpertsCapturer& capturer, const std::vector<Request>& requests) {
-  for (const Request& r : requests) MOEKIT_RETURN_IF_ERROR(capturer.add_request(request_name(r.id)));
+  for (const Request& r : requests) {
+    MOEKIT_RETURN_IF_ERROR(capturer.add_request(request_name(r.id), /*skip_prompt_tokens=*/0, r.prompt_tokens));
+  }
   return Status::Ok();
 }
 

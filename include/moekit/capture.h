@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,8 @@
 namespace moekit {
 
 inline constexpr int16_t kUnwrittenExpertId = -1;  // sentinel of a capture row before the kernel writes it
-inline constexpr int kCaptureFormatVersion = 1;
+inline constexpr int kCaptureFormatVersion = 2;        // written; versions 1 and 2 are read
+inline constexpr int64_t kMaxU8CaptureExperts = 255;    // ids stored u8 when E <= 255 (255 is the sentinel), else u16
 
 // One contiguous run of rows of a step's batch that belongs to one request: a
 // prefill chunk, or one decode token.
@@ -50,6 +52,12 @@ struct CaptureInfo {
   // spec's order: higher score first, equal scores -> lower expert id first.
   std::string id_space = "logical";
   std::string id_order = "score_desc_index_asc";
+  // The backend and kernel that produced the ids ("cpu/CpuModular"); empty when
+  // not known (a version-1 file, or ids converted from elsewhere).
+  std::string backend;
+  // The dtype of RequestCapture::router_weights when the capture carries them
+  // (f32 or bf16); empty: ids only.
+  std::optional<DType> router_weights_dtype;
 
   int num_moe_layers() const { return static_cast<int>(model_layers.size()); }
   int top_k() const { return routing.top_k; }
@@ -60,6 +68,12 @@ struct RequestCapture {
   std::string request;
   int64_t first_token = 0;  // tokens skipped at the start (skip_prompt_tokens)
   HostTensor ids;           // [num_tokens, num_moe_layers, top_k] i16, logical ids of tokens first_token..
+  // Token index (in the request, like first_token) of the first generated
+  // token: tokens before it are the prompt. -1: not known.
+  int64_t first_generated_token = -1;
+  // Optional: the router's weights at `ids`, same shape, f32 or bf16
+  // (CaptureInfo::router_weights_dtype); undefined when the capture has none.
+  HostTensor router_weights;
   int64_t num_tokens() const { return ids.shape().empty() ? 0 : ids.shape()[0]; }
 };
 
@@ -99,7 +113,8 @@ class RoutedExpertsCapturer {
   // A request whose rows will appear in later steps. The first
   // skip_prompt_tokens of its tokens are not kept (a multi-turn request that
   // re-sends earlier turns).
-  Status add_request(const std::string& request, int64_t skip_prompt_tokens = 0);
+  // prompt_tokens (>= 0 when known) sets first_generated_token of its capture.
+  Status add_request(const std::string& request, int64_t skip_prompt_tokens = 0, int64_t prompt_tokens = -1);
   // Checks the layout (known requests, each once, rows in [1, max_num_tokens]
   // in total) and fills rows [0, M) of every layer with the sentinel -1.
   Status begin_step(const StepLayout& layout, Stream stream = nullptr);
@@ -107,6 +122,16 @@ class RoutedExpertsCapturer {
   // device, then waits for them), checks that every row was written with an id
   // in [0, E), and appends each request's rows. On error nothing is appended.
   Status end_step(Stream stream = nullptr);
+  // end_step without waiting: on a CUDA device the rows' copy to pinned host
+  // memory is enqueued on `stream` with an event, and the check and append run
+  // at collect() — called by the next end_step_async (which then waits for the
+  // previous step's copy, normally long done), by end_step, routed_experts,
+  // finish_request and snapshot. An error of that step is returned by the call
+  // that collects it, and nothing of that step is appended. On the CPU it is end_step.
+  // The next begin_step must be on the same stream (its sentinel fill is ordered after the copy).
+  Status end_step_async(Stream stream = nullptr);
+  // Checks and appends the rows of a step ended with end_step_async (no-op when none is pending).
+  Status collect();
 
   // [num_tokens, num_moe_layers, top_k] i16 for one request, tokens in order.
   StatusOr<HostTensor> routed_experts(const std::string& request) const;
@@ -121,6 +146,8 @@ class RoutedExpertsCapturer {
   struct Impl;
   RoutedExpertsCapturer() = default;
   Status require_bound(const char* what) const;
+  // collect() for the const readers: it changes only what the pending step appends (its rows exist already).
+  Status collect_pending() const;
 
   bool enabled_ = false;
   bool bound_ = false;
@@ -170,12 +197,22 @@ class RoutedExpertsReplayer {
   int64_t step_rows_ = 0;
 };
 
-// The capture file (docs/capture.md): safetensors, one tensor per request
-// ("routed_experts.<i>", [num_tokens, num_moe_layers, top_k], u8 when E <= 256,
-// else i16) and a "__metadata__" map that describes the ids. Atomic write.
+// The capture file (docs/capture.md), format version 2: safetensors, one
+// tensor per request ("routed_experts.<i>", [num_tokens, num_moe_layers,
+// top_k], u8 when E <= 255, else u16; the sentinel -1 is stored as the type's
+// all-ones value, 255 or 65535), optional router weights per request
+// ("router_weights.<i>", f32 or bf16), and a "__metadata__" map that
+// describes them. Ids must be in [0, E) or the sentinel. Atomic write.
 Status write_capture_file(const std::string& path, const CaptureSet& captures);
-// Reads and validates a capture file (format, version, metadata, shapes,
-// dtypes, ids in range); the ids come back as i16.
-StatusOr<CaptureSet> read_capture_file(const std::string& path);
+
+struct CaptureReadOptions {
+  // false: keep ids outside [0, E) as read (still i16) instead of failing, so
+  // a validator (check_capture) can name every one. Structure is always checked.
+  bool check_ids = true;
+};
+// Reads and validates a capture file of version 1 or 2 (format, version,
+// metadata, shapes, dtypes, ids in [0, E) or the sentinel); the ids come back
+// as i16 with the sentinel as -1.
+StatusOr<CaptureSet> read_capture_file(const std::string& path, const CaptureReadOptions& options = {});
 
 }  // namespace moekit

@@ -108,6 +108,10 @@ struct MoeConfig {
   bool has_expert_bias = false;     // w13_bias [E, n1] and w2_bias [E, H] (gpt-oss)
   int64_t shared_intermediate = 0;  // > 0: a shared expert, a dense MLP of this width on every token (DeepSeek-V3)
   bool has_shared_gate = false;     // shared output scaled by sigmoid(x . shared_gate) per token (Qwen2-MoE)
+  // A token's output row must not depend on M or on the other rows of the
+  // batch: one GEMM path and one reduction order for every M (docs/batch_invariance.md).
+  // Kernels that cannot honour it are rejected by supports().
+  bool batch_invariant = false;
 
   int top_k() const { return routing.top_k; }
   Status validate() const;

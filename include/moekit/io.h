@@ -93,6 +93,9 @@ class SafetensorsFile {
   StatusOr<TensorView> view(std::string_view name) const;
   // An aligned copy; same checks as view() except alignment.
   StatusOr<HostTensor> read(std::string_view name) const;
+  // The raw bytes of any entry, also of a dtype moekit does not load (U16, ...):
+  // entry->nbytes bytes, live as long as this object.
+  StatusOr<const uint8_t*> bytes(std::string_view name) const;
 
  private:
   struct Mapping;
@@ -111,6 +114,9 @@ class SafetensorsFile {
 struct NamedTensor {
   std::string name;
   TensorView tensor;  // contiguous, host
+  // Optional: the safetensors dtype to write the bytes under instead of the
+  // view's ("U16" for i16 bits that are unsigned in the file); same element size.
+  std::string stored_dtype;
 };
 
 // Writes tensors (f32, f16, bf16, f8_e4m3, i32, i16, u8) in the given order,

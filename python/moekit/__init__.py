@@ -10,6 +10,9 @@ from ._moekit import platform as _platform
 from .capture import RoutedExpertsCapturer, RoutedExpertsReplayer, bind, read_capture_file, write_capture_file
 from .layer import MoeLayer, Model, route, select_backend
 from . import ops  # registers torch.ops.moekit.moe_forward
+# moekit.r3 (routing replay glue) and moekit.torch.replay_routing; "torch" stays out of __all__
+# so that `from moekit import *` never shadows the real torch.
+from . import r3, torch
 
 __version__ = "0.1.0"
 
@@ -22,5 +25,5 @@ def platform() -> str:
 __all__ = [
     "CAPTURE_FORMAT_VERSION", "UNWRITTEN_EXPERT_ID", "CaptureSet", "MoeConfig", "MoeLayer", "Model",
     "RequestCapture", "RoutedExpertsCapturer", "RoutedExpertsReplayer", "bind", "platform",
-    "read_capture_file", "route", "select_backend", "write_capture_file",
+    "r3", "read_capture_file", "route", "select_backend", "write_capture_file",
 ]

@@ -34,14 +34,23 @@ class RoutedExpertsCapturer:
     allocated_bytes = property(lambda self: self._capturer.allocated_bytes)
     bound = property(lambda self: self._capturer.bound)
 
-    def add_request(self, request: str, skip_prompt_tokens: int = 0) -> None:
-        self._capturer.add_request(request, skip_prompt_tokens)
+    def add_request(self, request: str, skip_prompt_tokens: int = 0, prompt_tokens: int = -1) -> None:
+        """prompt_tokens (when known) marks where generated tokens start (first_generated_token)."""
+        self._capturer.add_request(request, skip_prompt_tokens, prompt_tokens)
 
     def begin_step(self, segments: Segments) -> None:
         self._capturer.begin_step(list(segments), stream_of(self.device))
 
     def end_step(self) -> None:
         self._capturer.end_step(stream_of(self.device))
+
+    def end_step_async(self) -> None:
+        """end_step without waiting for the device: the rows are checked and appended by the next
+        end_step_async, collect(), or a reader (routed_experts, finish_request, snapshot)."""
+        self._capturer.end_step_async(stream_of(self.device))
+
+    def collect(self) -> None:
+        self._capturer.collect()
 
     def routed_experts(self, request: str) -> torch.Tensor:
         return self._capturer.routed_experts(request)
@@ -84,8 +93,9 @@ def write_capture_file(path: PathLike, captures: CaptureSet) -> None:
     _moekit.write_capture_file(os.fspath(path), captures)
 
 
-def read_capture_file(path: PathLike) -> CaptureSet:
-    return _moekit.read_capture_file(os.fspath(path))
+def read_capture_file(path: PathLike, check_ids: bool = True) -> CaptureSet:
+    """Reads a capture file of version 1 or 2. check_ids=False keeps ids outside [0, E) (for moekit.r3.check)."""
+    return _moekit.read_capture_file(os.fspath(path), check_ids)
 
 
 __all__: List[str] = ["RoutedExpertsCapturer", "RoutedExpertsReplayer", "bind", "read_capture_file",

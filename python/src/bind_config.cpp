@@ -27,7 +27,7 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
                       const std::string& routing, int num_groups, int topk_groups, float routed_scaling_factor,
                       const std::string& activation, int64_t max_num_tokens, const std::string& backend,
                       const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
-                      bool capture, std::optional<bool> replay, bool renormalize) {
+                      bool capture, std::optional<bool> replay, bool renormalize, bool batch_invariant) {
   MoeConfig c;
   c.num_experts = num_experts;
   c.hidden = hidden_size;
@@ -49,6 +49,7 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
   c.logits_dtype = dtype_named("logits_dtype", logits_dtype);
   c.backend = backend;
   c.needs_capture = capture;
+  c.batch_invariant = batch_invariant;
   // Replay forces ids through the routing method; custom routing has none, so off by default there.
   c.needs_replay = replay.value_or(c.routing.method != RoutingMethod::kCustom);
   throw_if_error(c.validate());
@@ -65,7 +66,8 @@ void bind_config(nb::module_& m) {
            nb::arg("topk_groups") = 1, nb::arg("routed_scaling_factor") = 1.0f, nb::arg("activation") = "silu",
            nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
            nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
-           nb::arg("replay") = nb::none(), nb::arg("renormalize") = true)
+           nb::arg("replay") = nb::none(), nb::arg("renormalize") = true,
+           nb::arg("batch_invariant") = false)
       .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
       .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })
       .def_prop_ro("hidden_size", [](const MoeConfig& c) { return c.hidden; })
@@ -86,6 +88,7 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("expert_bias", [](const MoeConfig& c) { return c.has_expert_bias; })
       .def_prop_ro("shared_intermediate_size", [](const MoeConfig& c) { return c.shared_intermediate; })
       .def_prop_ro("shared_gate", [](const MoeConfig& c) { return c.has_shared_gate; })
+      .def_prop_ro("batch_invariant", [](const MoeConfig& c) { return c.batch_invariant; })
       .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
 }
 

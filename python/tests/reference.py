@@ -81,3 +81,33 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(o).all():
         return math.inf
     return (torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def replay_weights(logits: torch.Tensor, ids: torch.Tensor, method: str, scaling: float = 1.0) -> torch.Tensor:
+    """The spec's weights at forced ids (docs/routing.md section 6), row by row in float64 with plain torch
+    ops, so autograd gives the spec's gradient with respect to the logits. Zero-sum rule: 1/k weights."""
+    x = logits.double()
+    M, k = ids.shape
+    rows = []
+    for t in range(M):
+        row, f = x[t], [int(e) for e in ids[t]]
+        sel = torch.stack([row[e] for e in f])
+        if method == "softmax_topk":
+            p = torch.exp(row - row.max()) / torch.exp(row - row.max()).sum()
+            w = torch.stack([p[e] for e in f])
+        elif method in ("renormalize", "renormalize_naive"):
+            e = torch.exp(sel - sel.max())
+            w = e / e.sum()
+        elif method == "topk":
+            w = sel
+        elif method in ("sigmoid", "llama4"):
+            w = 1 / (1 + torch.exp(-sel))
+        elif method in ("sigmoid_renorm", "deepseek_v3"):
+            s = 1 / (1 + torch.exp(-sel))
+            w = s / s.sum() if float(s.detach().sum()) > 0 else torch.full_like(s, 1.0 / k)
+            if method == "deepseek_v3":
+                w = w * scaling
+        else:
+            raise ValueError(method)
+        rows.append(w)
+    return torch.stack(rows)

@@ -69,6 +69,13 @@ Status bind(Model& model, RoutedExpertsCapturer& capturer) {
   info.routing = first.routing;
   info.num_experts = first.num_experts;
   info.model_layers = model.model_layer_indices();
+  // The producing backend/kernel ("cpu/CpuModular"); layers that differ are listed in layer order, once each.
+  for (int l = 0; l < layers; ++l) {
+    const MoeLayer& layer = model.layer(l);  // a layer built with create_with() has no backend name
+    const std::string name =
+        layer.backend().empty() ? std::string(layer.kernel().name()) : layer.backend() + "/" + layer.kernel().name();
+    if (info.backend.find(name) == std::string::npos) info.backend += (info.backend.empty() ? "" : ",") + name;
+  }
   capturer.info_ = std::move(info);
   capturer.bound_ = true;
   return Status::Ok();

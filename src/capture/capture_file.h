@@ -8,6 +8,6 @@
 
 namespace moekit {
 
-StatusOr<CaptureSet> read_capture(const io::SafetensorsFile& file);
+StatusOr<CaptureSet> read_capture(const io::SafetensorsFile& file, const CaptureReadOptions& options = {});
 
 }  // namespace moekit

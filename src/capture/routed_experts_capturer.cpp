@@ -28,6 +28,7 @@ const RequestCapture* CaptureSet::find(const std::string& request) const {
 
 struct RoutedExpertsCapturer::Request {
   int64_t skip = 0;         // tokens not kept at the start
+  int64_t prompt = -1;      // prompt length (first generated token), -1 when not known
   int64_t tokens_seen = 0;  // tokens of this request seen in steps so far (kept or not)
   std::vector<int16_t> ids;  // [kept tokens, num_moe_layers, top_k] i16
 };
@@ -39,7 +40,18 @@ struct RoutedExpertsCapturer::Impl {
   std::vector<std::string> order;  // requests in the order they were added
   StepLayout step;                 // the step between begin_step and end_step
   bool in_step = false;
+  // A step ended with end_step_async whose rows are being copied to `staging`.
+  StepLayout pending;
+  bool has_pending = false;
+  void* copied = nullptr;  // cudaEvent_t recorded after the copy (CUDA devices, created on first use)
+  ~Impl();
 };
+
+RoutedExpertsCapturer::Impl::~Impl() {
+#ifdef MOEKIT_WITH_CUDA
+  if (copied != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(copied));
+#endif
+}
 
 namespace {
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
@@ -92,16 +104,22 @@ Status RoutedExpertsCapturer::require_bound(const char* what) const {
   return Status::Ok();
 }
 
-Status RoutedExpertsCapturer::add_request(const std::string& request, int64_t skip_prompt_tokens) {
+Status RoutedExpertsCapturer::add_request(const std::string& request, int64_t skip_prompt_tokens,
+                                          int64_t prompt_tokens) {
   if (!enabled_) return Status::Ok();
   if (skip_prompt_tokens < 0) {
     return InvalidArgument("capturer.add_request(" + quoted(request) + "): skip_prompt_tokens must be >= 0, got " +
                            std::to_string(skip_prompt_tokens));
   }
+  if (prompt_tokens < -1) {
+    return InvalidArgument("capturer.add_request(" + quoted(request) + "): prompt_tokens must be >= 0 (or -1: not known), got " +
+                           std::to_string(prompt_tokens));
+  }
   if (impl_->requests.count(request)) {
     return InvalidArgument("capturer.add_request: request " + quoted(request) + " was already added");
   }
   impl_->requests[request].skip = skip_prompt_tokens;
+  impl_->requests[request].prompt = prompt_tokens;
   impl_->order.push_back(request);
   return Status::Ok();
 }
@@ -161,8 +179,58 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
   if (!enabled_) return Status::Ok();
   MOEKIT_RETURN_IF_ERROR(require_bound("end_step"));
   if (!impl_->in_step) return FailedPrecondition("capturer.end_step: no step was begun");
+  MOEKIT_RETURN_IF_ERROR(end_step_async(stream));
+  return collect();
+}
+
+Status RoutedExpertsCapturer::end_step_async(Stream stream) {
+  if (!enabled_) return Status::Ok();
+  MOEKIT_RETURN_IF_ERROR(require_bound("end_step_async"));
+  if (!impl_->in_step) return FailedPrecondition("capturer.end_step: no step was begun");
+  // The staging buffer holds one step: the previous one is collected first.
+  MOEKIT_RETURN_IF_ERROR(collect());
   impl_->in_step = false;
-  const int64_t m = impl_->step.num_rows();
+  impl_->pending = impl_->step;
+  impl_->has_pending = true;
+  switch (device_.type) {
+    case DeviceType::kCpu: break;  // the rows are in host memory already; collect() reads them
+    case DeviceType::kCuda: {
+#ifdef MOEKIT_WITH_CUDA
+      auto s = static_cast<cudaStream_t>(stream);
+      const int64_t m = impl_->step.num_rows();
+      const size_t row_bytes = static_cast<size_t>(m) * top_k_ * sizeof(int16_t);
+      const size_t layer_bytes = static_cast<size_t>(max_tokens_) * top_k_ * sizeof(int16_t);
+      cudaError_t err = impl_->copied == nullptr
+                            ? cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&impl_->copied),
+                                                       cudaEventDisableTiming)
+                            : cudaSuccess;
+      if (err == cudaSuccess) {
+        err = cudaMemcpy2DAsync(impl_->staging.data(), layer_bytes, impl_->buffer.data(), layer_bytes, row_bytes,
+                                num_layers_, cudaMemcpyDeviceToHost, s);
+      }
+      if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(impl_->copied), s);
+      if (err != cudaSuccess) {
+        impl_->has_pending = false;
+        return Internal(std::string("capturer.end_step: copy to host failed: ") + cudaGetErrorString(err));
+      }
+      break;
+#else
+      impl_->has_pending = false;
+      return Unsupported("capturer: this build has no CUDA support");
+#endif
+    }
+  }
+  // CPU: nothing to wait for, so the step is checked now (end_step_async is end_step there).
+  return device_.type == DeviceType::kCpu ? collect() : Status::Ok();
+}
+
+Status RoutedExpertsCapturer::collect() { return collect_pending(); }
+
+Status RoutedExpertsCapturer::collect_pending() const {
+  if (!enabled_ || !impl_->has_pending) return Status::Ok();
+  impl_->has_pending = false;  // collected once, whatever the outcome
+  const StepLayout& step = impl_->pending;
+  const int64_t m = step.num_rows();
   const int64_t k = top_k_;
   // host: rows [0, M) of layer l start at host + l * layer_stride (elements).
   const int16_t* host = static_cast<const int16_t*>(impl_->buffer.data());
@@ -170,12 +238,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
     case DeviceType::kCpu: break;
     case DeviceType::kCuda: {
 #ifdef MOEKIT_WITH_CUDA
-      auto s = static_cast<cudaStream_t>(stream);
-      const size_t row_bytes = static_cast<size_t>(m) * k * sizeof(int16_t);
-      const size_t layer_bytes = static_cast<size_t>(max_tokens_) * k * sizeof(int16_t);
-      cudaError_t err = cudaMemcpy2DAsync(impl_->staging.data(), layer_bytes, impl_->buffer.data(), layer_bytes,
-                                          row_bytes, num_layers_, cudaMemcpyDeviceToHost, s);
-      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+      const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(impl_->copied));
       if (err != cudaSuccess) {
         return Internal(std::string("capturer.end_step: copy to host failed: ") + cudaGetErrorString(err));
       }
@@ -198,7 +261,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
       // Name the row's request and token for the message.
       int64_t row = i / k, base = 0;
       std::string where;
-      for (const StepSegment& s : impl_->step.segments) {
+      for (const StepSegment& s : step.segments) {
         if (row < base + s.num_rows) {
           where = "request " + quoted(s.request) + ", token " +
                   std::to_string(impl_->requests.at(s.request).tokens_seen + row - base);
@@ -219,7 +282,7 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
   }
 
   int64_t row0 = 0;
-  for (const StepSegment& s : impl_->step.segments) {
+  for (const StepSegment& s : step.segments) {
     Request& req = impl_->requests.at(s.request);
     for (int64_t r = 0; r < s.num_rows; ++r) {
       const int64_t token = req.tokens_seen + r;
@@ -236,11 +299,12 @@ Status RoutedExpertsCapturer::end_step(Stream stream) {
 }
 
 namespace {
-RequestCapture to_capture(const std::string& name, int64_t skip, const std::vector<int16_t>& ids, int layers,
-                          int k) {
+RequestCapture to_capture(const std::string& name, int64_t skip, int64_t prompt, const std::vector<int16_t>& ids,
+                          int layers, int k) {
   RequestCapture rc;
   rc.request = name;
   rc.first_token = skip;
+  rc.first_generated_token = prompt;
   const int64_t tokens = static_cast<int64_t>(ids.size()) / (static_cast<int64_t>(layers) * k);
   rc.ids = HostTensor(DType::kI16, {tokens, layers, k});
   std::copy(ids.begin(), ids.end(), rc.ids.data<int16_t>());
@@ -250,21 +314,23 @@ RequestCapture to_capture(const std::string& name, int64_t skip, const std::vect
 
 StatusOr<HostTensor> RoutedExpertsCapturer::routed_experts(const std::string& request) const {
   MOEKIT_RETURN_IF_ERROR(require_bound("routed_experts"));
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   auto it = impl_->requests.find(request);
   if (it == impl_->requests.end()) {
     return NotFound("capturer.routed_experts: unknown request " + quoted(request));
   }
-  return to_capture(request, it->second.skip, it->second.ids, num_layers_, top_k_).ids;
+  return to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_).ids;
 }
 
 StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string& request) {
   MOEKIT_RETURN_IF_ERROR(require_bound("finish_request"));
   if (impl_->in_step) return FailedPrecondition("capturer.finish_request: called inside a step");
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   auto it = impl_->requests.find(request);
   if (it == impl_->requests.end()) {
     return NotFound("capturer.finish_request: unknown request " + quoted(request));
   }
-  RequestCapture rc = to_capture(request, it->second.skip, it->second.ids, num_layers_, top_k_);
+  RequestCapture rc = to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_);
   impl_->requests.erase(it);
   impl_->order.erase(std::find(impl_->order.begin(), impl_->order.end(), request));
   return rc;
@@ -272,11 +338,12 @@ StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string
 
 StatusOr<CaptureSet> RoutedExpertsCapturer::snapshot() const {
   MOEKIT_RETURN_IF_ERROR(require_bound("snapshot"));
+  MOEKIT_RETURN_IF_ERROR(collect_pending());
   CaptureSet set;
   set.info = info_;
   for (const std::string& name : impl_->order) {
     const Request& r = impl_->requests.at(name);
-    set.requests.push_back(to_capture(name, r.skip, r.ids, num_layers_, top_k_));
+    set.requests.push_back(to_capture(name, r.skip, r.prompt, r.ids, num_layers_, top_k_));
   }
   return set;
 }

@@ -196,6 +196,7 @@ std::string MoeConfig::to_string() const {
   if (shared_intermediate > 0) {
     os << ", shared_I=" << shared_intermediate << (has_shared_gate ? " (gated)" : "");
   }
+  if (batch_invariant) os << ", batch_invariant";
   os << "}";
   return os.str();
 }

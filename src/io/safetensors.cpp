@@ -233,6 +233,12 @@ StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
   return t;
 }
 
+StatusOr<const uint8_t*> SafetensorsFile::bytes(std::string_view name) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) return NotFound(path_ + ": no tensor named '" + printable(name, 80) + "'");
+  return data_ + e->offset;
+}
+
 StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
                                                   const std::map<std::string, std::string>& metadata) {
   // Validate everything first.
@@ -249,6 +255,13 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
     if (!t.is_contiguous()) return InvalidArgument(where + "must be contiguous");
     for (int d = 0; d < t.rank; ++d) {
       if (t.shape[d] < 0) return InvalidArgument(where + "negative dimension in " + t.shape_string());
+    }
+    if (!nt.stored_dtype.empty()) {
+      const auto info = safetensors::dtype_info(nt.stored_dtype);
+      if (!info || info->element_bytes != dtype_size(t.dtype)) {
+        return InvalidArgument(where + "cannot store " + dtype_name(t.dtype) + " elements as " +
+                               printable(nt.stored_dtype, 20));
+      }
     }
   }
   // Wider elements first, so every tensor stays aligned to its element size
@@ -268,7 +281,8 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
       const TensorView& t = tensors[i].tensor;
       const uint64_t n = t.nbytes();
       nlohmann::ordered_json e;
-      e["dtype"] = safetensors::dtype_to_name(t.dtype);
+      e["dtype"] = tensors[i].stored_dtype.empty() ? std::string(safetensors::dtype_to_name(t.dtype))
+                                                   : tensors[i].stored_dtype;
       e["shape"] = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
       e["data_offsets"] = {offset, offset + n};
       text += (text.size() > 1 ? "," : "") + nlohmann::ordered_json(tensors[i].name).dump() + ":" + e.dump();

@@ -197,9 +197,15 @@ TEST_F(CaptureCli, RunWritesACaptureThatReplayChecksOnItsOwn) {
   int64_t tokens = 0;
   for (const auto& q : set->requests) tokens += q.num_tokens();
   EXPECT_EQ(tokens, 90 + 3 * 4);
+  for (const auto& q : set->requests) EXPECT_GE(q.first_generated_token, 1) << q.request;
+  EXPECT_EQ(set->info.backend.rfind("cpu/", 0), 0u) << set->info.backend;
   r = run_cli("replay --captures " + cap);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("outputs matched bit for bit"), std::string::npos) << r.out;
+  r = run_cli("capture check " + cap);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("ok: no findings"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backend cpu/"), std::string::npos) << r.out;
 
   // A changed id: the replay finds the step whose output differs.
   CaptureSet changed = *set;
@@ -214,6 +220,23 @@ TEST_F(CaptureCli, RunWritesACaptureThatReplayChecksOnItsOwn) {
   r = run_cli("replay --captures " + file("changed.safetensors"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("replay differs from the recorded run at step"), std::string::npos) << r.out;
+
+  // The validator names the planted duplicate by request, token and layer, and exits 2.
+  CaptureSet dup = *set;
+  int16_t* first = dup.requests[2].ids.data<int16_t>() + 4;  // token 0, MoE layer 1
+  first[3] = first[1];
+  ASSERT_TRUE(write_capture_file(file("dup.safetensors"), dup).ok());
+  const std::string name = dup.requests[2].request;
+  r = run_cli("capture check " + file("dup.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("duplicate: request '" + name + "', token 0, MoE layer 1 (model layer 3), slot 3"),
+            std::string::npos) << r.out;
+  r = run_cli("capture check --json " + file("dup.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("\"kind\": \"duplicate\""), std::string::npos) << r.out;
+  r = run_cli("capture check --expect-tokens nonsense " + cap);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--expect-tokens: expected REQUEST=N"), std::string::npos) << r.out;
 
   r = run_cli(small.substr(0, small.find(" --capture")) + " --no-capture --capture " + file("none.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;

@@ -1,4 +1,4 @@
-// The capture file: round trips (u8 ids when E <= 256, i16 above), the
+// The capture file: round trips (u8 ids when E <= 255, u16 above), the
 // self-describing metadata, and clear errors for files that are not captures,
 // of another version, inconsistent or truncated.
 #include <gtest/gtest.h>
@@ -84,21 +84,22 @@ TEST_P(CaptureFileRoundTrip, WriteThenReadGivesTheSameCapture) {
   ASSERT_TRUE(file.ok());
   const auto& meta = file->metadata();
   EXPECT_EQ(meta.at("format"), "moekit.routed_experts");
-  EXPECT_EQ(meta.at("format_version"), "1");
+  EXPECT_EQ(meta.at("format_version"), "2");
   EXPECT_EQ(meta.at("num_experts"), std::to_string(E));
   EXPECT_EQ(meta.at("top_k"), "8");
   EXPECT_EQ(meta.at("model_layers"), "[3,5,7]");
   EXPECT_EQ(meta.at("id_space"), "logical");
   EXPECT_EQ(meta.at("id_order"), "score_desc_index_asc");
   EXPECT_NE(meta.at("routing").find("\"method\":\"renormalize\""), std::string::npos);
-  const char* want_dtype = E <= 256 ? "U8" : "I16";
+  const char* want_dtype = E <= 255 ? "U8" : "U16";
   ASSERT_EQ(file->entries().size(), 4u);
   for (const auto& e : file->entries()) EXPECT_EQ(e.dtype_name, want_dtype) << e.name;
-  EXPECT_EQ(meta.at("id_dtype"), E <= 256 ? "u8" : "i16");
+  EXPECT_EQ(meta.at("id_dtype"), E <= 255 ? "u8" : "u16");
+  EXPECT_EQ(meta.at("id_sentinel"), E <= 255 ? "255" : "65535");
   std::remove(path.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(ExpertCounts, CaptureFileRoundTrip, ::testing::Values(8, 256, 257, 384));
+INSTANTIATE_TEST_SUITE_P(ExpertCounts, CaptureFileRoundTrip, ::testing::Values(8, 255, 256, 257, 384));
 
 TEST(CaptureFile, ExtraMetadataRoundTripsAndCannotShadowTheFormat) {
   CaptureSet set = random_capture(16, 2, 1, 26);
@@ -181,7 +182,7 @@ TEST(CaptureFile, ReadRejectsWhatIsNotAValidCapture) {
     const char* want;
   } cases[] = {
       {"format", [](Meta& m, Tensors&, Keep&) { m["format"] = "something.else"; }, "not a moekit capture file"},
-      {"version", [](Meta& m, Tensors&, Keep&) { m["format_version"] = "2"; }, "capture format version 2"},
+      {"version", [](Meta& m, Tensors&, Keep&) { m["format_version"] = "3"; }, "capture format version 3"},
       {"missing", [](Meta& m, Tensors&, Keep&) { m.erase("model_layers"); }, "lacks \"model_layers\""},
       {"json", [](Meta& m, Tensors&, Keep&) { m["requests"] = "[{"; }, "\"requests\" is not valid JSON"},
       {"method", [](Meta& m, Tensors&, Keep&) { m["routing"] = R"({"method":"magic"})"; }, "unknown routing method"},
@@ -241,8 +242,8 @@ TEST(CaptureFile, ReadRefusesNumbersOutOfRangeAndAmbiguousMetadata) {
        R"([{"request":"a","tensor":"routed_experts.0","first_token":-1,"num_tokens":5}])",
        "field \"first_token\" must be an integer in [0, "},
       {"shared", "requests",
-       R"([{"request":"a","tensor":"routed_experts.1","first_token":0,"num_tokens":1},)"
-       R"({"request":"b","tensor":"routed_experts.1","first_token":0,"num_tokens":1}])",
+       R"([{"request":"a","tensor":"routed_experts.1","first_token":0,"num_tokens":1,"first_generated_token":null},)"
+       R"({"request":"b","tensor":"routed_experts.1","first_token":0,"num_tokens":1,"first_generated_token":null}])",
        "tensor \"routed_experts.1\" belongs to an earlier request too"},
   };
   for (const Case& c : cases) {

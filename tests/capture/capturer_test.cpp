@@ -4,6 +4,9 @@
 // expectation built independently from the fp64 reference router.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 
@@ -149,6 +152,64 @@ TEST(Capturer, EnabledAllocatesTheBufferOnceAtCreate) {
   EXPECT_EQ(t1.dtype, DType::kI16);
   EXPECT_EQ(t1.shape_string(), "[40, 8]");
   EXPECT_EQ(t1.ptr<int16_t>(), static_cast<const int16_t*>((*cap)->buffer_data()) + 40 * 8);
+}
+
+// Format v2 facts the capturer records: the prompt boundary of each request and
+// the backend/kernel that produced the ids; they survive the file.
+TEST(Capturer, RecordsPromptBoundaryAndBackendThroughTheFile) {
+  ModelShape s;
+  auto model = make_model(s, "CpuModular", 11);
+  ASSERT_TRUE(model);
+  auto cap = RoutedExpertsCapturer::create(s.num_layers, s.max_tokens, s.k);
+  ASSERT_TRUE(cap.ok());
+  ASSERT_TRUE(bind(*model, **cap).ok());
+  EXPECT_EQ((*cap)->info().backend, "CpuModular");  // built with create_with(): no backend name
+  ASSERT_TRUE((*cap)->add_request("p", /*skip_prompt_tokens=*/1, /*prompt_tokens=*/3).ok());
+  ASSERT_TRUE((*cap)->add_request("q").ok());
+  EXPECT_FALSE((*cap)->add_request("r", 0, -2).ok());
+  for (const StepLayout& layout : {StepLayout{{{"p", 3}, {"q", 2}}}, StepLayout{{{"p", 1}, {"q", 1}}}}) {
+    ASSERT_TRUE((*cap)->begin_step(layout).ok());
+    auto in = make_step_inputs(s, layout.num_rows(), 12);
+    ASSERT_TRUE(run_layers(*model, in).ok());
+    ASSERT_TRUE((*cap)->end_step().ok());
+  }
+  auto set = (*cap)->snapshot();
+  ASSERT_TRUE(set.ok());
+  const std::string path = ::testing::TempDir() + "moekit_capturer_v2_" + std::to_string(::getpid());
+  ASSERT_TRUE(write_capture_file(path, *set).ok());
+  auto back = read_capture_file(path);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->info.backend, "CpuModular");
+  const RequestCapture* p = back->find("p");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->first_token, 1);
+  EXPECT_EQ(p->first_generated_token, 3);
+  EXPECT_EQ(p->num_tokens(), 3);  // tokens 1, 2 (prompt) and 3 (the first generated one, fed back)
+  EXPECT_EQ(back->find("q")->first_generated_token, -1);
+  std::remove(path.c_str());
+}
+
+// On the CPU end_step_async is end_step: the rows are there at once, errors too.
+TEST(Capturer, EndStepAsyncOnTheCpuChecksAtOnce) {
+  ModelShape s;
+  auto model = make_model(s, "CpuModular", 13);
+  ASSERT_TRUE(model);
+  auto cap = RoutedExpertsCapturer::create(s.num_layers, s.max_tokens, s.k);
+  ASSERT_TRUE(cap.ok());
+  ASSERT_TRUE(bind(*model, **cap).ok());
+  ASSERT_TRUE((*cap)->add_request("a").ok());
+  EXPECT_EQ((*cap)->end_step_async().code(), StatusCode::kFailedPrecondition);  // no step begun
+  ASSERT_TRUE((*cap)->begin_step(StepLayout{{{"a", 2}}}).ok());
+  auto in = make_step_inputs(s, 2, 14);
+  ASSERT_TRUE(run_layers(*model, in).ok());
+  ASSERT_TRUE((*cap)->end_step_async().ok());
+  EXPECT_EQ((*cap)->routed_experts("a")->shape()[0], 2);
+  EXPECT_TRUE((*cap)->collect().ok());  // nothing pending
+  ASSERT_TRUE((*cap)->begin_step(StepLayout{{{"a", 1}}}).ok());  // no layer runs: the row stays -1
+  const Status st = (*cap)->end_step_async();
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("still holds the sentinel -1"), std::string::npos) << st.message();
+  EXPECT_EQ((*cap)->routed_experts("a")->shape()[0], 2);  // nothing of the bad step appended
 }
 
 TEST(Capturer, CreateRejectsBadSizes) {

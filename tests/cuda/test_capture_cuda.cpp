@@ -120,5 +120,40 @@ INSTANTIATE_TEST_SUITE_P(Sm90, CudaCaptureReplay,
                                   std::get<1>(info.param);
                          });
 
+// end_step_async: no wait per step; the rows are checked and appended when the
+// next step ends (or a reader collects them), and equal end_step's.
+TEST(CudaCapture, EndStepAsyncGivesTheRowsOfEndStep) {
+  MOEKIT_REQUIRE_SM90();
+  const ModelShape s = testing::replay_shape(RoutingMethod::kRenormalize);
+  cuda_test::ModelPair models = cuda_test::make_model_pair(s, "Sm90Monolithic", 61);
+  ASSERT_TRUE(models.gpu);
+  int dev = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  std::vector<HostTensor> got[2];
+  for (int async = 0; async < 2; ++async) {
+    auto cap = RoutedExpertsCapturer::create(s.num_layers, s.max_tokens, static_cast<int>(s.k), Device::cuda(dev));
+    ASSERT_TRUE(cap.ok());
+    ASSERT_TRUE(bind(*models.gpu, **cap).ok());
+    ASSERT_TRUE((*cap)->add_request("p").ok());
+    ASSERT_TRUE((*cap)->add_request("q").ok());
+    for (size_t i = 0; i < two_request_schedule().size(); ++i) {
+      auto in = make_step_inputs(s, two_request_schedule()[i].num_rows(), 62 + i);
+      ASSERT_TRUE((*cap)->begin_step(two_request_schedule()[i]).ok());
+      ASSERT_TRUE(cuda_test::run_gpu_layers(*models.gpu, in).ok());
+      const Status end = async ? (*cap)->end_step_async() : (*cap)->end_step();
+      ASSERT_TRUE(end.ok()) << end.to_string();
+    }
+    for (const char* req : {"p", "q"}) {
+      auto ids = (*cap)->routed_experts(req);  // collects the last pending step
+      ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+      got[async].push_back(std::move(*ids));
+    }
+  }
+  for (size_t r = 0; r < got[0].size(); ++r) {
+    ASSERT_EQ(got[0][r].shape(), got[1][r].shape());
+    EXPECT_EQ(cuda_test::first_difference(got[0][r], got[1][r]), "") << "request " << r;
+  }
+}
+
 }  // namespace
 }  // namespace moekit

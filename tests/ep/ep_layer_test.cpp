@@ -340,6 +340,23 @@ TEST(EpBadInput, MismatchedConfigsAcrossRanks) {
   }
 }
 
+TEST(EpBadInput, BiasesAndSharedExpertsAreRefusedByName) {
+  for (const bool shared : {false, true}) {
+    MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
+    const GroupInputs in(c, 2, 2);
+    if (shared) c.shared_intermediate = 32; else c.has_expert_bias = true;
+    auto st = run_ranks(2, [&](int r, Communicator& comm) -> Status {
+      const MoeConfig rc = rank_config(c, 2, r, All2AllBackend::kNccl);
+      return ExpertParallelLayer::create(rc, in.weights(rc), comm).status();
+    });
+    for (const Status& s : st) {
+      EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+      EXPECT_NE(s.message().find(shared ? "a shared expert is not placed" : "expert biases are not placed"),
+                std::string::npos) << s.message();
+    }
+  }
+}
+
 TEST(EpBadInput, ParallelConfigNotMatchingTheCommunicator) {
   MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
   const GroupInputs in(c, 2, 3);

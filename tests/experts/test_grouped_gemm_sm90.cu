@@ -317,5 +317,30 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{5, 256, 768, false, kNone, Activation::kSiluGated, DType::kBF16, 40, true},
                       Case{3, 256, 1280, false, kNone, Activation::kSiluGated, DType::kBF16, 2}));
 
+// Batch-invariant problems: the path table gives one path (and tile) for every
+// M and every rows-per-group, and never K slices. Host-only: no device needed.
+TEST(GroupedGemmSm90Table, BatchInvariantIsOnePathForEveryM) {
+  for (const bool gemm1 : {true, false}) {
+    std::string first;
+    for (int64_t m : {1, 2, 5, 16, 64, 128, 256, 1000, 4096, 16384}) {
+      GroupedGemmProblem pr;
+      pr.num_groups = 64;
+      pr.max_rows = m * 8;
+      pr.a_rows = gemm1 ? m : pr.max_rows;
+      pr.n = gemm1 ? 2 * 768 : 2048;
+      pr.k = gemm1 ? 2048 : 768;
+      pr.gather_a = gemm1;
+      pr.epilogue = gemm1 ? GemmEpilogue::kActivation : GemmEpilogue::kNone;
+      pr.batch_invariant = true;
+      const Sm90GemmChoice c = choose_sm90_gemm(pr);
+      EXPECT_EQ(c.cutlass_above_rows, 0) << m;
+      EXPECT_EQ(sm90_gemm_k_splits(pr), 1) << m;
+      const std::string path = c.to_string();
+      if (first.empty()) first = path;
+      EXPECT_EQ(path, first) << "M=" << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moekit::cuda

@@ -56,6 +56,7 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   top_k_ = config.top_k();
   activation_ = config.activation;
   path_ = cpu_gemm_path(config);
+  batch_invariant_ = config.batch_invariant;
   switch (path_) {
     case CpuGemmPath::kBlasF32:
       w13_.assign(w13);
@@ -140,9 +141,11 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
 void CpuExperts::apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const {
   const int64_t H = hidden_, Is = shared_intermediate_;
   const int64_t n1s = gemm1_width(activation_.kind, Is);
-  gemm_abt(x, H, shared_w13_.data(), H, b.shared_h, n1s, num_tokens, n1s, H);
+  // sgemm's blocking may change with the number of rows; batch-invariant mode cannot have that.
+  const auto gemm = batch_invariant_ ? gemm_abt_fixed_order : gemm_abt;
+  gemm(x, H, shared_w13_.data(), H, b.shared_h, n1s, num_tokens, n1s, H);
   apply_activation(activation_, b.shared_h, num_tokens, Is);
-  gemm_abt(b.shared_h, n1s, shared_w2_.data(), Is, b.shared_y, H, num_tokens, H, Is);
+  gemm(b.shared_h, n1s, shared_w2_.data(), Is, b.shared_y, H, num_tokens, H, Is);
   parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float g = 1.0f;
@@ -168,7 +171,11 @@ void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF3
       for (int64_t e = 0; e < num_experts_; ++e) {
         const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
         if (rows == 0) continue;
-        gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        if (batch_invariant_) {
+          gemm_abt_fixed_order(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        } else {
+          gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
+        }
       }
       return;
     case CpuGemmPath::kPackedBf16:

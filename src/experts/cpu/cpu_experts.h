@@ -65,6 +65,7 @@ class CpuExperts {
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
   CpuGemmPath path_ = CpuGemmPath::kBlasF32;
+  bool batch_invariant_ = false;  // kBlasF32: gemm_abt_fixed_order instead of sgemm
   ExpertWeightsF32 w13_;          // [E, n1, H] f32, n1 = 2I (gated) or I (relu2); kBlasF32 only
   ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only
   PackedBf16Weights w13_packed_;  // w13 packed (N = n1, K = H); kPackedBf16 only

@@ -35,6 +35,37 @@ void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
               static_cast<blasint>(ldc));
 }
 
+void gemm_abt_fixed_order(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0) return;
+  // NOTE: one row per task, one accumulator per element, k ascending: the
+  // result of a row depends only on that row (and the weights).
+  // Eight columns at a time: eight independent sums (instruction-level
+  // parallelism), each still one element's products added in K order.
+  constexpr int64_t kCols = 8;
+  parallel_for(m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* ai = a + i * lda;
+      int64_t j = 0;
+      for (; j + kCols <= n; j += kCols) {
+        float acc[kCols] = {};
+        const float* bj = b + j * ldb;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const float x = ai[kk];
+          for (int64_t q = 0; q < kCols; ++q) acc[q] += x * bj[q * ldb + kk];
+        }
+        for (int64_t q = 0; q < kCols; ++q) c[i * ldc + j + q] = acc[q];
+      }
+      for (; j < n; ++j) {
+        const float* bj = b + j * ldb;
+        float acc = 0.0f;
+        for (int64_t kk = 0; kk < k; ++kk) acc += ai[kk] * bj[kk];
+        c[i * ldc + j] = acc;
+      }
+    }
+  });
+}
+
 void ExpertWeightsF32::assign(const TensorView& src) {
   const int64_t n = src.numel();
   data_.assign(static_cast<size_t>(n), 0.0f);

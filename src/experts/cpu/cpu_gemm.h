@@ -35,6 +35,13 @@ CpuGemmPath cpu_gemm_path(const MoeConfig& config);
 void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
               int64_t n, int64_t k);
 
+// The same product with one summation order for every m: each c[i, j] is a
+// sequential fp32 sum over k (no FMA contraction is relied on either way), rows
+// split over the thread pool. What batch_invariant mode uses instead of sgemm,
+// whose blocking (and so rounding) may change with m.
+void gemm_abt_fixed_order(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          int64_t m, int64_t n, int64_t k);
+
 // A weight tensor widened to fp32 once (bf16 -> f32 is exact). Memory: 4 bytes
 // per element regardless of the checkpoint dtype, i.e. twice a bf16 checkpoint;
 // the price of handing sgemm fp32 operands without a per-call conversion pass.

@@ -20,6 +20,7 @@ std::string GroupedGemmProblem::to_string() const {
      << ", epilogue=" << gemm_epilogue_name(epilogue);
   if (epilogue == GemmEpilogue::kActivation) os << "(" << activation.to_string() << ")";
   if (k_splits > 1) os << ", k_splits=" << k_splits;
+  if (batch_invariant) os << ", batch_invariant";
   os << "}";
   return os.str();
 }

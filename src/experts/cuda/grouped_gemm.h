@@ -58,6 +58,9 @@ struct GroupedGemmProblem {
   // holding the partial sums over the s-th K slice (the caller adds them in order).
   // Only where grouped_gemm_k_splits() asked for it, with epilogue kNone.
   int64_t k_splits = 1;
+  // MoeConfig::batch_invariant: one path (and so one reduction order per element)
+  // for every M and rows per group, no K slices (choose_sm90_gemm).
+  bool batch_invariant = false;
 
   int64_t n_out() const {
     return epilogue == GemmEpilogue::kActivation && activation.gated() ? n / 2 : n;

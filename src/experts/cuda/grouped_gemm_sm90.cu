@@ -138,6 +138,23 @@ std::string Sm90GemmChoice::to_string() const {
 }
 
 Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
+  // NOTE: batch invariance: one path for every M and rows per group (no streaming
+  // for small groups, no CUTLASS split by group size, no K slices, no overrides).
+  // Each output element is then one fixed-order K reduction whatever the batch:
+  // the CUTLASS tile (no split-K) or else the reference kernel (one block per element tile).
+  if (pr.batch_invariant) {
+    Sm90GemmChoice c;
+#if MOEKIT_HAVE_CUTLASS
+    if (cutlass_grouped_gemm_supports(pr).ok) {  // depends on N, K, dtypes, never on M
+      c.path = Sm90GemmPath::kCutlass;
+      c.cutlass_tile = CutlassTile::kM64N256;
+      c.reason = "batch_invariant: one CUTLASS tile for every M";
+      return c;
+    }
+#endif
+    c.reason = "batch_invariant: the reference kernel for every M";
+    return c;
+  }
   const Forced forced = forced_path();
   if (pr.k_splits > 1) {  // only the streaming kernel has K slices (grouped_gemm_k_splits asked for them)
     std::string why;
@@ -197,7 +214,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
 }
 
 int64_t sm90_gemm_k_splits(const GroupedGemmProblem& pr) {
-  if (pr.epilogue != GemmEpilogue::kNone) return 1;
+  if (pr.epilogue != GemmEpilogue::kNone || pr.batch_invariant) return 1;
   GroupedGemmProblem whole = pr;  // as the caller would run it unsplit (its output dtype decides the path)
   whole.k_splits = 1;
   const Sm90GemmChoice c = choose_sm90_gemm(whole);

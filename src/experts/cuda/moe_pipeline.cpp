@@ -41,6 +41,7 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   // own pass (bias_activation) over GEMM1's plain output.
   p.epilogue = s.expert_bias ? GemmEpilogue::kNone : GemmEpilogue::kActivation;
   p.activation = s.activation;
+  p.batch_invariant = s.batch_invariant;
   return p;
 }
 
@@ -54,6 +55,7 @@ GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_token
   p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kActivation;
   p.activation = s.activation;
+  p.batch_invariant = s.batch_invariant;
   return p;
 }
 
@@ -66,6 +68,7 @@ GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_token
   p.k = s.shared_intermediate;
   p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kNone;
+  p.batch_invariant = s.batch_invariant;
   return p;
 }
 
@@ -79,6 +82,7 @@ GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.out_dtype = DType::kBF16;
   p.gather_a = false;
   p.epilogue = GemmEpilogue::kNone;
+  p.batch_invariant = s.batch_invariant;
   return p;
 }
 
@@ -206,7 +210,7 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
 
   // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
   GroupedGemmProblem p2 = gemm2_problem(s, M);
-  if (p2.max_rows <= kSplitMaxRows) {
+  if (p2.max_rows <= kSplitMaxRows && !p2.batch_invariant) {  // K slices would make the sum order depend on M
     const int64_t splits = std::min(kMaxKSplits, grouped_gemm_k_splits(p2));
     if (splits > 1) {
       p2.out_dtype = DType::kF32;

@@ -28,6 +28,7 @@ struct ExpertsShape {
   bool expert_bias = false;          // w13_bias/w2_bias: GEMM1 unfused, bias + activation in their own pass
   int64_t shared_intermediate = 0;   // Is > 0: a shared expert, run as a one-group grouped GEMM pair
   bool shared_gate = false;          // shared output scaled by sigmoid(x . gate)
+  bool batch_invariant = false;  // GEMM problems get it: one path for every M, no K slices
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
   int64_t shared_n1() const { return activation.gated() ? 2 * shared_intermediate : shared_intermediate; }
 };

@@ -58,6 +58,7 @@ ExpertsShape shape_of(const MoeConfig& c) {
   s.expert_bias = c.has_expert_bias;
   s.shared_intermediate = c.shared_intermediate;
   s.shared_gate = c.has_shared_gate;
+  s.batch_invariant = c.batch_invariant;
   return s;
 }
 
@@ -146,6 +147,8 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   }
   // capture / replay: both classes serve them (the monolithic kernel writes
   // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
+  // batch_invariant is served: the GEMM problems carry it (shape_of), and
+  // choose_sm90_gemm then takes one path for every M, without K slices.
   return Support::yes();
 }
 

@@ -1,0 +1,210 @@
+"""Converters between moekit's per-request routes (format.RequestRoutes) and the
+layouts of engines and trainers, lossless both ways where the target can hold
+the data (docs/r3.md, "Converters"). NumPy only.
+
+Conventions a layout leaves open are arguments; their defaults are documented
+in docs/r3.md. Every converter checks shapes and names the problem
+(ValueError); none changes its input.
+"""
+import base64
+import io
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .format import MAX_U8_EXPERTS, SENTINEL, RequestRoutes
+
+Array = np.ndarray
+
+
+def _ids3(ids, what: str) -> Array:
+    a = np.asarray(ids)
+    if a.ndim != 3:
+        raise ValueError(f"{what}: expected [tokens, moe_layers, k], got shape {list(a.shape)}")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{what}: expected integer ids, got {a.dtype}")
+    return a
+
+
+def _as_i16(a: Array, what: str, sentinel: Optional[int] = None) -> Array:
+    """Integer ids -> int16 with -1 as the sentinel; `sentinel` is the stored value meaning -1."""
+    a = np.asarray(a)
+    out = a.astype(np.int64)
+    if sentinel is not None:
+        out[a == sentinel] = SENTINEL
+    if ((out < SENTINEL) | (out > np.iinfo(np.int16).max)).any():
+        raise ValueError(f"{what}: ids must be in [-1, 32767] (moekit's id range)")
+    return out.astype(np.int16)
+
+
+def _check_row_count(req: RequestRoutes):
+    if req.first_generated_token >= 0 and req.first_generated_token < req.first_token:
+        raise ValueError(f"request {req.request!r}: first_generated_token {req.first_generated_token} is before "
+                         f"first_token {req.first_token}")
+
+
+# ---------------------------------------------------------------- vLLM-style: prompt / generation arrays
+
+def to_vllm(req: RequestRoutes, encoding: str = "array", num_experts: Optional[int] = None) -> Dict[str, object]:
+    """{"prompt_routed_experts": [prompt rows, L, k], "routed_experts": [generated rows, L, k]}.
+
+    The split is at first_generated_token (required). Generation rows are the tokens that were fed back
+    (each generated token but the last, which no forward has seen). encoding: "array" gives int16 arrays
+    (-1 stays -1); "base64_npy" gives base64 text of an .npy file of uint8 (num_experts <= 255) or uint16,
+    the sentinel stored as 255 / 65535 (the format's rule), so num_experts is then required.
+    A capture that starts after token 0 (first_token > 0) holds no rows of the skipped prompt: the prompt
+    array then has first_generated_token - first_token rows.
+    """
+    _check_row_count(req)
+    if req.first_generated_token < 0:
+        raise ValueError(f"request {req.request!r}: first_generated_token is not known; cannot split prompt rows")
+    split = min(req.first_generated_token - req.first_token, req.num_tokens)
+    prompt, gen = req.ids[:split], req.ids[split:]
+    if encoding == "array":
+        return {"prompt_routed_experts": prompt.astype(np.int16), "routed_experts": gen.astype(np.int16)}
+    if encoding != "base64_npy":
+        raise ValueError(f"encoding must be 'array' or 'base64_npy', got {encoding!r}")
+    if num_experts is None:
+        raise ValueError("encoding='base64_npy' needs num_experts (it picks uint8 or uint16)")
+    dt, sentinel = (np.uint8, 0xFF) if num_experts <= MAX_U8_EXPERTS else (np.uint16, 0xFFFF)
+
+    def enc(a):
+        buf = io.BytesIO()
+        np.save(buf, np.where(a == SENTINEL, sentinel, a).astype(dt), allow_pickle=False)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    return {"prompt_routed_experts": enc(prompt), "routed_experts": enc(gen)}
+
+
+def from_vllm(request: str, prompt_routed_experts, routed_experts, first_token: int = 0) -> RequestRoutes:
+    """The inverse of to_vllm: arrays (any integer dtype; -1 is the sentinel) or base64 .npy text
+    (uint8 with 255 or uint16 with 65535 as the sentinel; int16 with -1)."""
+    def dec(x, what):
+        if isinstance(x, (str, bytes)):
+            a = np.load(io.BytesIO(base64.b64decode(x)), allow_pickle=False)
+            sentinel = {np.dtype(np.uint8): 0xFF, np.dtype(np.uint16): 0xFFFF}.get(a.dtype)
+            return _as_i16(_ids3(a, what), what, sentinel)
+        return _as_i16(_ids3(x, what), what)
+    p = dec(prompt_routed_experts, "prompt_routed_experts")
+    g = dec(routed_experts, "routed_experts")
+    if p.shape[1:] != g.shape[1:]:
+        raise ValueError(f"prompt rows are [*, {p.shape[1]}, {p.shape[2]}] but generation rows "
+                         f"[*, {g.shape[1]}, {g.shape[2]}]")
+    return RequestRoutes(request, np.concatenate([p, g]), first_token, first_token + p.shape[0])
+
+
+# ---------------------------------------------------------------- SGLang-style: flat int32 over all layers
+
+def to_sglang(req: RequestRoutes, model_layers: Sequence[int], num_model_layers: int,
+              dense_fill: int = -1) -> Tuple[Array, int]:
+    """(flat int32 [tokens * num_model_layers * k], start): the layer axis runs over every layer of the
+    model; rows of dense layers (not in model_layers) hold dense_fill. start = first_token, the index in
+    the request of the first token the array covers."""
+    ids = _ids3(req.ids, f"request {req.request!r}")
+    layers = list(model_layers)
+    if len(layers) != ids.shape[1]:
+        raise ValueError(f"model_layers has {len(layers)} entries, the ids {ids.shape[1]} MoE layers")
+    if layers and (min(layers) < 0 or max(layers) >= num_model_layers):
+        raise ValueError(f"model_layers {layers} must lie in [0, num_model_layers={num_model_layers})")
+    out = np.full((ids.shape[0], num_model_layers, ids.shape[2]), dense_fill, np.int32)
+    out[:, layers, :] = ids
+    return out.reshape(-1), int(req.first_token)
+
+
+def from_sglang(request: str, flat, start: int, num_model_layers: int, model_layers: Sequence[int], top_k: int,
+                first_generated_token: int = -1) -> RequestRoutes:
+    """The inverse of to_sglang: keeps the rows of model_layers (the MoE layers), drops the dense ones."""
+    a = np.asarray(flat)
+    if a.ndim != 1:
+        raise ValueError(f"expected a flat array, got shape {list(a.shape)}")
+    per_token = num_model_layers * top_k
+    if a.size % per_token:
+        raise ValueError(f"{a.size} ids are not a whole number of tokens of {num_model_layers} layers x {top_k}")
+    layers = list(model_layers)
+    if layers and (min(layers) < 0 or max(layers) >= num_model_layers):
+        raise ValueError(f"model_layers {layers} must lie in [0, num_model_layers={num_model_layers})")
+    ids = a.reshape(-1, num_model_layers, top_k)[:, layers, :]
+    return RequestRoutes(request, _as_i16(ids, "sglang ids"), int(start), first_generated_token)
+
+
+# ---------------------------------------------------------------- Megatron-Core-style: one sample
+
+def to_megatron(req: RequestRoutes, seq_len: Optional[int] = None, pad: int = -1, dtype=np.int32) -> Array:
+    """[seq_len, moe_layers, k] for one training sample whose token t is the request's token t.
+
+    Rows the capture does not hold are `pad`: tokens before first_token (skipped earlier turns) and after
+    the last captured one (the last generated token is never fed to the engine, but it is to the trainer).
+    seq_len defaults to first_token + num_tokens. The trainer must not replay pad rows (mask them)."""
+    ids = _ids3(req.ids, f"request {req.request!r}")
+    end = req.first_token + ids.shape[0]
+    n = end if seq_len is None else int(seq_len)
+    if n < end:
+        raise ValueError(f"seq_len {n} is shorter than the captured tokens [0, {end})")
+    out = np.full((n,) + ids.shape[1:], pad, dtype)
+    out[req.first_token:end] = ids
+    return out
+
+
+def from_megatron(request: str, sample, first_token: int = 0, num_tokens: Optional[int] = None,
+                  first_generated_token: int = -1) -> RequestRoutes:
+    """The inverse of to_megatron: rows [first_token, first_token + num_tokens) of the sample (default:
+    up to its end)."""
+    a = _ids3(sample, "sample")
+    end = a.shape[0] if num_tokens is None else first_token + int(num_tokens)
+    if first_token < 0 or end > a.shape[0] or end < first_token:
+        raise ValueError(f"rows [{first_token}, {end}) are not inside the sample's {a.shape[0]} rows")
+    return RequestRoutes(request, _as_i16(a[first_token:end], "sample"), first_token, first_generated_token)
+
+
+# ---------------------------------------------------------------- padded batch [B, S, moe_layers, k]
+
+def to_padded_batch(reqs: Sequence[RequestRoutes], seq_len: Optional[int] = None, side: str = "right",
+                    pad: int = -1, dtype=np.int32) -> Tuple[Array, Array]:
+    """(batch [B, S, moe_layers, k] with `pad` in padding, lengths [B]): sample b is request b's captured
+    rows, at the right end (side="left") or the left end (side="right", the default) of its row of S.
+    S defaults to the longest request. Token positions are the capture's (first_token is not re-padded:
+    use to_megatron per sample for that)."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    if not reqs:
+        raise ValueError("no requests")
+    shapes = {tuple(np.shape(r.ids)[1:]) for r in reqs}
+    if len(shapes) != 1:
+        raise ValueError(f"requests disagree on [moe_layers, k]: {sorted(shapes)}")
+    lengths = np.array([r.num_tokens for r in reqs], np.int64)
+    S = int(lengths.max()) if seq_len is None else int(seq_len)
+    if S < lengths.max():
+        raise ValueError(f"seq_len {S} is shorter than the longest request ({int(lengths.max())} rows)")
+    out = np.full((len(reqs), S) + shapes.pop(), pad, dtype)
+    for b, r in enumerate(reqs):
+        n = r.num_tokens
+        if side == "right":
+            out[b, :n] = r.ids
+        else:
+            out[b, S - n:] = r.ids
+    return out, lengths
+
+
+def from_padded_batch(batch, lengths, requests: Sequence[str], side: str = "right",
+                      first_tokens: Optional[Sequence[int]] = None,
+                      first_generated_tokens: Optional[Sequence[int]] = None) -> List[RequestRoutes]:
+    """The inverse of to_padded_batch (lengths say where padding starts; a -1 inside a length is a row the
+    capture never wrote and stays -1)."""
+    a = np.asarray(batch)
+    if a.ndim != 4:
+        raise ValueError(f"expected [B, S, moe_layers, k], got shape {list(a.shape)}")
+    lengths = np.asarray(lengths)
+    B, S = a.shape[:2]
+    if len(requests) != B or lengths.shape != (B,):
+        raise ValueError(f"{B} samples need {B} request names and lengths")
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    out = []
+    for b in range(B):
+        n = int(lengths[b])
+        if not 0 <= n <= S:
+            raise ValueError(f"lengths[{b}] = {n} outside [0, {S}]")
+        rows = a[b, :n] if side == "right" else a[b, S - n:]
+        out.append(RequestRoutes(requests[b], _as_i16(rows, f"sample {b}"),
+                                 0 if first_tokens is None else int(first_tokens[b]),
+                                 -1 if first_generated_tokens is None else int(first_generated_tokens[b])))
+    return out

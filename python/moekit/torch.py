@@ -1,0 +1,143 @@
+"""Trainer-side routing replay: the router weights of forced expert ids, with gradients.
+
+    weights = moekit.torch.replay_routing(router_logits, forced_ids, cfg, score_bias=None)
+
+The forward is the routing kernel itself (moekit.route with forced ids, on the
+logits' device), so the weights are bit for bit those the layer computes for
+those ids. The backward is the derivative of the spec's weight formula
+(docs/routing.md, section 6) with respect to the dense logits [M, E]: a
+trainer that replays a rollout's experts still trains its router. float64
+logits run the spec's formulas in float64 in torch (for gradcheck; no kernel
+computes in float64). docs/r3.md, "Trainer-side replay".
+"""
+from typing import Optional
+
+import torch
+
+from . import _moekit
+
+# Methods whose weights are a sigmoid renormalized over the k ids (deepseek_v3 then scales).
+_SIGMOID_RENORM = ("sigmoid_renorm", "deepseek_v3")
+
+
+def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: float) -> torch.Tensor:
+    """The section 6 formulas in x's dtype (float64), ids [M, k] int64."""
+    k = ids.shape[1]
+    xf = x.gather(1, ids)
+    if method == "softmax_topk":
+        return torch.softmax(x, dim=1).gather(1, ids)
+    if method == "renormalize":
+        return torch.softmax(xf, dim=1)
+    if method == "renormalize_naive":
+        pf = torch.exp(xf - x.max(dim=1, keepdim=True).values)
+        s = pf.sum(1, keepdim=True)
+        return torch.where(s > 0, pf / torch.where(s > 0, s, 1), torch.full_like(pf, 1.0 / k))
+    if method == "topk":
+        return xf.clone()
+    s = 1.0 / (1.0 + torch.exp(-xf))
+    if method in ("sigmoid", "llama4"):
+        return s
+    if method in _SIGMOID_RENORM:
+        tot = s.sum(1, keepdim=True)
+        w = torch.where(tot > 0, s / torch.where(tot > 0, tot, 1), torch.full_like(s, 1.0 / k))
+        return w * scale if method == "deepseek_v3" else w
+    raise ValueError(f"replay_routing: routing method {method!r} has no weights to replay")
+
+
+def _spec_backward(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, g: torch.Tensor, method: str,
+                   scale: float) -> torch.Tensor:
+    """d(sum g * w)/dx for the section 6 formulas, dense [M, E], in x's dtype (w = the forward's weights)."""
+    grad = torch.zeros_like(x)
+    xf = x.gather(1, ids)
+    if method == "softmax_topk":  # w_j = p_{f_j}: dw_j/dx_i = w_j (delta - p_i)
+        gw = g * w
+        grad = -torch.softmax(x, dim=1) * gw.sum(1, keepdim=True)
+        return grad.scatter_add(1, ids, gw)
+    if method in ("renormalize", "renormalize_naive"):  # w = softmax(x_f) (naive: equal in exact arithmetic)
+        gf = w * (g - (g * w).sum(1, keepdim=True))
+        if method == "renormalize_naive":  # the zero-sum rule makes w a constant 1/k
+            alive = torch.exp(xf - x.max(dim=1, keepdim=True).values).sum(1, keepdim=True) > 0
+            gf = gf * alive
+        return grad.scatter(1, ids, gf)
+    if method == "topk":
+        return grad.scatter(1, ids, g)
+    s = 1.0 / (1.0 + torch.exp(-xf))
+    if method in ("sigmoid", "llama4"):
+        return grad.scatter(1, ids, g * s * (1 - s))
+    # sigmoid_renorm / deepseek_v3: w = c * s / S; dw_j/ds_i = c (delta_ij - s_j / S) / S
+    c = scale if method == "deepseek_v3" else 1.0
+    tot = s.sum(1, keepdim=True)
+    safe = torch.where(tot > 0, tot, torch.ones_like(tot))
+    gs = c * (g - (g * s).sum(1, keepdim=True) / safe) / safe * (tot > 0)
+    return grad.scatter(1, ids, gs * s * (1 - s))
+
+
+class _ReplayRouting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, ids, cfg, score_bias):
+        method = cfg.routing
+        scale = float(cfg.routed_scaling_factor)
+        ids64 = ids.long()
+        if logits.dtype == torch.float64:
+            w = _spec_forward_f64(logits, ids64, method, scale)
+        else:
+            forced = ids.to(torch.int32).contiguous()
+            _, w = moekit_route(logits.detach().contiguous(), cfg, score_bias, forced)
+        ctx.save_for_backward(logits, ids64, w)
+        ctx.method, ctx.scale = method, scale
+        return w
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, ids, w = ctx.saved_tensors
+        compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        grad = _spec_backward(logits.to(compute), ids, w.to(compute), g.to(compute), ctx.method, ctx.scale)
+        return grad.to(logits.dtype), None, None, None
+
+
+def moekit_route(logits, cfg, score_bias, forced_ids):
+    from .layer import route  # late: layer imports torch ops registration
+    return route(logits, cfg, score_bias=score_bias, forced_ids=forced_ids)
+
+
+def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "_moekit.MoeConfig",
+                   score_bias: Optional[torch.Tensor] = None, check_ids: bool = True) -> torch.Tensor:
+    """weights [M, k] float32 of `forced_ids` [M, k] (int32/int64/int16; logical ids in [0, E), distinct
+    per row) under cfg's routing method, computed from router_logits [M, E] (float32 or bfloat16; float64
+    for gradient checks), differentiable with respect to router_logits.
+
+    score_bias [E] (deepseek_v3) only enters selection, never a weight: it changes nothing here but is
+    accepted so a call can mirror the layer's. Forced ids are checked (range, -1, duplicates; ValueError
+    naming the first bad one): host ids by the kernel's own check, device ids on the host after a copy (a
+    synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture)."""
+    if router_logits.dim() != 2 or router_logits.shape[1] != cfg.num_experts:
+        raise ValueError(f"router_logits: expected [M, {cfg.num_experts}], got {list(router_logits.shape)}")
+    if forced_ids.shape != (router_logits.shape[0], cfg.top_k):
+        raise ValueError(f"forced_ids: expected [{router_logits.shape[0]}, {cfg.top_k}], got {list(forced_ids.shape)}")
+    if forced_ids.dtype not in (torch.int16, torch.int32, torch.int64):
+        raise ValueError(f"forced_ids: expected an integer dtype, got {forced_ids.dtype}")
+    if cfg.routing == "custom":
+        raise ValueError("replay_routing: custom routing has no weight formula to replay")
+    if router_logits.dtype == torch.float64 or (check_ids and router_logits.device.type != "cpu"):
+        _check_ids_host(forced_ids, cfg.num_experts)  # host ids on the kernel path are checked by the kernel
+        if not torch.isfinite(router_logits).all():
+            raise ValueError("router_logits: router logits must be finite")
+    if score_bias is not None and cfg.routing != "deepseek_v3":
+        raise ValueError("score_bias: only deepseek_v3 has a selection bias")
+    return _ReplayRouting.apply(router_logits, forced_ids, cfg, score_bias)
+
+
+def _check_ids_host(ids: torch.Tensor, num_experts: int) -> None:
+    ids = ids.detach().cpu().long()
+    bad = (ids < 0) | (ids >= num_experts)
+    if bad.any():
+        r, j = bad.nonzero()[0].tolist()
+        raise ValueError(f"forced_ids[{r}, {j}] = {int(ids[r, j])} outside [0, {num_experts})")
+    srt = ids.sort(dim=1).values
+    dup = srt[:, 1:] == srt[:, :-1]
+    if dup.any():
+        r = int(dup.nonzero()[0, 0])
+        raise ValueError(f"forced_ids row {r} repeats an expert: {ids[r].tolist()}")
+
+
+__all__ = ["replay_routing"]
