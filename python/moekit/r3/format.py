@@ -69,9 +69,11 @@ class Capture:
 
 
 def routing_dict(method: str, top_k: int, num_groups: int = 1, topk_groups: int = 1,
-                 routed_scaling_factor: float = 1.0, score_bias: bool = False) -> Dict:
+                 routed_scaling_factor: float = 1.0, score_bias: bool = False, renormalize: bool = True) -> Dict:
+    """The routing parameters a capture file records (renormalize: deepseek_v3's norm_topk_prob)."""
     return {"method": method, "top_k": int(top_k), "num_groups": int(num_groups), "topk_groups": int(topk_groups),
-            "routed_scaling_factor": float(routed_scaling_factor), "score_bias": bool(score_bias)}
+            "routed_scaling_factor": float(routed_scaling_factor), "score_bias": bool(score_bias),
+            "renormalize": bool(renormalize)}
 
 
 def stored_id_dtype(num_experts: int, version: int = FORMAT_VERSION):
