@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "experts/cpu/cpu_gemm.h"
 #include "experts/cpu/packed_bf16_gemm.h"
@@ -18,10 +19,11 @@ namespace moekit::cpu {
 class CpuExperts {
  public:
   // Validates the expert weights, w13 [E, 2I, H] (gated) or [E, I, H] (relu2),
-  // w2 [E, H, I], both in the config's weight dtype (errors name the tensor),
-  // and keeps them as cpu_gemm_path(config) needs: packed bf16
-  // (PackedBf16Weights) or widened to fp32 (ExpertWeightsF32).
-  Status prepare(const MoeConfig& config, const TensorView& w13, const TensorView& w2);
+  // w2 [E, H, I], both in the config's weight dtype, and for the fp8 schemes
+  // their scales (errors name the tensor), and keeps them as
+  // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights) or widened to
+  // fp32 (ExpertWeightsF32; fp8 weights dequantized, fp8_emulation.h).
+  Status prepare(const MoeConfig& config, const MoeWeights& weights);
   bool prepared() const { return !w13_.empty() || !w13_packed_.empty(); }
   CpuGemmPath gemm_path() const { return path_; }
 
@@ -52,8 +54,16 @@ class CpuExperts {
   void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_packed,
                     int64_t n, int64_t k, float* c, const Buffers& b) const;
 
+  // fp8 schemes: GEMM input rows [0, rows) (cols wide, stride ld, grouped by
+  // expert as b.expert_offsets says) rounded through e4m3 in place, with the
+  // scheme's activation scales; `static_scale`: a13_scale_ or a2_scale_.
+  void quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld, const std::vector<float>& static_scale,
+                           const Buffers& b) const;
+
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
+  QuantScheme quant_;
+  std::vector<float> a13_scale_, a2_scale_;  // [E] f32: fp8_per_tensor static activation scales, else empty
   CpuGemmPath path_ = CpuGemmPath::kBlasF32;
   ExpertWeightsF32 w13_;          // [E, n1, H] f32, n1 = 2I (gated) or I (relu2); kBlasF32 only
   ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only

@@ -29,7 +29,7 @@ Status CpuModular::prepare_weights(const MoeWeights& weights) {
     MOEKIT_RETURN_IF_ERROR(
         check_tensor(weights.score_bias, "score_bias", {DType::kF32}, {config_.num_experts}, Device::cpu()));
   }
-  return experts_.prepare(config_, weights.w13, weights.w2);
+  return experts_.prepare(config_, weights);
 }
 
 Status CpuModular::run(const MoeRunArgs& args, Workspace workspace, Stream /*stream: CPU runs inline*/) {

@@ -60,7 +60,7 @@ Status CpuMonolithic::prepare_weights(const MoeWeights& weights) {
   } else if (weights.score_bias.defined()) {
     return InvalidArgument("score_bias: given, but routing.has_score_bias is false");
   }
-  MOEKIT_RETURN_IF_ERROR(experts_.prepare(config_, weights.w13, weights.w2));
+  MOEKIT_RETURN_IF_ERROR(experts_.prepare(config_, weights));
   if (config_.routing.has_score_bias) {
     const float* b = weights.score_bias.ptr<const float>();
     score_bias_.assign(b, b + config_.num_experts);

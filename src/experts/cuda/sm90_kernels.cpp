@@ -65,6 +65,15 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
                        platform.to_string());
   }
   // dtypes / quant
+  switch (c.quant.method) {
+    case QuantMethod::kNone: break;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor:
+      // TODO(fp8): the FP8 decode kernel and blockwise-scaled grouped GEMM
+      // (docs/fp8.md); until then the cpu backend serves these schemes.
+      return Support::no(std::string("quant ") + quant_method_name(c.quant.method) +
+                         ": the sm90 kernels have no fp8 path yet");
+  }
   if (c.quant.weight_dtype != DType::kBF16) {
     return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");
   }
