@@ -127,7 +127,7 @@ Status run_layer(const LayerOptions& o) {
   MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
   const LayerSizeCheck fits = [&](const LayerSize& s) {
-    const DType act = o.dtype.empty() ? s.dtype : flag_dtype;
+    const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
   };
   MOEKIT_ASSIGN_OR_RETURN(LayerCheckpoint ckpt, load_layer_checkpoint(file, layer_index, fits));
@@ -139,7 +139,11 @@ Status run_layer(const LayerOptions& o) {
   cfg.hidden = H;
   cfg.intermediate = I;
   cfg.quant.weight_dtype = ckpt.w13.dtype();
-  cfg.quant.act_dtype = o.dtype.empty() ? ckpt.w13.dtype() : flag_dtype;
+  cfg.quant.method = ckpt.fp8.method;
+  cfg.quant.act_scale = ckpt.fp8.act_scale;
+  // fp8 weights compute in bf16 by default (hidden and out).
+  const DType default_act = ckpt.w13.dtype() == DType::kF8E4M3 ? DType::kBF16 : ckpt.w13.dtype();
+  cfg.quant.act_dtype = o.dtype.empty() ? default_act : flag_dtype;
   auto act = parse_activation(o.activation);
   if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
   cfg.activation.kind = *act;
@@ -185,12 +189,20 @@ Status run_layer(const LayerOptions& o) {
     MOEKIT_ASSIGN_OR_RETURN(forced, io::convert(ids.view(), DType::kI32));
   }
 
-  MoeWeights weights{ckpt.w13.view(), ckpt.w2.view(), use_bias ? ckpt.score_bias.view() : TensorView{}};
+  const auto optional_view = [](const HostTensor& t) { return t.shape().empty() ? TensorView{} : t.view(); };
+  MoeWeights weights;
+  weights.w13 = ckpt.w13.view();
+  weights.w2 = ckpt.w2.view();
+  weights.score_bias = use_bias ? ckpt.score_bias.view() : TensorView{};
+  weights.w13_scale = optional_view(ckpt.fp8.w13_scale);
+  weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
+  weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
+  weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
   MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::create(cfg, weights));
   std::printf("weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
               ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
               static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
-              dtype_name(cfg.quant.weight_dtype));
+              cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
   std::printf("routing:  %s%s\n", cfg.routing.to_string().c_str(),
               o.logits_given ? "" : " (logits from the checkpoint's router)");
   std::printf("backend:  %s / %s on %s\n", layer->backend().c_str(), layer->kernel().name(),

@@ -13,5 +13,6 @@ void add_backends_command(CLI::App& app);  // tools/cmd_backends.cpp
 void add_layer_command(CLI::App& app);     // tools/cmd_layer.cpp
 void add_replay_command(CLI::App& app);    // tools/cmd_replay.cpp
 void add_bench_command(CLI::App& app);     // tools/cmd_bench.cpp
+void add_quantize_command(CLI::App& app);  // tools/cmd_quantize.cpp
 
 }  // namespace moekit::tools
