@@ -78,6 +78,8 @@ Status run_quantize(const QuantizeOptions& o) {
     if (e.dtype == DType::kF8E4M3) {
       return InvalidArgument(e.name + ": already F8_E4M3; quantize takes a BF16 or F32 layer file");
     }
+  }
+  for (const io::SafetensorsEntry& e : file.entries()) {
     for (const char* s : {".weight_scale_inv", ".weight_scale", ".input_scale"}) {
       if (e.name.ends_with(s)) return InvalidArgument(e.name + ": the input already holds fp8 scales");
     }
