@@ -19,6 +19,7 @@
 #include "moekit/routing.h"
 #include "reference/reference.h"
 #include "util/reference_params.h"
+#include "util/fp8_test_layer.h"
 #include "util/test_util.h"
 
 namespace moekit::cpu {
@@ -58,123 +59,12 @@ constexpr double kEmulationBf16Bound = 0.00390625 * (1.0 + kEmulationF32Bound) +
 // Bound 0.1; measured values are recorded as rel_l2_error_unquantized.
 constexpr double kUnquantizedBound = 0.1;
 
-enum class Scheme { kBlock128, kTensorDynamic, kTensorStatic };
-const char* scheme_name(Scheme s) {
-  switch (s) {
-    case Scheme::kBlock128: return "block128";
-    case Scheme::kTensorDynamic: return "tensor_dynamic";
-    case Scheme::kTensorStatic: return "tensor_static";
-  }
-  return "?";
-}
+using moekit::testing::Fp8Layer;
+using moekit::testing::Fp8Scheme;
+using moekit::testing::fp8_scheme_name;
+using Shape = moekit::testing::Fp8Shape;
+using Scheme = Fp8Scheme;
 
-struct Shape {
-  int64_t M, E, k, H, I;
-};
-
-// A layer with fp8 weights quantized (io::quantize_fp8) from random f32 ones.
-struct Fp8Layer {
-  MoeConfig config;
-  HostTensor w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, hidden, logits;
-  std::vector<double> w13_exact, w2_exact, hidden_exact, logits_exact;  // unquantized values
-
-  Fp8Layer(const Shape& s, Scheme scheme, Activation act, DType dtype, uint64_t seed) {
-    config.num_experts = s.E;
-    config.hidden = s.H;
-    config.intermediate = s.I;
-    config.max_num_tokens = s.M;
-    config.logits_dtype = DType::kF32;
-    config.quant.weight_dtype = DType::kF8E4M3;
-    config.quant.act_dtype = dtype;
-    config.quant.method = scheme == Scheme::kBlock128 ? QuantMethod::kFp8Block128 : QuantMethod::kFp8PerTensor;
-    config.quant.act_scale = scheme == Scheme::kTensorStatic ? ActScale::kStatic : ActScale::kDynamic;
-    config.activation.kind = act;
-    config.routing.method = RoutingMethod::kRenormalize;
-    config.routing.top_k = static_cast<int>(s.k);
-    std::mt19937_64 rng(seed);
-    const int64_t P = act == Activation::kRelu2 ? 1 : 2, n1 = P * s.I;
-    const HostTensor w13_f = random_tensor(rng, DType::kF32, {s.E, n1, s.H}, 1.0 / std::sqrt(double(s.H)), &w13_exact);
-    const HostTensor w2_f = random_tensor(rng, DType::kF32, {s.E, s.H, s.I}, 1.0 / std::sqrt(double(s.I)), &w2_exact);
-    w13 = HostTensor(DType::kF8E4M3, {s.E, n1, s.H});
-    w2 = HostTensor(DType::kF8E4M3, {s.E, s.H, s.I});
-    const bool block = scheme == Scheme::kBlock128;
-    const auto blocks = [](int64_t n) { return (n + 127) / 128; };
-    w13_scale = block ? HostTensor(DType::kF32, {s.E, P * blocks(s.I), blocks(s.H)}) : HostTensor(DType::kF32, {s.E, P});
-    w2_scale = block ? HostTensor(DType::kF32, {s.E, blocks(s.H), blocks(s.I)}) : HostTensor(DType::kF32, {s.E});
-    // Each part (gate, up, down) quantized on its own, as a checkpoint stores them.
-    const auto put = [&](const HostTensor& src, int64_t row0, int64_t rows, int64_t cols, HostTensor& q,
-                         float* scale_out) {
-      const TensorView part = TensorView::contiguous(const_cast<float*>(src.data<float>()) + row0 * cols, DType::kF32,
-                                                     {rows, cols});
-      StatusOr<io::Fp8Matrix> m = io::quantize_fp8(part, config.quant.method, "test");
-      ASSERT_TRUE(m.ok()) << m.status().to_string();
-      std::memcpy(q.data<uint8_t>() + row0 * cols, m->weight.data<uint8_t>(), rows * cols);
-      std::memcpy(scale_out, m->scale.data<float>(), m->scale.nbytes());
-    };
-    const int64_t s13 = w13_scale.numel() / s.E / P, s2 = w2_scale.numel() / s.E;
-    for (int64_t e = 0; e < s.E; ++e) {
-      for (int64_t p = 0; p < P; ++p) {
-        put(w13_f, (e * P + p) * s.I, s.I, s.H, w13, w13_scale.data<float>() + (e * P + p) * s13);
-      }
-      put(w2_f, e * s.H, s.H, s.I, w2, w2_scale.data<float>() + e * s2);
-    }
-    hidden = random_tensor(rng, dtype, {s.M, s.H}, 1.0, &hidden_exact);
-    logits = tie_free_logits(rng, DType::kF32, s.M, s.E, 1.0 / 32.0, &logits_exact);
-    if (scheme == Scheme::kTensorStatic) calibrate_static_scales(s, act, rng);
-  }
-
-  // Static scales as a calibration pass would set them: each expert's largest
-  // |input| of each GEMM over this batch (unquantized), times a per-expert
-  // margin in [1, 1.25], over 448 (silu and relu2 only).
-  void calibrate_static_scales(const Shape& s, Activation act, std::mt19937_64& rng) {
-    const int64_t P = act == Activation::kRelu2 ? 1 : 2;
-    std::vector<double> amax1(s.E, 0.0), amax2(s.E, 0.0);
-    for (int64_t t = 0; t < s.M; ++t) {
-      for (int64_t e = 0; e < s.E; ++e) {
-        for (int64_t c = 0; c < s.H; ++c) amax1[e] = std::max(amax1[e], std::fabs(hidden_exact[t * s.H + c]));
-        for (int64_t i = 0; i < s.I; ++i) {
-          double z[2] = {0.0, 0.0};
-          for (int64_t p = 0; p < P; ++p) {
-            for (int64_t c = 0; c < s.H; ++c) {
-              z[p] += w13_exact[((e * P + p) * s.I + i) * s.H + c] * hidden_exact[t * s.H + c];
-            }
-          }
-          const double a = act == Activation::kRelu2 ? std::max(z[0], 0.0) * std::max(z[0], 0.0)
-                                                     : z[0] / (1.0 + std::exp(-z[0])) * z[1];
-          amax2[e] = std::max(amax2[e], std::fabs(a));
-        }
-      }
-    }
-    a13_scale = HostTensor(DType::kF32, {s.E});
-    a2_scale = HostTensor(DType::kF32, {s.E});
-    std::uniform_real_distribution<double> margin(1.0, 1.25);
-    for (int64_t e = 0; e < s.E; ++e) {
-      a13_scale.data<float>()[e] = static_cast<float>(amax1[e] * margin(rng) / 448.0);
-      a2_scale.data<float>()[e] = static_cast<float>(amax2[e] * margin(rng) / 448.0);
-    }
-  }
-  MoeWeights weights() const {
-    MoeWeights w{.w13 = w13.view(), .w2 = w2.view(), .w13_scale = w13_scale.view(), .w2_scale = w2_scale.view()};
-    if (a13_scale.numel() > 0 && !a13_scale.shape().empty()) {
-      w.a13_scale = a13_scale.view();
-      w.a2_scale = a2_scale.view();
-    }
-    return w;
-  }
-  moekit_ref::Fp8Params ref_params() const {
-    moekit_ref::Fp8Params q;
-    q.scheme = config.quant.method == QuantMethod::kFp8Block128 ? "block128" : "per_tensor";
-    q.static_act = config.quant.act_scale == ActScale::kStatic;
-    if (q.static_act) {
-      q.a13_scale = to_double(a13_scale.view());
-      q.a2_scale = to_double(a2_scale.view());
-    }
-    return q;
-  }
-  std::vector<uint8_t> bytes(const HostTensor& t) const {
-    return std::vector<uint8_t>(t.data<uint8_t>(), t.data<uint8_t>() + t.numel());
-  }
-};
 
 struct Workbuf {
   std::vector<unsigned char> bytes;
@@ -296,7 +186,7 @@ TEST_P(CpuFp8Grid, ModularEqualsMonolithicAndMatchesReferences) {
 std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
   const auto [scheme, act, shape, dtype] = info.param;
   const Shape s = kShapes[shape];
-  return std::string(scheme_name(scheme)) + "_" + activation_name(act) + "_H" + std::to_string(s.H) + "_I" +
+  return std::string(fp8_scheme_name(scheme)) + "_" + activation_name(act) + "_H" + std::to_string(s.H) + "_I" +
          std::to_string(s.I) + "_" + dtype_name(dtype);
 }
 
@@ -331,7 +221,7 @@ TEST(CpuFp8, ReplayOfCaptureReproducesOutputBitwise) {
     a.out = out2.view();
     a.forced_ids = forced.view();
     ASSERT_TRUE(mono.run(a, w.ws(), nullptr).ok());
-    EXPECT_TRUE(all_bytes_equal(out1, out2)) << scheme_name(scheme) << ": replay did not reproduce the captured run";
+    EXPECT_TRUE(all_bytes_equal(out1, out2)) << fp8_scheme_name(scheme) << ": replay did not reproduce the captured run";
   }
 }
 
