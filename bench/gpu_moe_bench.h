@@ -29,6 +29,7 @@ struct GpuBenchOptions {
   uint32_t seed = 20261129u;
   std::vector<std::string> variants;  // "NAME:VAR=VALUE,..." timed beside the default, interleaved
   double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)
+  std::string scheme = "bf16";    // bf16 | fp8-block | fp8-tensor (docs/fp8.md); fp8 floors use the fp8 matmul rate
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the
