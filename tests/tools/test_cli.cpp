@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -170,6 +171,14 @@ TEST_F(Cli, QuantizeThenLayerMatchesTheFp8Reference) {
   }
   for (size_t i = 0; i < keep.size(); ++i) named.push_back({names[i], keep[i].view()});
   ASSERT_TRUE(io::write_safetensors(file("bf16.safetensors"), named).ok());
+  // The same layer in the stacked naming (w13 = gate rows then up rows, w2).
+  HostTensor w13(DType::kBF16, {E, 2 * I, H}), w2(DType::kBF16, {E, H, I});
+  for (int64_t e = 0; e < E; ++e) {
+    std::memcpy(w13.data<uint16_t>() + e * 2 * I * H, keep[e * 3].data<uint16_t>(), I * H * 2);
+    std::memcpy(w13.data<uint16_t>() + (e * 2 + 1) * I * H, keep[e * 3 + 1].data<uint16_t>(), I * H * 2);
+    std::memcpy(w2.data<uint16_t>() + e * H * I, keep[e * 3 + 2].data<uint16_t>(), H * I * 2);
+  }
+  ASSERT_TRUE(io::write_safetensors(file("stacked.safetensors"), {{"w13", w13.view()}, {"w2", w2.view()}}).ok());
   std::vector<double> hidden_exact, logits_exact;
   ASSERT_TRUE(io::write_npy(file("hidden.npy"), testing::random_tensor(rng, DType::kF32, {M, H}, 1.0, &hidden_exact).view()).ok());
   ASSERT_TRUE(io::write_npy(file("logits.npy"), testing::tie_free_logits(rng, DType::kF32, M, E, 1.0 / 32.0, &logits_exact).view()).ok());
@@ -224,6 +233,13 @@ TEST_F(Cli, QuantizeThenLayerMatchesTheFp8Reference) {
     const std::vector<double> out = testing::to_double(io::read_npy(file("out.npy")).value().view());
     EXPECT_LE(testing::rel_l2_error(out, ref), 2e-5 + 1e-3) << "vs the reference's fp8 emulation";
     EXPECT_LE(testing::rel_l2_error(out, out_bf16), 0.1) << "vs the BF16 layer";
+    // The stacked naming quantizes part by part into the same bytes and scales: the same output, bit for bit.
+    const std::string qs = file(std::string(scheme) + "_stacked.safetensors");
+    r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + file("stacked.safetensors") + " --out " + qs);
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run_cli("layer --weights " + qs + layer_args + file("out_stacked.npy"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(testing::to_double(io::read_npy(file("out_stacked.npy")).value().view()), out);
   }
 }
 
