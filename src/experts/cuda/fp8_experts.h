@@ -47,7 +47,7 @@ struct Fp8QuantizeArgs {
 Status fp8_quantize_rows(const Fp8QuantizeArgs& args, const Fp8ActQuant& quant, cudaStream_t stream);
 
 // C[r, n] = sum_k A[r, k] * (e4m3(W[g, n, k]) * scale), fp32, for every row r
-// of group g. A [rows, K] f32 (already quantized); W [E, N, K] e4m3 bytes with
+// of group g (K a multiple of 16). A [rows, K] f32 (already quantized); W [E, N, K] e4m3 bytes with
 // `parts` row parts (scales as MoeWeights, kernel.h); C [rows, N] f32.
 struct Fp8GemmArgs {
   QuantMethod method = QuantMethod::kFp8Block128;

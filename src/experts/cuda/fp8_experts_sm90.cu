@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/cuda_check.h"
 #include "experts/cuda/activation.cuh"
@@ -97,7 +98,14 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
   for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) dst[c] = fake_quant(load(a.src, a.src_bf16, src_row * a.ld + c), scale);
 }
 
-// One warp per (group, weight row n); lanes stride K by 4 values.
+// One warp per (group, weight row n). Each lane takes 16 consecutive K values
+// per step (one 16-byte weight load; 16 divides 128, so one scale per load),
+// the warp 512; the row's weights are read once per tile of kRowTile group
+// rows, whose sums are kept side by side. Deterministic: every output is one
+// lane-sequential fp32 FMA chain per lane, then a fixed xor-shuffle tree.
+constexpr int kRowTile = 8;
+constexpr int kLaneK = 16;
+
 __global__ void gemm_kernel(Fp8GemmArgs a) {
   const int64_t g = blockIdx.y;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -108,21 +116,41 @@ __global__ void gemm_kernel(Fp8GemmArgs a) {
   const int64_t part_rows = a.n / a.parts, part = n / part_rows;
   const int64_t row_blocks = (part_rows + kBlock - 1) / kBlock, col_blocks = (a.k + kBlock - 1) / kBlock;
   const uint8_t* w = a.w + (g * a.n + n) * a.k;
-  const float* scale_row = a.method == QuantMethod::kFp8Block128
-                               ? a.w_scale + ((g * a.parts + part) * row_blocks + (n % part_rows) / kBlock) * col_blocks
-                               : a.w_scale + g * a.parts + part;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = a.a + (r0 + r) * a.k;
-    float acc = 0.0f;
-    for (int64_t k0 = static_cast<int64_t>(lane) * 4; k0 < a.k; k0 += 32 * 4) {
-      const float s = a.method == QuantMethod::kFp8Block128 ? scale_row[k0 / kBlock] : scale_row[0];
+  const bool block = a.method == QuantMethod::kFp8Block128;
+  const float* scale_row = block ? a.w_scale + ((g * a.parts + part) * row_blocks + (n % part_rows) / kBlock) * col_blocks
+                                 : a.w_scale + g * a.parts + part;
+  for (int64_t rt = 0; rt < rows; rt += kRowTile) {
+    const int nr = static_cast<int>(rows - rt < kRowTile ? rows - rt : kRowTile);
+    float acc[kRowTile];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (k0 + i < a.k) acc = fmaf(x[k0 + i], __fmul_rn(e4m3_value(w[k0 + i]), s), acc);
+    for (int i = 0; i < kRowTile; ++i) acc[i] = 0.0f;
+    // NOTE: K is a multiple of 16 (kSm90DimAlignment), so a lane's 16 values never cross K.
+    for (int64_t k0 = static_cast<int64_t>(lane) * kLaneK; k0 < a.k; k0 += 32 * kLaneK) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(w + k0);
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(&packed);
+      const float s = block ? scale_row[k0 / kBlock] : scale_row[0];
+      float wv[kLaneK];
+#pragma unroll
+      for (int i = 0; i < kLaneK; ++i) wv[i] = __fmul_rn(e4m3_value(q[i]), s);
+#pragma unroll
+      for (int rr = 0; rr < kRowTile; ++rr) {
+        if (rr >= nr) break;
+        const float4* x = reinterpret_cast<const float4*>(a.a + (r0 + rt + rr) * a.k + k0);
+#pragma unroll
+        for (int v = 0; v < kLaneK / 4; ++v) {
+          const float4 xv = x[v];
+          acc[rr] = fmaf(xv.x, wv[4 * v], acc[rr]);
+          acc[rr] = fmaf(xv.y, wv[4 * v + 1], acc[rr]);
+          acc[rr] = fmaf(xv.z, wv[4 * v + 2], acc[rr]);
+          acc[rr] = fmaf(xv.w, wv[4 * v + 3], acc[rr]);
+        }
       }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) a.c[(r0 + r) * a.n + n] = acc;
+#pragma unroll
+    for (int rr = 0; rr < kRowTile; ++rr) {
+      const float sum = warp_sum(acc[rr]);  // every lane takes part, whatever nr is
+      if (lane == 0 && rr < nr) a.c[(r0 + rt + rr) * a.n + n] = sum;
+    }
   }
 }
 
@@ -178,6 +206,10 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
 }
 
 Status fp8_grouped_gemm(const Fp8GemmArgs& a, cudaStream_t stream) {
+  if (a.k % kLaneK != 0) {
+    return InvalidArgument("fp8_grouped_gemm: K = " + std::to_string(a.k) + " must be a multiple of " +
+                           std::to_string(kLaneK));
+  }
   const dim3 grid(static_cast<unsigned>((a.n + kWarps - 1) / kWarps), static_cast<unsigned>(a.num_experts));
   gemm_kernel<<<grid, kWarps * 32, 0, stream>>>(a);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_grouped_gemm");
