@@ -52,6 +52,9 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& args, const Fp8ActQuant& quant, 
 struct Fp8GemmArgs {
   QuantMethod method = QuantMethod::kFp8Block128;
   int64_t num_experts = 0, n = 0, k = 0, parts = 1;
+  int64_t max_active = 0;                  // bound on the groups with rows (min(E, routed rows)): the launch's width
+  const int32_t* active_groups = nullptr;  // [E] i32: the groups with rows, ascending (fp8_list_active_groups)
+  const int32_t* num_active = nullptr;     // [1] i32
   const float* a = nullptr;
   const uint8_t* w = nullptr;
   const float* w_scale = nullptr;
@@ -60,6 +63,11 @@ struct Fp8GemmArgs {
   const int32_t* group_rows = nullptr;
 };
 Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
+
+// active[0, *count) = the groups with group_rows > 0, ascending; one warp, so a
+// decode step launches GEMM work only for the few experts it touches.
+Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
+                              cudaStream_t stream);
 
 // act [rows, I] f32 = activation of h [rows, n1] f32 (row layouts as the cpu
 // backend's activations.h), for every row inside a group.

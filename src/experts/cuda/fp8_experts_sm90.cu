@@ -107,7 +107,8 @@ constexpr int kRowTile = 8;
 constexpr int kLaneK = 16;
 
 __global__ void gemm_kernel(Fp8GemmArgs a) {
-  const int64_t g = blockIdx.y;
+  if (static_cast<int>(blockIdx.y) >= *a.num_active) return;
+  const int64_t g = a.active_groups[blockIdx.y];
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t rows = a.group_rows[g];
@@ -152,6 +153,19 @@ __global__ void gemm_kernel(Fp8GemmArgs a) {
       if (lane == 0 && rr < nr) a.c[(r0 + rt + rr) * a.n + n] = sum;
     }
   }
+}
+
+__global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* active, int32_t* count) {
+  const int lane = threadIdx.x;
+  int total = 0;
+  for (int64_t g0 = 0; g0 < E; g0 += 32) {
+    const int64_t g = g0 + lane;
+    const bool has = g < E && rows[g] > 0;
+    const unsigned mask = __ballot_sync(0xffffffffu, has);
+    if (has) active[total + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(g);
+    total += __popc(mask);
+  }
+  if (lane == 0) *count = total;
 }
 
 __global__ void activation_kernel(ActivationConfig cfg, const float* h, int64_t rows, int64_t I, float* out,
@@ -210,9 +224,17 @@ Status fp8_grouped_gemm(const Fp8GemmArgs& a, cudaStream_t stream) {
     return InvalidArgument("fp8_grouped_gemm: K = " + std::to_string(a.k) + " must be a multiple of " +
                            std::to_string(kLaneK));
   }
-  const dim3 grid(static_cast<unsigned>((a.n + kWarps - 1) / kWarps), static_cast<unsigned>(a.num_experts));
+  if (a.max_active <= 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>((a.n + kWarps - 1) / kWarps), static_cast<unsigned>(a.max_active));
   gemm_kernel<<<grid, kWarps * 32, 0, stream>>>(a);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_grouped_gemm");
+  return Status::Ok();
+}
+
+Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
+                              cudaStream_t stream) {
+  active_groups_kernel<<<1, 32, 0, stream>>>(group_rows, num_experts, active, count);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_active_groups");
   return Status::Ok();
 }
 

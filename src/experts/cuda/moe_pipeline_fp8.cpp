@@ -2,6 +2,8 @@
 
 #ifdef MOEKIT_WITH_CUDA
 
+#include <algorithm>
+
 #include "experts/cuda/align.h"
 #include "experts/cuda/fp8_experts.h"
 
@@ -30,6 +32,7 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   l.row_token = take(&c, pairs * sizeof(int32_t));
   l.align_scratch = take(&c, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
   l.amax = take(&c, 2 * sizeof(float));
+  l.active = take(&c, (E + 1) * sizeof(int32_t));
   l.x_quant = take(&c, pairs * H * sizeof(float));
   l.gemm1_out = take(&c, pairs * n1 * sizeof(float));
   l.act_quant = take(&c, pairs * I * sizeof(float));
@@ -49,6 +52,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   auto* pair_row = reinterpret_cast<int32_t*>(ws + l.pair_row);        // [M·k]
   auto* row_token = reinterpret_cast<int32_t*>(ws + l.row_token);      // [M·k]
   auto* amax = reinterpret_cast<float*>(ws + l.amax);                  // [2]
+  auto* active = reinterpret_cast<int32_t*>(ws + l.active);            // [E + 1]
   auto* x_q = reinterpret_cast<float*>(ws + l.x_quant);                // [M·k, H]
   auto* h = reinterpret_cast<float*>(ws + l.gemm1_out);                // [M·k, n1]
   auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
@@ -80,8 +84,12 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   MOEKIT_RETURN_IF_ERROR(
       fp8_quantize_rows(q1, Fp8ActQuant{w.quant.method, w.quant.act_scale, w.a13_scale, amax}, stream));
 
+  MOEKIT_RETURN_IF_ERROR(fp8_list_active_groups(group_rows, E, active, active + E, stream));
   Fp8GemmArgs g1;
   g1.method = w.quant.method;
+  g1.max_active = std::min(E, pairs);
+  g1.active_groups = active;
+  g1.num_active = active + E;
   g1.num_experts = E;
   g1.n = n1;
   g1.k = H;

@@ -31,6 +31,7 @@ struct Fp8WorkspaceLayout {
   size_t row_token = 0;      // [M·k] i32
   size_t align_scratch = 0;  // align_workspace_size(M·k, E)
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
+  size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
   size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row
   size_t gemm1_out = 0;      // [M·k, n1] f32
   size_t act_quant = 0;      // [M·k, I] f32: activation output, then quantized in place
