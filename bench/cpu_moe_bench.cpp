@@ -1,5 +1,5 @@
-// CPU backend benchmark: the whole MoE layer (CpuMonolithic: routing inside,
-// bf16 weights and activations) on the Qwen3-30B-A3B layer shape of
+// CPU backend benchmark: the whole MoE layer through the public MoeLayer on
+// the "cpu" backend (the oracle picks its kernel; bf16 weights and activations) on the Qwen3-30B-A3B layer shape of
 // bench/shapes/moe_layers.json, at M = 1, 64, 256, 1024 tokens, next to this
 // machine's OpenBLAS sgemm rate measured in the same run.
 //
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel_for.h"
-#include "experts/cpu/cpu_monolithic.h"
 #include "moekit/config.h"
+#include "moekit/layer.h"
+#include "moekit/parallel_for.h"
 #include "shape_file.h"
 
 namespace {
@@ -57,10 +57,9 @@ moekit::bench::LayerShape load_shape() {
 // The layer, prepared once and shared by every M.
 struct Layer {
   moekit::bench::LayerShape shape;
-  std::unique_ptr<moekit::cpu::CpuMonolithic> kernel;
+  std::unique_ptr<moekit::MoeLayer> layer;
   std::vector<uint16_t> hidden, out;  // [kMaxTokens, H] bf16
   std::vector<float> logits;          // [kMaxTokens, E] f32
-  std::vector<unsigned char> workspace;
 
   Layer() : shape(load_shape()) {
     const int64_t E = shape.E, H = shape.H, I = shape.I;
@@ -75,34 +74,34 @@ struct Layer {
     c.activation.kind = moekit::Activation::kSiluGated;
     c.routing.method = moekit::RoutingMethod::kRenormalize;
     c.routing.top_k = static_cast<int>(shape.k);
-    kernel = std::make_unique<moekit::cpu::CpuMonolithic>(c);
+    c.backend = "cpu";
     std::vector<uint16_t> w13(static_cast<size_t>(E * 2 * I * H)), w2(static_cast<size_t>(E * H * I));
     fill_bf16(w13.data(), w13.size(), 1.7f / std::sqrt(float(H)), 1);  // uniform, stddev ~ 1/sqrt(H)
     fill_bf16(w2.data(), w2.size(), 1.7f / std::sqrt(float(I)), 2);
     moekit::MoeWeights w;
     w.w13 = moekit::TensorView::contiguous(w13.data(), DType::kBF16, {E, 2 * I, H});
     w.w2 = moekit::TensorView::contiguous(w2.data(), DType::kBF16, {E, H, I});
-    const moekit::Status st = kernel->prepare_weights(w);
-    if (!st.ok()) {
-      std::fprintf(stderr, "prepare_weights: %s\n", st.to_string().c_str());
+    auto made = moekit::MoeLayer::create(c, w, moekit::Device::cpu());
+    if (!made.ok()) {
+      std::fprintf(stderr, "MoeLayer::create: %s\n", made.status().to_string().c_str());
       std::exit(1);
     }
+    layer = std::move(made).value();
     hidden.resize(kMaxTokens * H);
     out.resize(kMaxTokens * H);
     fill_bf16(hidden.data(), hidden.size(), 1.7f, 3);
     logits.resize(kMaxTokens * E);
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(splitmix(4 + i) >> 40) * 0x1.0p-22f;
-    workspace.resize(kernel->workspace_size(kMaxTokens));
   }
   double gemm_flops(int64_t M) const {
     return 2.0 * M * shape.k * (shape.H * 2.0 * shape.I + shape.I * shape.H);
   }
   moekit::Status run(int64_t M) {
-    moekit::MoeRunArgs a;
+    moekit::LayerForwardArgs a;
     a.hidden = moekit::TensorView::contiguous(hidden.data(), DType::kBF16, {M, shape.H});
     a.out = moekit::TensorView::contiguous(out.data(), DType::kBF16, {M, shape.H});
     a.router_logits = moekit::TensorView::contiguous(logits.data(), DType::kF32, {M, shape.E});
-    return kernel->run(a, {workspace.data(), workspace.size()}, nullptr);
+    return layer->forward(a);
   }
 };
 
@@ -149,7 +148,7 @@ void BM_CpuMoeLayer(benchmark::State& state) {
   const double gflops = l.gemm_flops(M) * iters / seconds * 1e-9;
   state.counters["GFLOP/s"] = gflops;
   if (g_sgemm_gflops > 0) state.counters["pct_of_sgemm"] = 100.0 * gflops / g_sgemm_gflops;
-  state.SetLabel(l.shape.name + " bf16, CpuMonolithic, " + std::to_string(moekit::parallel_num_threads()) + " threads");
+  state.SetLabel(l.shape.name + " bf16, " + std::string(l.layer->kernel().name()) + ", " + std::to_string(moekit::parallel_num_threads()) + " threads");
 }
 BENCHMARK(BM_CpuMoeLayer)->Name("cpu_moe_layer")->ArgName("M")->Arg(1)->Arg(64)->Arg(256)->Arg(1024)
     ->UseRealTime()->Unit(benchmark::kMillisecond);

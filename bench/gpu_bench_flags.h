@@ -30,6 +30,10 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
       ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-tensor"}));
   app->add_option("--skew", opt->skew, "expert popularity skew: 0 balanced (default), ALPHA > 0 adds -ALPHA*ln(1+e) "
                   "to expert e's logits (Zipf-like)")->check(CLI::Range(0.0, 8.0));
+  app->add_flag("--expert-bias", opt->expert_bias, "add gate/up and down expert biases to every shape");
+  app->add_option("--shared-intermediate", opt->shared_intermediate,
+                  "add a shared expert of this width to every shape (0: none)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app->add_flag("--shared-gate", opt->shared_gate, "gate the shared expert by sigmoid(x . g) (Qwen2-MoE style)");
 }
 
 }  // namespace moekit::bench

@@ -42,7 +42,7 @@ using nlohmann::json;
   } while (0)
 
 // Tensor kinds in the seed recipe (NOTE: peer_torch.py reads the seeds from the JSON).
-enum class TensorKind : uint32_t { kW13 = 1, kW2 = 2, kBias = 3, kHidden = 4, kLogits = 5 };
+enum class TensorKind : uint32_t { kW13 = 1, kW2 = 2, kBias = 3, kHidden = 4, kLogits = 5, kExpertBias = 6, kShared = 7 };
 
 struct ShapeSpec {
   std::string name;
@@ -139,6 +139,9 @@ StatusOr<std::vector<ShapeSpec>> load_shapes(const std::string& path, std::vecto
       c.routing.topk_groups = s.value("topk_groups", 1);
       c.routing.routed_scaling_factor = s.value("routed_scaling_factor", 1.0f);
       c.routing.has_score_bias = s.value("score_bias", false);
+      c.has_expert_bias = s.value("expert_bias", false);
+      c.shared_intermediate = s.value("shared_intermediate", int64_t{0});
+      c.has_shared_gate = s.value("shared_gate", false);
       const auto act = parse_activation(s.value("activation", std::string("silu")));
       if (!act) return InvalidArgument("shape " + spec.name + ": unknown activation " + s.at("activation").dump());
       c.activation.kind = *act;
@@ -353,6 +356,32 @@ class ShapeRunner {
       host_bias_.resize(E);
       BENCH_CUDA_RETURN(cudaMemcpy(host_bias_.data(), bias.ptr, E * 4, cudaMemcpyDeviceToHost));
     }
+    // The extras (config.h), small uniform values: their cost is what is measured.
+    DeviceBuffer b13, b2, sw13, sw2, sgate;
+    if (c.has_expert_bias) {
+      MOEKIT_RETURN_IF_ERROR(b13.allocate(static_cast<size_t>(E * n13_) * 4));  // [E, N13] f32
+      MOEKIT_RETURN_IF_ERROR(b2.allocate(static_cast<size_t>(E * H) * 4));      // [E, H] f32
+      const uint32_t seed = seed_of(opt_.seed, shape_index_, TensorKind::kExpertBias, 0, 0);
+      BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(b13.ptr), E * n13_, seed, -4, nullptr));
+      BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(b2.ptr), E * H, seed + 1, -4, nullptr));
+      weights.w13_bias = TensorView::contiguous(b13.ptr, DType::kF32, {E, n13_}, Device::cuda(0));
+      weights.w2_bias = TensorView::contiguous(b2.ptr, DType::kF32, {E, H}, Device::cuda(0));
+    }
+    if (c.shared_intermediate > 0) {
+      const int64_t Is = c.shared_intermediate, n1s = c.activation.gated() ? 2 * Is : Is;
+      MOEKIT_RETURN_IF_ERROR(sw13.allocate(static_cast<size_t>(n1s * H) * 2));  // [N1s, H] bf16
+      MOEKIT_RETURN_IF_ERROR(sw2.allocate(static_cast<size_t>(H * Is) * 2));    // [H, Is] bf16
+      const uint32_t seed = seed_of(opt_.seed, shape_index_, TensorKind::kShared, 0, 0);
+      BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(sw13.ptr), n1s * H, seed, weight_scale_log2(H), nullptr));
+      BENCH_CUDA_RETURN(fill_uniform_bf16(static_cast<uint16_t*>(sw2.ptr), H * Is, seed + 1, weight_scale_log2(Is), nullptr));
+      weights.shared_w13 = TensorView::contiguous(sw13.ptr, DType::kBF16, {n1s, H}, Device::cuda(0));
+      weights.shared_w2 = TensorView::contiguous(sw2.ptr, DType::kBF16, {H, Is}, Device::cuda(0));
+      if (c.has_shared_gate) {
+        MOEKIT_RETURN_IF_ERROR(sgate.allocate(static_cast<size_t>(H) * 4));  // [H] f32
+        BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(sgate.ptr), H, seed + 2, weight_scale_log2(H), nullptr));
+        weights.shared_gate = TensorView::contiguous(sgate.ptr, DType::kF32, {H}, Device::cuda(0));
+      }
+    }
     BENCH_CUDA_RETURN(cudaDeviceSynchronize());
     auto layer = MoeLayer::create(c, weights);
     if (!layer.ok()) return layer.status();
@@ -556,6 +585,9 @@ json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed, double 
             {"routed_scaling_factor", c.routing.routed_scaling_factor},
             {"score_bias", c.routing.has_score_bias},
             {"activation", activation_name(c.activation.kind)},
+            {"expert_bias", c.has_expert_bias},
+            {"shared_intermediate", c.shared_intermediate},
+            {"shared_gate", c.has_shared_gate},
             {"swiglu_limit", c.activation.swiglu_limit},
             {"swiglu_alpha", c.activation.swiglu_alpha},
             {"w13_seed", seed_of(base_seed, shape_index, TensorKind::kW13, 0, 0)},
@@ -650,6 +682,12 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   auto shapes_or = load_shapes(opt.shapes_path, &m_list);
   if (!shapes_or.ok()) return shapes_or.status();
   std::vector<ShapeSpec> shapes = std::move(*shapes_or);
+  for (ShapeSpec& spec : shapes) {  // the extras' flags apply to every shape
+    MoeConfig& c = spec.config;
+    c.has_expert_bias = c.has_expert_bias || opt.expert_bias;
+    if (opt.shared_intermediate > 0) c.shared_intermediate = opt.shared_intermediate;
+    c.has_shared_gate = c.has_shared_gate || opt.shared_gate;
+  }
   std::vector<Variant> variants = {Variant{"default", {}}};
   for (const std::string& spec : opt.variants) {
     auto v = parse_variant(spec);

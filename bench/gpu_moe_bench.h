@@ -28,8 +28,11 @@ struct GpuBenchOptions {
   int ceiling_repeats = 10;
   uint32_t seed = 20261129u;
   std::vector<std::string> variants;  // "NAME:VAR=VALUE,..." timed beside the default, interleaved
-  double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)
-  std::string scheme = "bf16";    // bf16 | fp8-block | fp8-tensor (docs/fp8.md); fp8 floors use the fp8 matmul rate
+  double skew = 0.0;              // 0: balanced routing; > 0: Zipf-like expert popularity (gpu_moe_bench.cu)  // Extras on every shape, to measure what they cost (also settable per shape in the list):
+  bool expert_bias = false;         // gate/up and down biases (gpt-oss style)
+  int64_t shared_intermediate = 0;  // > 0: a shared expert of this width
+  bool shared_gate = false;         // the shared expert's sigmoid gate (needs shared_intermediate)
+  std::string scheme = "bf16";      // bf16 | fp8-block | fp8-tensor (docs/fp8.md); fp8 floors use the fp8 matmul rate
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the

@@ -25,11 +25,18 @@ if ! "$PY" -c 'import pytest' 2>/dev/null; then
   export PYTHONPATH=$LOG_DIR/pytest${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# nanobind as pinned in pyproject.toml (the machine's own may be another version).
+nanobind_args=()
+if [[ -f $ROOT/.deps/wheels/nanobind-2.9.2-py3-none-any.whl ]]; then
+  "$PY" -m pip install --no-index --no-deps --target "$LOG_DIR/nanobind" "$ROOT/.deps/wheels/nanobind-2.9.2-py3-none-any.whl" \
+    > "$LOG_DIR/nanobind_install.log" 2>&1 && nanobind_args=(-C cmake.define.nanobind_DIR="$LOG_DIR/nanobind/nanobind/cmake")
+fi
+
 echo "python_gpu_check: building and installing moekit into $SITE (log: $LOG_DIR/install.log)"
 rm -rf "$SITE"
 "$PY" -m pip install --no-build-isolation --no-deps --target "$SITE" -v "$ROOT" \
   -C build-dir="$LOG_DIR/build" -C cmake.define.MOEKIT_CUDA=ON -C cmake.define.MOEKIT_DEPS_DIR="$ROOT/.deps" \
-  > "$LOG_DIR/install.log" 2>&1
+  "${nanobind_args[@]}" > "$LOG_DIR/install.log" 2>&1
 install_rc=$?
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 
@@ -46,7 +53,7 @@ fi
 
 echo
 echo "================ python_gpu_check summary ================"
-echo "install (pip, CUDA on):   $(status $install_rc)   $(grep -m1 -o 'moekit: CUDA backend [^)]*)' "$LOG_DIR/install.log")"
+echo "install (pip, CUDA on):   $(status $install_rc)   $(grep -m1 -o 'moekit: CUDA backend [^)]*)' "$LOG_DIR/install.log"); nanobind $(((${#nanobind_args[@]})) && echo '2.9.2 (pinned)' || echo 'of the machine')"
 echo "pytest (gpu tests on):    $(status $pytest_rc)   $(tail -n 1 "$LOG_DIR/pytest.log" 2>/dev/null)"
 grep -E '^SKIPPED' "$LOG_DIR/pytest.log" 2>/dev/null | head -n 5
 echo "example on the GPU:       $(status $example_rc)   $(grep 'bit for bit' "$LOG_DIR/example.log" 2>/dev/null)"

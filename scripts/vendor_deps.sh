@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DEPS=.deps
-readonly PYTEST_WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0)
+readonly PYTEST_WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+                        nanobind==2.9.2)  # the pinned binding stack (pyproject.toml), for builds without a registry
 readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
 
 # The header-only libraries and GoogleTest come from the Debian packages.

@@ -80,6 +80,8 @@ void add_routing_flags(CLI::App* cmd, RoutingFlags* flags, bool top_k_required) 
       cmd->add_option("--scaling", flags->scaling, "deepseek_v3: routed scaling factor")
           ->check(finite_positive_f32())
           ->capture_default_str(),
+      cmd->add_flag("--no-renormalize", flags->no_renormalize,
+                    "deepseek_v3: do not divide the selected scores by their sum (norm_topk_prob = false)"),
   };
 }
 
@@ -104,6 +106,7 @@ StatusOr<RoutingConfig> routing_config_from(const RoutingFlags& flags, int64_t n
   cfg.num_groups = flags.num_groups;
   cfg.topk_groups = flags.topk_groups;
   cfg.routed_scaling_factor = flags.scaling;
+  cfg.renormalize = !flags.no_renormalize;
   cfg.has_score_bias = has_bias;
   MOEKIT_RETURN_IF_ERROR(cfg.validate(static_cast<int>(num_experts)));
   return cfg;

@@ -34,13 +34,14 @@ std::string command_of(const CLI::App& app);
 // Ends a subcommand's callback with `code` (0: nothing is thrown).
 void finish(int code);
 
-// --method, --top-k, --num-groups, --topk-groups, --scaling.
+// --method, --top-k, --num-groups, --topk-groups, --scaling, --no-renormalize.
 struct RoutingFlags {
   std::string method = "softmax_topk";
   int top_k = 0;  // 0: required flag not given (checked by CLI11)
   int num_groups = 1;
   int topk_groups = 1;
   float scaling = 1.0f;
+  bool no_renormalize = false;  // deepseek_v3: weights not divided by their sum (norm_topk_prob = false)
   // The deepseek_v3-only options, to refuse them with another method.
   std::vector<CLI::Option*> deepseek_only;
 };

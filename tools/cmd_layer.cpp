@@ -4,6 +4,7 @@
 // routed expert ids (capture) or forces them (replay).
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "layer_weights.h"
 #include "memory_budget.h"
 #include "moekit/capture.h"
+#include "moekit/checkpoint.h"
 #include "moekit/io.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
@@ -28,13 +30,16 @@ namespace {
 
 struct LayerOptions {
   RoutingFlags routing;
-  std::string weights_path, hidden_path, logits_path, out_path, capture_path, replay_path;
-  int layer = -1;  // -1: the file's only MoE layer
+  std::string weights_path, model_dir, hidden_path, logits_path, out_path, capture_path, replay_path;
+  int layer = -1;  // -1: the file's only MoE layer (--weights); required with --model
   std::string activation = "silu";
   std::string dtype;  // compute (activation) dtype; default: the weights' dtype
   std::string backend = "auto";
   bool no_bias = false;
   bool logits_given = false, capture_given = false, replay_given = false;  // optional path flags, given (even as "")
+  bool model_given = false;
+  // Flags that describe the layer, which config.json describes instead with --model.
+  std::vector<const CLI::Option*> layer_description;
 };
 
 // A .npy as a float tensor of `dtype` with shape [rows?, cols].
@@ -114,14 +119,38 @@ StatusOr<DType> compute_dtype(const std::string& flag) {
   return *d;
 }
 
-Status run_layer(const LayerOptions& o) {
-  std::vector<PathFlag> outputs = {{"--out", o.out_path}};
-  std::vector<PathFlag> inputs = {{"--weights", o.weights_path}, {"--hidden", o.hidden_path}};
-  if (o.capture_given) outputs.push_back({"--capture", o.capture_path});
-  if (o.logits_given) inputs.push_back({"--logits", o.logits_path});
-  if (o.replay_given) inputs.push_back({"--replay", o.replay_path});
-  MOEKIT_RETURN_IF_ERROR(check_output_paths(outputs, inputs));
-  MOEKIT_ASSIGN_OR_RETURN(const DType flag_dtype, compute_dtype(o.dtype));
+// The layer to run and its inputs, from a checkpoint file (--weights) or a
+// model folder (--model). Holds the tensors `weights` points into.
+struct PreparedLayer {
+  MoeConfig cfg;
+  MoeWeights weights;
+  HostTensor hidden, logits;
+  LayerCheckpoint file;    // --weights
+  CheckpointLayer folder;  // --model
+  std::string found;       // what was loaded, for the report
+};
+
+// Hidden states, then the logits: given, or from the checkpoint's router.
+Status load_inputs(const LayerOptions& o, PreparedLayer& p, const std::function<StatusOr<HostTensor>()>& router,
+                   const std::string& no_router) {
+  MOEKIT_ASSIGN_OR_RETURN(p.hidden, load_matrix(o.hidden_path, "hidden", -1, p.cfg.hidden, p.cfg.quant.act_dtype));
+  const int64_t M = p.hidden.shape()[0], E = p.cfg.num_experts;
+  if (o.logits_given) {
+    // The header first: a file of another shape is refused before its data is read.
+    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.logits_path));
+    MOEKIT_RETURN_IF_ERROR(expect_shape(o.logits_path, "router logits", info, {M, E}));
+    const DType ldt = info.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+    MOEKIT_ASSIGN_OR_RETURN(p.logits, load_matrix(o.logits_path, "router logits", M, E, ldt));
+  } else if (router) {
+    MOEKIT_ASSIGN_OR_RETURN(p.logits, router());
+  } else {
+    return InvalidArgument("--logits is required: " + no_router);
+  }
+  return Status::Ok();
+}
+
+Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer& p) {
+  if (o.routing.top_k == 0) return InvalidArgument("--top-k is required (with --weights)");
   MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::SafetensorsFile::open(o.weights_path));
   const std::optional<int> layer_index = o.layer >= 0 ? std::optional<int>(o.layer) : std::nullopt;
   MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
@@ -130,11 +159,12 @@ Status run_layer(const LayerOptions& o) {
     const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
   };
-  MOEKIT_ASSIGN_OR_RETURN(LayerCheckpoint ckpt, load_layer_checkpoint(file, layer_index, fits));
+  MOEKIT_ASSIGN_OR_RETURN(p.file, load_layer_checkpoint(file, layer_index, fits));
+  const LayerCheckpoint& ckpt = p.file;
   const int64_t E = ckpt.w13.shape()[0], N = ckpt.w13.shape()[1], H = ckpt.w13.shape()[2];
   const int64_t I = ckpt.w2.shape()[2];
 
-  MoeConfig cfg;
+  MoeConfig& cfg = p.cfg;
   cfg.num_experts = E;
   cfg.hidden = H;
   cfg.intermediate = I;
@@ -154,25 +184,80 @@ Status run_layer(const LayerOptions& o) {
   }
   const bool use_bias = ckpt.has_bias() && !o.no_bias && o.routing.method == "deepseek_v3";
   MOEKIT_ASSIGN_OR_RETURN(cfg.routing, routing_config_from(o.routing, E, use_bias));
+  std::function<StatusOr<HostTensor>()> router;
+  if (ckpt.has_router()) router = [&p]() -> StatusOr<HostTensor> { return compute_logits(p.hidden, p.file.router); };
+  MOEKIT_RETURN_IF_ERROR(load_inputs(o, p, router, o.weights_path + " has no router (" + ckpt.prefix + "gate.weight)"));
+  const auto optional_view = [](const HostTensor& t) { return t.shape().empty() ? TensorView{} : t.view(); };
+  p.weights = MoeWeights{};
+  p.weights.w13 = ckpt.w13.view();
+  p.weights.w2 = ckpt.w2.view();
+  p.weights.score_bias = use_bias ? ckpt.score_bias.view() : TensorView{};
+  p.weights.w13_scale = optional_view(ckpt.fp8.w13_scale);  // fp8 checkpoints (docs/fp8.md)
+  p.weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
+  p.weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
+  p.weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
+  char line[512];
+  std::snprintf(line, sizeof line, "weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
+                ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
+                static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
+                cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
+  p.found = line;
+  return Status::Ok();
+}
+
+Status prepare_from_model(const LayerOptions& o, DType flag_dtype, PreparedLayer& p) {
+  for (const CLI::Option* opt : o.layer_description) {
+    if (opt->count() > 0) {
+      return InvalidArgument(opt->get_name() + ": with --model the layer is described by " + o.model_dir +
+                             "/config.json (docs/layer_files.md)");
+    }
+  }
+  if (o.layer < 0) return InvalidArgument("--layer N is required with --model");
+  MOEKIT_ASSIGN_OR_RETURN(p.folder, load_checkpoint_layer(o.model_dir, o.layer));
+  const CheckpointLayer& ckpt = p.folder;
+  p.cfg = ckpt.config;
+  if (!o.dtype.empty()) p.cfg.quant.act_dtype = flag_dtype;
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
+  const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
+  const MoeConfig& c = p.cfg;
+  const LayerSize size{c.num_experts, ckpt.w13.shape()[1], c.hidden, c.intermediate, c.quant.weight_dtype};
+  MOEKIT_RETURN_IF_ERROR(check_memory("layer", layer_memory_bytes(size, tokens, c.top_k(), c.quant.act_dtype)));
+  std::function<StatusOr<HostTensor>()> router;
+  if (!ckpt.router_weight.shape().empty()) {
+    router = [&p]() { return checkpoint_router_logits(p.folder, p.hidden.view()); };
+  }
+  MOEKIT_RETURN_IF_ERROR(load_inputs(o, p, router, o.model_dir + " has no router weight under '" + ckpt.prefix + "'"));
+  p.weights = ckpt.weights();
+  p.found = ckpt.summary() + "\n";
+  return Status::Ok();
+}
+
+Status run_layer(const LayerOptions& o) {
+  std::vector<PathFlag> outputs = {{"--out", o.out_path}};
+  std::vector<PathFlag> inputs = {{"--hidden", o.hidden_path}};
+  if (o.model_given == !o.weights_path.empty()) {
+    return InvalidArgument("give the layer's weights with exactly one of --weights FILE or --model DIR");
+  }
+  if (!o.model_given) inputs.push_back({"--weights", o.weights_path});
+  if (o.capture_given) outputs.push_back({"--capture", o.capture_path});
+  if (o.logits_given) inputs.push_back({"--logits", o.logits_path});
+  if (o.replay_given) inputs.push_back({"--replay", o.replay_path});
+  MOEKIT_RETURN_IF_ERROR(check_output_paths(outputs, inputs));
+  MOEKIT_ASSIGN_OR_RETURN(const DType flag_dtype, compute_dtype(o.dtype));
+  auto prepared = std::make_unique<PreparedLayer>();  // the tensors stay put while views point at them
+  PreparedLayer& p = *prepared;
+  if (o.model_given) {
+    MOEKIT_RETURN_IF_ERROR(prepare_from_model(o, flag_dtype, p));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(prepare_from_file(o, flag_dtype, p));
+  }
+  MoeConfig& cfg = p.cfg;
+  const HostTensor& hidden = p.hidden;
+  const HostTensor& logits = p.logits;
+  const int64_t M = hidden.shape()[0], H = cfg.hidden;
   cfg.backend = o.backend;
   cfg.needs_capture = o.capture_given;
   cfg.needs_replay = o.replay_given;
-
-  MOEKIT_ASSIGN_OR_RETURN(HostTensor hidden, load_matrix(o.hidden_path, "hidden", -1, H, cfg.quant.act_dtype));
-  const int64_t M = hidden.shape()[0];
-  HostTensor logits;
-  if (o.logits_given) {
-    // The header first: a file of another shape is refused before its data is read.
-    MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo info, io::read_npy_info(o.logits_path));
-    MOEKIT_RETURN_IF_ERROR(expect_shape(o.logits_path, "router logits", info, {M, E}));
-    const DType ldt = info.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
-    MOEKIT_ASSIGN_OR_RETURN(logits, load_matrix(o.logits_path, "router logits", M, E, ldt));
-  } else if (ckpt.has_router()) {
-    logits = compute_logits(hidden, ckpt.router);
-  } else {
-    return InvalidArgument("--logits is required: " + o.weights_path + " has no router (" + ckpt.prefix +
-                           "gate.weight)");
-  }
   // Checked here for every backend: on a device, routing marks a non-finite row
   // with the sentinel instead (docs/routing.md section 7), and the host has the data now.
   MOEKIT_RETURN_IF_ERROR(check_logits_finite(logits.view()));
@@ -189,20 +274,8 @@ Status run_layer(const LayerOptions& o) {
     MOEKIT_ASSIGN_OR_RETURN(forced, io::convert(ids.view(), DType::kI32));
   }
 
-  const auto optional_view = [](const HostTensor& t) { return t.shape().empty() ? TensorView{} : t.view(); };
-  MoeWeights weights;
-  weights.w13 = ckpt.w13.view();
-  weights.w2 = ckpt.w2.view();
-  weights.score_bias = use_bias ? ckpt.score_bias.view() : TensorView{};
-  weights.w13_scale = optional_view(ckpt.fp8.w13_scale);
-  weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
-  weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
-  weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
-  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::create(cfg, weights));
-  std::printf("weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
-              ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
-              static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
-              cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
+  MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::create(cfg, p.weights));
+  std::printf("%s", p.found.c_str());
   std::printf("routing:  %s%s\n", cfg.routing.to_string().c_str(),
               o.logits_given ? "" : " (logits from the checkpoint's router)");
   std::printf("backend:  %s / %s on %s\n", layer->backend().c_str(), layer->kernel().name(),
@@ -210,7 +283,7 @@ Status run_layer(const LayerOptions& o) {
   const Device dev = layer->device();
 
   Model model;
-  MOEKIT_RETURN_IF_ERROR(model.add_layer(std::move(layer), layer_index.value_or(0)));
+  MOEKIT_RETURN_IF_ERROR(model.add_layer(std::move(layer), std::max(o.layer, 0)));
   MOEKIT_ASSIGN_OR_RETURN(auto capturer,
                           RoutedExpertsCapturer::create(1, M, cfg.top_k(), dev, /*enabled=*/cfg.needs_capture));
   MOEKIT_RETURN_IF_ERROR(bind(model, *capturer));
@@ -265,9 +338,11 @@ Status run_layer(const LayerOptions& o) {
 void add_layer_command(CLI::App& app) {
   auto o = std::make_shared<LayerOptions>();
   CLI::App* cmd = app.add_subcommand("layer", "Run one MoE layer on dumped tensors with checkpoint weights");
-  cmd->add_option("--weights", o->weights_path, "safetensors file with the layer's experts (docs/layer_files.md)")
-      ->required();
-  cmd->add_option("--layer", o->layer, "model layer N (tensors under 'layers.N.'); needed when the file has several")
+  cmd->add_option("--weights", o->weights_path, "safetensors file with the layer's experts (docs/layer_files.md)");
+  cmd->add_option("--model", o->model_dir,
+                  "model folder (config.json + safetensors shards): the layer and its routing as the config says");
+  cmd->add_option("--layer", o->layer,
+                  "model layer N (tensors under 'layers.N.'); needed with --model or when the file has several")
       ->check(integer_in(0, std::numeric_limits<int>::max()));
   cmd->add_option("--hidden", o->hidden_path, "hidden states .npy [M, H] (f32 or bf16)")->required();
   cmd->add_option("--logits", o->logits_path,
@@ -276,14 +351,19 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--capture", o->capture_path, "write the routed expert ids .npy [M, k] i32");
   cmd->add_option("--replay", o->replay_path, "force these expert ids .npy [M, k] (i32, i16 or u8)");
   cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
-  cmd->add_option("--activation", o->activation, "silu|gelu|swiglu_oai|relu2")->capture_default_str();
+  o->layer_description.push_back(
+      cmd->add_option("--activation", o->activation, "silu|gelu|swiglu_oai|relu2")->capture_default_str());
   cmd->add_option("--dtype", o->dtype, "compute dtype of hidden/out: f32|bf16 (default: the weights')");
-  cmd->add_flag("--no-bias", o->no_bias, "deepseek_v3: ignore the checkpoint's e_score_correction_bias");
-  add_routing_flags(cmd, &o->routing, /*top_k_required=*/true);
+  o->layer_description.push_back(
+      cmd->add_flag("--no-bias", o->no_bias, "deepseek_v3: ignore the checkpoint's e_score_correction_bias"));
+  add_routing_flags(cmd, &o->routing, /*top_k_required=*/false);
+  for (const char* name : {"--method", "--top-k"}) o->layer_description.push_back(cmd->get_option(name));
+  for (const CLI::Option* opt : o->routing.deepseek_only) o->layer_description.push_back(opt);
   cmd->callback([o, cmd] {
     o->logits_given = cmd->count("--logits") > 0;
     o->capture_given = cmd->count("--capture") > 0;
     o->replay_given = cmd->count("--replay") > 0;
+    o->model_given = cmd->count("--model") > 0;
     const Status st = run_layer(*o);
     finish(st.ok() ? kExitOk : report_error("layer", st));
   });

@@ -175,10 +175,21 @@ StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file,
     if (!layer || in_layer(prefix, *layer)) prefixes.push_back(prefix);
   }
   if (prefixes.empty()) {
-    return NotFound(file.path() + ": no MoE layer weights" +
-                    (layer ? " for layer " + std::to_string(*layer) + " (no 'layers." + std::to_string(*layer) + ".' prefix)"
-                           : std::string()) +
-                    "; expected w13/w2, experts.<e>.{gate_proj,up_proj,down_proj}.weight or experts.<e>.{w1,w2,w3}.weight");
+    // Name what is there: the tensors under the layer's prefix (or the file's), not a missing prefix.
+    std::vector<std::string> there;
+    for (const io::SafetensorsEntry& e : file.entries()) {
+      if (!layer || in_layer(e.name, *layer)) there.push_back(e.name);
+    }
+    std::string where = layer ? " for layer " + std::to_string(*layer) : std::string();
+    if (layer && there.empty()) where += " (no tensor under 'layers." + std::to_string(*layer) + ".')";
+    std::string found;
+    for (size_t i = 0; i < there.size() && i < 12; ++i) found += (i ? ", " : "") + there[i];
+    if (there.size() > 12) found += ", ... (" + std::to_string(there.size()) + " in all)";
+    return NotFound(file.path() + ": no MoE layer weights" + where +
+                    "; expected w13/w2, experts.<e>.{gate_proj,up_proj,down_proj}.weight or experts.<e>.{w1,w2,w3}.weight" +
+                    (found.empty() ? std::string()
+                                   : "; found " + std::to_string(there.size()) + " tensors: " + found +
+                                         " (fused and gpt-oss namings are read from a model folder: --model)"));
   }
   if (prefixes.size() > 1) {
     std::string list;

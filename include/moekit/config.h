@@ -21,7 +21,7 @@ enum class RoutingMethod : uint8_t {
   kSigmoid,           // s = sigmoid(logits); ids = topk(s); w = s[ids]
   kSigmoidRenorm,     // as kSigmoid, w divided by its sum
   kLlama4,            // ids = topk(logits); w = sigmoid(logits[ids])
-  kDeepseekV3,        // grouped, biased selection; w = s[ids]/sum * scaling
+  kDeepseekV3,        // grouped, biased selection; w = s[ids]/sum * scaling (or s[ids] * scaling)
   kCustom,            // ids/weights supplied by the caller (modular kernels only)
 };
 inline constexpr int kRoutingSpecVersion = 1;
@@ -37,6 +37,9 @@ struct RoutingConfig {
   int topk_groups = 1;                 // groups kept
   float routed_scaling_factor = 1.0f;  // multiplies the renormalized weights
   bool has_score_bias = false;         // e_score_correction_bias [E] given (selection only)
+  // deepseek_v3: divide the selected scores by their sum before scaling (the
+  // checkpoints' `norm_topk_prob`); false: w = s[ids] * routed_scaling_factor.
+  bool renormalize = true;
 
   Status validate(int num_experts) const;
   std::string to_string() const;
@@ -122,6 +125,10 @@ struct MoeConfig {
   // What the caller needs from the kernel (checked last by supports()):
   bool needs_capture = false;  // routed-expert ids written out (routing_replay_out)
   bool needs_replay = false;   // forced ids accepted
+  // Terms some model families add to the routed experts (MoeWeights names the tensors):
+  bool has_expert_bias = false;     // w13_bias [E, n1] and w2_bias [E, H] (gpt-oss)
+  int64_t shared_intermediate = 0;  // > 0: a shared expert, a dense MLP of this width on every token (DeepSeek-V3)
+  bool has_shared_gate = false;     // shared output scaled by sigmoid(x . shared_gate) per token (Qwen2-MoE)
 
   int top_k() const { return routing.top_k; }
   Status validate() const;

@@ -40,6 +40,15 @@ struct MoeWeights {
   TensorView w13;         // [E, 2I, H] (gated; gate rows first, or interleaved for swiglu_oai) or [E, I, H] (relu2)
   TensorView w2;          // [E, H, I]
   TensorView score_bias;  // [E] f32, optional (deepseek_v3 e_score_correction_bias)
+  // iff config.has_expert_bias (f32 or the weight dtype):
+  TensorView w13_bias{};  // [E, n1]: added to GEMM1's output (w13's row order) before the activation
+  TensorView w2_bias{};   // [E, H]: added to each expert's output, so the layer adds sum_j w_j * w2_bias[e_j]
+  // iff config.shared_intermediate = Is > 0 (weight dtype), a gated MLP with the
+  // layer's activation and w13's row layout, applied to every token, its output
+  // added to the routed sum (times sigmoid(x . shared_gate) when gated):
+  TensorView shared_w13{};   // [2 Is, H] (relu2: [Is, H])
+  TensorView shared_w2{};    // [H, Is]
+  TensorView shared_gate{};  // [H] f32 or weight dtype, iff config.has_shared_gate
   // fp8 schemes only (config.quant.method; layouts in docs/fp8.md), f32, every value finite and > 0:
   //   fp8_block128:   w13_scale [E, P*ceil(I/128), ceil(H/128)], w2_scale [E, ceil(H/128), ceil(I/128)]
   //   fp8_per_tensor: w13_scale [E, P], w2_scale [E]

@@ -11,9 +11,18 @@ except AttributeError:  # pragma: no cover - torch builds without CUDA
     _raw_stream = None
 
 
+def parse_device(device: DeviceLike) -> torch.device:
+    """torch.device(device), with a string torch cannot parse a ValueError like every other bad argument."""
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: {e}") from None
+
+
 def to_device(device: DeviceLike, default: Optional[torch.device] = None) -> torch.device:
-    """A torch.device with its index filled in for CUDA (the current device)."""
-    d = torch.device(device) if device is not None else (default or torch.device("cpu"))
+    """A torch.device with its index filled in for CUDA (the current device).
+    A string torch cannot parse is a ValueError, like every other bad argument."""
+    d = parse_device(device) if device is not None else (default or torch.device("cpu"))
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d

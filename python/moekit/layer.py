@@ -7,7 +7,7 @@ import torch
 
 from . import _moekit, ops
 from ._moekit import MoeConfig
-from ._torch import DeviceLike, no_grad_needed, stream_of, to_device, weight
+from ._torch import DeviceLike, no_grad_needed, parse_device, stream_of, to_device, weight
 
 
 class MoeLayer:
@@ -38,6 +38,37 @@ class MoeLayer:
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
 
+    router_weight: Optional[torch.Tensor] = None  # [E, H] float32 (from_pretrained)
+    router_bias: Optional[torch.Tensor] = None    # [E] float32 (from_pretrained, gpt-oss)
+
+    @classmethod
+    def from_pretrained(cls, model_dir, layer: int, device: DeviceLike = None,
+                        max_num_tokens: int = 4096) -> "MoeLayer":
+        """Model layer `layer` of a folder as transformers' save_pretrained writes it
+        (config.json + safetensors shards): its config, routing, expert biases and
+        shared experts as the config says (docs/layer_files.md). Called without
+        router_logits, the layer computes them from the checkpoint's router
+        (router_logits()). device: where it runs (default: the CPU)."""
+        self = cls.__new__(cls)
+        self.device = to_device(device, default=torch.device("cpu"))
+        native, config, router_weight, router_bias, summary = _moekit.load_checkpoint_layer(
+            str(model_dir), layer, max_num_tokens, self.device.type, self.device.index or 0)
+        self.config = config
+        self._top_k = config.top_k
+        self._layer = native
+        self.summary = summary
+        self.router_weight = None if router_weight is None else router_weight.to(self.device)
+        self.router_bias = None if router_bias is None else router_bias.to(self.device)
+        self._handle = ops.register(self._layer)
+        weakref.finalize(self, ops.unregister, self._handle)
+        return self
+
+    def router_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, E] float32 = hidden . router_weight^T (+ router_bias), from the checkpoint's router."""
+        if self.router_weight is None:
+            raise ValueError("router_logits: this layer has no router weights (give router_logits)")
+        return torch.nn.functional.linear(hidden.float(), self.router_weight, self.router_bias)
+
     @property
     def backend(self) -> str:
         return self._layer.backend
@@ -59,7 +90,7 @@ class MoeLayer:
     def workspace_bytes(self) -> int:
         return self._layer.workspace_bytes
 
-    def __call__(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor], return_ids: bool = False,
+    def __call__(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor] = None, return_ids: bool = False,
                  forced_ids: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
                  topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None
                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
@@ -73,6 +104,8 @@ class MoeLayer:
         topk_ids/topk_weights: custom routing only (router_logits is None then).
         """
         no_grad_needed("hidden", hidden)
+        if router_logits is None and topk_ids is None and self.router_weight is not None:
+            router_logits = self.router_logits(hidden)
         if out is None:
             out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
         ids = None
@@ -120,7 +153,7 @@ def select_backend(config: MoeConfig, device: DeviceLike = "cuda") -> List[Dict[
     """The oracle's report for `config` among the backends that run on `device`:
     every candidate with {backend, kernel, kind, verdict, reason}. Raises ValueError,
     listing every rejection, when none can serve it."""
-    return _moekit.select_backend(config, torch.device(device).type)
+    return _moekit.select_backend(config, parse_device(device).type)
 
 
 def route(router_logits: torch.Tensor, config: MoeConfig, score_bias: Optional[torch.Tensor] = None,

@@ -27,7 +27,7 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
                       const std::string& routing, int num_groups, int topk_groups, float routed_scaling_factor,
                       const std::string& activation, int64_t max_num_tokens, const std::string& backend,
                       const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
-                      bool capture, std::optional<bool> replay, const std::string& quant,
+                      bool capture, std::optional<bool> replay, bool renormalize, const std::string& quant,
                       const std::string& act_scale) {
   MoeConfig c;
   c.num_experts = num_experts;
@@ -41,6 +41,7 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
   c.routing.num_groups = num_groups;
   c.routing.topk_groups = topk_groups;
   c.routing.routed_scaling_factor = routed_scaling_factor;
+  c.routing.renormalize = renormalize;
   const std::optional<Activation> act = parse_activation(activation);
   if (!act) throw nb::value_error(("activation: unknown activation '" + activation + "'").c_str());
   c.activation.kind = *act;
@@ -76,7 +77,8 @@ void bind_config(nb::module_& m) {
            nb::arg("topk_groups") = 1, nb::arg("routed_scaling_factor") = 1.0f, nb::arg("activation") = "silu",
            nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
            nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
-           nb::arg("replay") = nb::none(), nb::arg("quant") = "none", nb::arg("act_scale") = "dynamic")
+           nb::arg("replay") = nb::none(), nb::arg("renormalize") = true, nb::arg("quant") = "none",
+           nb::arg("act_scale") = "dynamic")
       .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
       .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })
       .def_prop_ro("hidden_size", [](const MoeConfig& c) { return c.hidden; })
@@ -95,6 +97,10 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("logits_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.logits_dtype)); })
       .def_prop_ro("capture", [](const MoeConfig& c) { return c.needs_capture; })
       .def_prop_ro("replay", [](const MoeConfig& c) { return c.needs_replay; })
+      .def_prop_ro("renormalize", [](const MoeConfig& c) { return c.routing.renormalize; })
+      .def_prop_ro("expert_bias", [](const MoeConfig& c) { return c.has_expert_bias; })
+      .def_prop_ro("shared_intermediate_size", [](const MoeConfig& c) { return c.shared_intermediate; })
+      .def_prop_ro("shared_gate", [](const MoeConfig& c) { return c.has_shared_gate; })
       .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
 }
 

@@ -7,4 +7,5 @@ NB_MODULE(_moekit, m) {
   moekit::python::bind_config(m);
   moekit::python::bind_layer(m);
   moekit::python::bind_capture(m);
+  moekit::python::bind_checkpoint(m);
 }

@@ -95,6 +95,8 @@ def test_unknown_backend_and_device():
     with pytest.raises(ValueError, match="device: 'mps' is not supported"):
         moekit.MoeLayer(small_config("renormalize"), torch.zeros((E, 2 * I, H), dtype=torch.bfloat16),
                         torch.zeros((E, H, I), dtype=torch.bfloat16), device="mps")
+    with pytest.raises(ValueError, match="device: .*tpu"):  # a string torch itself cannot parse
+        moekit.select_backend(small_config("renormalize"), device="tpu")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a CUDA device")

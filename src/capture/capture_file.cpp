@@ -40,7 +40,8 @@ Json routing_json(const RoutingConfig& r) {
               {"num_groups", r.num_groups},
               {"topk_groups", r.topk_groups},
               {"routed_scaling_factor", r.routed_scaling_factor},
-              {"score_bias", r.has_score_bias}};
+              {"score_bias", r.has_score_bias},
+              {"renormalize", r.renormalize}};
 }
 
 // Parses a metadata value as JSON (strictly: one value, unique keys), naming the key on failure.
@@ -109,6 +110,10 @@ StatusOr<RoutingConfig> parse_routing(const Json& j, const std::string& what) {
   MOEKIT_ASSIGN_OR_RETURN(r.topk_groups, json_field<int>(j, "topk_groups", what));
   MOEKIT_ASSIGN_OR_RETURN(r.routed_scaling_factor, json_field<float>(j, "routed_scaling_factor", what));
   MOEKIT_ASSIGN_OR_RETURN(r.has_score_bias, json_field<bool>(j, "score_bias", what));
+  // Optional: files written before the flag existed renormalize (the default).
+  if (j.is_object() && j.contains("renormalize")) {
+    MOEKIT_ASSIGN_OR_RETURN(r.renormalize, json_field<bool>(j, "renormalize", what));
+  }
   return r;
 }
 

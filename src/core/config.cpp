@@ -109,7 +109,8 @@ std::string RoutingConfig::to_string() const {
   os << "{method=" << routing_method_name(method) << ", top_k=" << top_k;
   if (method == RoutingMethod::kDeepseekV3) {
     os << ", num_groups=" << num_groups << ", topk_groups=" << topk_groups
-       << ", routed_scaling_factor=" << routed_scaling_factor << ", bias=" << (has_score_bias ? "yes" : "no");
+       << ", routed_scaling_factor=" << routed_scaling_factor << ", bias=" << (has_score_bias ? "yes" : "no")
+       << ", renormalize=" << (renormalize ? "yes" : "no");
   }
   os << "}";
   return os.str();
@@ -218,6 +219,19 @@ Status MoeConfig::validate() const {
   }
   MOEKIT_RETURN_IF_ERROR(routing.validate(static_cast<int>(num_experts)));
   MOEKIT_RETURN_IF_ERROR(parallel.validate());
+  if (shared_intermediate < 0) {
+    return InvalidArgument(field("shared_intermediate", "must be >= 0 (0: no shared expert), got " +
+                                                            std::to_string(shared_intermediate)));
+  }
+  if (has_shared_gate && shared_intermediate == 0) {
+    return InvalidArgument(field("has_shared_gate", "a shared-expert gate needs a shared expert (shared_intermediate > 0)"));
+  }
+  // TODO(fp8): expert biases and shared experts in the fp8 schemes (their
+  // weights would need scales of their own); refused rather than half-served.
+  if (quant.is_fp8() && (has_expert_bias || shared_intermediate > 0)) {
+    return InvalidArgument(field("quant.method", std::string(quant_method_name(quant.method)) +
+                                                     " does not take expert biases or a shared expert yet"));
+  }
   if (needs_replay && routing.method == RoutingMethod::kCustom) {
     return InvalidArgument(field("needs_replay", "custom routing supplies its own ids; replay does not apply"));
   }
@@ -230,7 +244,12 @@ std::string MoeConfig::to_string() const {
      << ", max_tokens=" << max_num_tokens << ", logits=" << dtype_name(logits_dtype) << ", quant=" << quant.to_string()
      << ", activation=" << activation.to_string() << ", routing=" << routing.to_string()
      << ", parallel=" << parallel.to_string() << ", backend=" << backend
-     << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no") << "}";
+     << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no");
+  if (has_expert_bias) os << ", expert_bias=yes";
+  if (shared_intermediate > 0) {
+    os << ", shared_I=" << shared_intermediate << (has_shared_gate ? " (gated)" : "");
+  }
+  os << "}";
   return os.str();
 }
 

@@ -120,6 +120,7 @@ TEST(CaptureFile, RoutingParametersRoundTrip) {
   set.info.routing.topk_groups = 3;
   set.info.routing.routed_scaling_factor = 2.827f;
   set.info.routing.has_score_bias = true;
+  set.info.routing.renormalize = false;  // norm_topk_prob = false
   const std::string path = temp_path("dsv3.safetensors");
   ASSERT_TRUE(write_capture_file(path, set).ok());
   auto back = read_capture_file(path);
@@ -128,6 +129,7 @@ TEST(CaptureFile, RoutingParametersRoundTrip) {
   EXPECT_EQ(back->info.routing.num_groups, 8);
   EXPECT_EQ(back->info.routing.topk_groups, 3);
   EXPECT_TRUE(back->info.routing.has_score_bias);
+  EXPECT_FALSE(back->info.routing.renormalize);
   std::remove(path.c_str());
 }
 
@@ -233,6 +235,8 @@ TEST(CaptureFile, ReadRefusesNumbersOutOfRangeAndAmbiguousMetadata) {
       {"scaling", "routing", routing_with("routed_scaling_factor", "1e39"),
        "field \"routed_scaling_factor\" must be a finite number (f32)"},
       {"dup_key", "routing", routing_with("method", "\"topk\",\"method\":\"renormalize\""), "key 'method' appears twice"},
+      {"renormalize", "routing", routing.substr(0, routing.size() - 1) + R"(,"renormalize":1})",
+       "field \"renormalize\" must be a boolean"},
       {"first", "requests",
        R"([{"request":"a","tensor":"routed_experts.0","first_token":-1,"num_tokens":5}])",
        "field \"first_token\" must be an integer in [0, "},

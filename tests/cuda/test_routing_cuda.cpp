@@ -42,6 +42,7 @@ struct Case {
   DType dtype;
   int groups = 1, topk_groups = 1;
   bool bias = false;
+  bool renormalize = true;  // deepseek_v3 norm_topk_prob
 
   RoutingConfig config() const {
     RoutingConfig c;
@@ -52,13 +53,14 @@ struct Case {
       c.topk_groups = topk_groups;
       c.routed_scaling_factor = 2.5f;
       c.has_score_bias = bias;
+      c.renormalize = renormalize;
     }
     return c;
   }
   std::string name() const {
     return std::string(routing_method_name(method)) + "_M" + std::to_string(M) + "_E" + std::to_string(E) + "_k" +
            std::to_string(k) + "_" + dtype_name(dtype) + "_g" + std::to_string(groups) + "_" +
-           std::to_string(topk_groups) + (bias ? "_bias" : "");
+           std::to_string(topk_groups) + (bias ? "_bias" : "") + (renormalize ? "" : "_norenorm");
   }
 };
 
@@ -75,6 +77,7 @@ std::vector<Case> cases() {
           out.push_back({RoutingMethod::kDeepseekV3, M, E, k, dt, 1, 1, false});
           // Grouped cases need k <= topk_groups * E / groups (RoutingConfig::validate).
           if (k <= 2 * E / 4) out.push_back({RoutingMethod::kDeepseekV3, M, E, k, dt, 4, 2, true});
+          if (k <= 2 * E / 4) out.push_back({RoutingMethod::kDeepseekV3, M, E, k, dt, 4, 2, true, false});
           if (E >= 64) out.push_back({RoutingMethod::kDeepseekV3, M, E, k, dt, 8, 4, true});
         }
       }
@@ -123,7 +126,8 @@ TEST_P(CudaRoutingGrid, MatchesReferenceAndCpu) {
   const Case c = GetParam();
   const RoutingConfig cfg = c.config();
   std::mt19937_64 rng(testing::seed_from({static_cast<int64_t>(c.method), c.M, c.E, c.k,
-                                          static_cast<int64_t>(c.dtype), c.groups, c.topk_groups, c.bias, 90}));
+                                          static_cast<int64_t>(c.dtype), c.groups, c.topk_groups, c.bias, 90,
+                                          c.renormalize ? 0 : 7}));
   std::vector<double> bias;
   HostTensor bias_t;
   if (c.bias) bias_t = testing::random_tensor(rng, DType::kF32, {c.E}, 0.1, &bias);

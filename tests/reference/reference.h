@@ -16,6 +16,7 @@ struct RoutingParams {
   int num_groups = 1;     // deepseek_v3
   int topk_groups = 1;    // deepseek_v3
   double scaling = 1.0;   // deepseek_v3 routed_scaling_factor
+  bool renormalize = true;  // deepseek_v3 norm_topk_prob: divide by the sum before scaling
   std::vector<double> bias;  // deepseek_v3 e_score_correction_bias [E], empty = none
 };
 
@@ -43,6 +44,22 @@ std::vector<double> moe_layer(const LayerParams& p, const std::vector<double>& h
                               const std::vector<double>& w13, const std::vector<double>& w2,
                               const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k);
 
+// Terms some families add to the routed experts; every empty vector is absent.
+struct LayerExtras {
+  std::vector<double> b13;  // [E, rows of W13[e]]: added to W13[e] x before the activation
+  std::vector<double> b2;   // [E, H]: added to each expert's output
+  int64_t shared_I = 0;     // > 0: a shared expert of this width on every token
+  std::vector<double> shared_w13;   // [2 shared_I, H] (relu2: [shared_I, H]), same row layout as W13
+  std::vector<double> shared_w2;    // [H, shared_I]
+  std::vector<double> shared_gate;  // [H]: shared output times sigmoid(gate . x_t)
+};
+
+// moe_layer with the extras: expert_e(x) = W2[e] act(W13[e] x + b13[e]) + b2[e];
+// out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x_t) + g_t * shared(x_t).
+std::vector<double> moe_layer(const LayerParams& p, const std::vector<double>& hidden, int64_t M,
+                              const std::vector<double>& w13, const std::vector<double>& w2,
+                              const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k,
+                              const LayerExtras& extras);
 // ---- fp8 (e4m3fn) W8A8, emulated independently of every backend.
 
 // The e4m3fn value nearest to v (ties to the even code), saturating at +-448

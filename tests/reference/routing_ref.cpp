@@ -92,7 +92,7 @@ std::vector<double> weigh(const RoutingParams& p, const double* row, int E, cons
     if (p.method == "sigmoid_renorm") normalize(w);
   } else if (p.method == "deepseek_v3") {
     for (int id : chosen) w.push_back(logistic(row[id]));  // the bias never enters the weights
-    normalize(w);
+    if (p.renormalize) normalize(w);
     for (double& v : w) v *= p.scaling;
   } else {
     std::abort();  // unknown method: a bug in the calling test

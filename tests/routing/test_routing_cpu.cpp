@@ -42,6 +42,7 @@ struct GridCase {
   int topk_groups = 1;
   float scaling = 1.0f;
   bool bias = false;
+  bool renormalize = true;  // deepseek_v3 norm_topk_prob
 
   RoutingConfig config() const {
     RoutingConfig c;
@@ -51,6 +52,7 @@ struct GridCase {
     c.topk_groups = topk_groups;
     c.routed_scaling_factor = scaling;
     c.has_score_bias = bias;
+    c.renormalize = renormalize;
     return c;
   }
   std::string name() const {
@@ -59,6 +61,7 @@ struct GridCase {
     if (method == RoutingMethod::kDeepseekV3) {
       n += "_g" + std::to_string(groups) + "tg" + std::to_string(topk_groups) + "s" +
            std::to_string(static_cast<int>(scaling * 10)) + (bias ? "_bias" : "_nobias");
+      if (!renormalize) n += "_norenorm";
     }
     return n;
   }
@@ -89,6 +92,10 @@ std::vector<GridCase> grid_cases() {
               if (c.config().validate(static_cast<int>(E)).ok()) cases.push_back(c);
             }
           }
+          // norm_topk_prob = false: one grouped, biased, scaled setting suffices
+          // (the flag only skips the division).
+          GridCase plain_w{RoutingMethod::kDeepseekV3, M, E, k, dt, 4, 2, 2.5f, true, false};
+          if (plain_w.config().validate(static_cast<int>(E)).ok()) cases.push_back(plain_w);
         }
       }
     }
@@ -118,7 +125,8 @@ TEST_P(RoutingGrid, MatchesReference) {
   const GridCase c = GetParam();
   const RoutingConfig cfg = c.config();
   std::mt19937_64 rng(testing::seed_from({static_cast<int64_t>(c.method), c.M, c.E, c.k, static_cast<int64_t>(c.dtype),
-                                          c.groups, c.topk_groups, static_cast<int64_t>(c.scaling * 10), c.bias}));
+                                          c.groups, c.topk_groups, static_cast<int64_t>(c.scaling * 10), c.bias,
+                                          c.renormalize ? 0 : 7}));
   std::vector<double> bias;
   HostTensor bias_t;
   if (c.bias) bias_t = testing::random_tensor(rng, DType::kF32, {c.E}, 0.1, &bias);

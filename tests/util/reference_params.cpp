@@ -26,6 +26,7 @@ moekit_ref::RoutingParams ref_routing(const RoutingConfig& routing, std::vector<
   p.num_groups = routing.num_groups;
   p.topk_groups = routing.topk_groups;
   p.scaling = routing.routed_scaling_factor;
+  p.renormalize = routing.renormalize;
   p.bias = std::move(bias);
   return p;
 }

@@ -1,5 +1,9 @@
 #include "experts/cpu/cpu_experts.h"
 
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
 #include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
 #include "experts/cpu/fp8_emulation.h"
@@ -8,15 +12,46 @@
 
 namespace moekit::cpu {
 
+namespace {
+
+// An optional tensor of the config: required (and checked) when `wanted`,
+// refused when given without it.
+Status check_optional(const TensorView& t, const char* name, bool wanted, const char* flag,
+                      std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape) {
+  if (wanted) return check_tensor(t, name, dtypes, shape, Device::cpu());
+  if (t.defined()) return InvalidArgument(std::string(name) + ": given, but " + flag + " is off in the config");
+  return Status::Ok();
+}
+
+void assign_or_clear(ExpertWeightsF32& dst, const TensorView& src) {
+  if (src.defined()) {
+    dst.assign(src);
+  } else {
+    dst = {};
+  }
+}
+
+}  // namespace
+
 Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   const TensorView& w13 = weights.w13;
   const TensorView& w2 = weights.w2;
   const int64_t E = config.num_experts, H = config.hidden, I = config.intermediate;
   const int64_t n1 = gemm1_width(config.activation.kind, I);
+  const int64_t Is = config.shared_intermediate;
   const DType wt = config.quant.weight_dtype;
   MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, H}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, I}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, weights, Device::cpu()));
+  const bool bias = config.has_expert_bias, shared = Is > 0;
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(weights.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, wt}, {E, n1}));
+  MOEKIT_RETURN_IF_ERROR(check_optional(weights.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, wt}, {E, H}));
+  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w13, "shared_w13", shared, "shared_intermediate", {wt},
+                                        {gemm1_width(config.activation.kind, Is), H}));
+  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w2, "shared_w2", shared, "shared_intermediate", {wt}, {H, Is}));
+  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_gate, "shared_gate", config.has_shared_gate, "has_shared_gate",
+                                        {DType::kF32, wt}, {H}));
   num_experts_ = E;
   hidden_ = H;
   intermediate_ = I;
@@ -49,6 +84,12 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
       w2_ = {};
       break;
   }
+  assign_or_clear(w13_bias_, weights.w13_bias);
+  assign_or_clear(w2_bias_, weights.w2_bias);
+  shared_intermediate_ = Is;
+  assign_or_clear(shared_w13_, weights.shared_w13);
+  assign_or_clear(shared_w2_, weights.shared_w2);
+  assign_or_clear(shared_gate_, weights.shared_gate);
   return Status::Ok();
 }
 
@@ -63,6 +104,9 @@ CpuExperts::Buffers CpuExperts::take_buffers(const MoeConfig& config, int64_t nu
   b.h = layout.take<float>(pairs * n1);
   b.y_perm = layout.take<float>(pairs * config.hidden);
   b.active = layout.take<int32_t>(cpu_gemm_path(config) == CpuGemmPath::kPackedBf16 ? config.num_experts : 0);
+  const int64_t shared_rows = config.shared_intermediate > 0 ? num_tokens : 0;
+  b.shared_h = layout.take<float>(shared_rows * gemm1_width(config.activation.kind, config.shared_intermediate));
+  b.shared_y = layout.take<float>(shared_rows * config.hidden);
   return b;
 }
 
@@ -72,6 +116,18 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   const int64_t n1 = gemm1_width(activation_.kind, I);
   const int64_t pairs = num_tokens * k;
   if (pairs == 0) return;
+  // Adds bias[e] (row length n) to every permuted row of expert e.
+  auto add_expert_bias = [&](float* rows, const ExpertWeightsF32& bias, int64_t n) {
+    parallel_for(E, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) {
+        const float* be = bias.data() + e * n;
+        for (int64_t r = b.expert_offsets[e]; r < b.expert_offsets[e + 1]; ++r) {
+          float* row = rows + r * n;
+          for (int64_t c = 0; c < n; ++c) row[c] += be[c];
+        }
+      }
+    });
+  };
 
   build_permutation(ids, num_tokens, k, E, {b.expert_offsets, b.row_to_pair, b.pair_to_row});
 
@@ -88,9 +144,11 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   // GEMM (docs/fp8.md); the GPU kernels quantize at these same two points.
   quantize_gemm_input(b.x_perm, pairs, H, H, a13_scale_, b);
   grouped_gemm(b.x_perm, H, w13_, w13_packed_, n1, H, b.h, b);
+  if (!w13_bias_.empty()) add_expert_bias(b.h, w13_bias_, n1);
   apply_activation(activation_, b.h, pairs, I);
   quantize_gemm_input(b.h, pairs, I, n1, a2_scale_, b);
   grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
+  if (!w2_bias_.empty()) add_expert_bias(b.y_perm, w2_bias_, H);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
   parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
@@ -102,6 +160,28 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
         const float* src = b.y_perm + static_cast<int64_t>(b.pair_to_row[t * k + j]) * H;
         for (int64_t c = 0; c < H; ++c) out[c] += w * src[c];
       }
+    }
+  });
+  if (shared_intermediate_ > 0) apply_shared(x, num_tokens, y, b);
+}
+
+void CpuExperts::apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const {
+  const int64_t H = hidden_, Is = shared_intermediate_;
+  const int64_t n1s = gemm1_width(activation_.kind, Is);
+  gemm_abt(x, H, shared_w13_.data(), H, b.shared_h, n1s, num_tokens, n1s, H);
+  apply_activation(activation_, b.shared_h, num_tokens, Is);
+  gemm_abt(b.shared_h, n1s, shared_w2_.data(), Is, b.shared_y, H, num_tokens, H, Is);
+  parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float g = 1.0f;
+      if (!shared_gate_.empty()) {
+        float dot = 0.0f;  // ascending column order
+        for (int64_t c = 0; c < H; ++c) dot += x[t * H + c] * shared_gate_.data()[c];
+        g = 1.0f / (1.0f + std::exp(-dot));
+      }
+      const float* src = b.shared_y + t * H;
+      float* out = y + t * H;
+      for (int64_t c = 0; c < H; ++c) out[c] += g * src[c];
     }
   });
 }

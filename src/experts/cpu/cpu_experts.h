@@ -23,6 +23,9 @@ class CpuExperts {
   // their scales (errors name the tensor), and keeps them as
   // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights) or widened to
   // fp32 (ExpertWeightsF32; fp8 weights dequantized, fp8_emulation.h).
+  // With config.has_expert_bias, w13_bias [E, n1] and w2_bias [E, H] (f32 or
+  // the weight dtype) are kept in fp32; with a shared expert, its weights too
+  // (always on the fp32 path: it is one dense GEMM pair per call).
   Status prepare(const MoeConfig& config, const MoeWeights& weights);
   bool prepared() const { return !w13_.empty() || !w13_packed_.empty(); }
   CpuGemmPath gemm_path() const { return path_; }
@@ -38,13 +41,17 @@ class CpuExperts {
     float* h = nullptr;                 // [M * k, n1] f32: GEMM1 out; activation written over cols [0, I)
     float* y_perm = nullptr;            // [M * k, H] f32: GEMM2 out, per (token, slot)
     int32_t* active = nullptr;          // [E] i32: experts with rows (kPackedBf16 only)
+    float* shared_h = nullptr;          // [M, n1s] f32: shared GEMM1 out (shared expert only)
+    float* shared_y = nullptr;          // [M, H] f32: shared expert output (shared expert only)
   };
   static Buffers take_buffers(const MoeConfig& config, int64_t num_tokens, ScratchLayout& layout);
 
   // x: [M, H] f32; ids: [M, k] i32 validated (in [0, E), no duplicate in a row);
   // topk_weights: [M, k] f32; y: [M, H] f32, every element written:
   //   y[t] = sum over j = 0..k-1, in this order, of topk_weights[t, j] * expert_{ids[t, j]}(x[t]),
-  // fp32 accumulation starting from 0.
+  // fp32 accumulation starting from 0, where expert_e(x) = W2[e] act(W13[e] x + b13[e]) + b2[e]
+  // (biases when configured); then, with a shared expert, y[t] += g_t * shared(x[t]),
+  // g_t = sigmoid(x[t] . shared_gate) when gated, else 1.
   void apply(const float* x, const int32_t* ids, const float* topk_weights, int64_t num_tokens, float* y,
              const Buffers& buffers) const;
 
@@ -59,6 +66,8 @@ class CpuExperts {
   // scheme's activation scales; `static_scale`: a13_scale_ or a2_scale_.
   void quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld, const std::vector<float>& static_scale,
                            const Buffers& b) const;
+  // y[t] += g_t * shared(x[t]) for t in [0, M): the shared expert's pass.
+  void apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const;
 
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
@@ -69,6 +78,12 @@ class CpuExperts {
   ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only
   PackedBf16Weights w13_packed_;  // w13 packed (N = n1, K = H); kPackedBf16 only
   PackedBf16Weights w2_packed_;   // w2 packed (N = H, K = I); kPackedBf16 only
+  ExpertWeightsF32 w13_bias_;     // [E, n1] f32, or empty
+  ExpertWeightsF32 w2_bias_;      // [E, H] f32, or empty
+  int64_t shared_intermediate_ = 0;  // Is, 0: no shared expert
+  ExpertWeightsF32 shared_w13_;   // [n1s, H] f32
+  ExpertWeightsF32 shared_w2_;    // [H, Is] f32
+  ExpertWeightsF32 shared_gate_;  // [H] f32, or empty
 };
 
 }  // namespace moekit::cpu

@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/align.h"
+#include "experts/cuda/expert_extras.h"
 #include "experts/cuda/finalize.h"
 
 namespace moekit::cuda {
@@ -36,8 +37,35 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.k = s.hidden;
   p.out_dtype = DType::kBF16;
   p.gather_a = true;
+  // With a gate/up bias the activation needs the biased sum: it runs in its
+  // own pass (bias_activation) over GEMM1's plain output.
+  p.epilogue = s.expert_bias ? GemmEpilogue::kNone : GemmEpilogue::kActivation;
+  p.activation = s.activation;
+  return p;
+}
+
+GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
+  GroupedGemmProblem p;
+  p.num_groups = 1;
+  p.max_rows = num_tokens;
+  p.a_rows = num_tokens;
+  p.n = s.shared_n1();
+  p.k = s.hidden;
+  p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kActivation;
   p.activation = s.activation;
+  return p;
+}
+
+GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
+  GroupedGemmProblem p;
+  p.num_groups = 1;
+  p.max_rows = num_tokens;
+  p.a_rows = num_tokens;
+  p.n = s.hidden;
+  p.k = s.shared_intermediate;
+  p.out_dtype = DType::kBF16;
+  p.epilogue = GemmEpilogue::kNone;
   return p;
 }
 
@@ -72,6 +100,16 @@ ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t n
   // bf16 GEMM2 rows, or the f32 partial sums of its K slices.
   l.expert_out = take(&c, std::max(pairs * 2, split_partial_rows(static_cast<int64_t>(pairs)) * 4) *
                               static_cast<size_t>(s.hidden));
+  const size_t M = static_cast<size_t>(num_tokens), H = static_cast<size_t>(s.hidden);
+  if (s.expert_bias) l.gemm1_raw = take(&c, pairs * static_cast<size_t>(s.n1()) * 2);
+  if (s.shared_intermediate > 0) {
+    l.shared_group = take(&c, 2 * sizeof(int32_t));
+    l.shared_scratch1 = take(&c, grouped_gemm_workspace_size(shared_gemm1_problem(s, num_tokens)));
+    l.shared_scratch2 = take(&c, grouped_gemm_workspace_size(shared_gemm2_problem(s, num_tokens)));
+    l.shared_inter = take(&c, M * static_cast<size_t>(s.shared_intermediate) * 2);
+    l.shared_out = take(&c, M * H * 2);
+    if (s.shared_gate) l.shared_gate = take(&c, M * sizeof(float));
+  }
   l.total = c;
   return l;
 }
@@ -84,6 +122,41 @@ std::string ExpertsWorkspaceLayout::to_string() const {
      << ", expert_out@" << expert_out << ", total=" << total << " B}";
   return os.str();
 }
+
+namespace {
+
+// The shared expert on all M tokens: GEMM1 (activation epilogue) and GEMM2 as
+// one-group grouped GEMMs, and the gate scores; finalize adds the result.
+Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const ExpertsWorkspaceLayout& l,
+                         cudaStream_t stream) {
+  const int64_t M = run.num_tokens;
+  char* ws = run.workspace;
+  auto* group = reinterpret_cast<int32_t*>(ws + l.shared_group);  // [2]: start, rows
+  MOEKIT_RETURN_IF_ERROR(write_single_group(group, group + 1, M, stream));
+  GroupedGemmArgs g1;
+  g1.a = run.hidden;
+  g1.b = run.shared_w13;
+  g1.c = ws + l.shared_inter;
+  g1.group_start = group;
+  g1.group_rows = group + 1;
+  g1.workspace = ws + l.shared_scratch1;
+  MOEKIT_RETURN_IF_ERROR(grouped_gemm(shared_gemm1_problem(s, M), g1, stream));
+  GroupedGemmArgs g2;
+  g2.a = reinterpret_cast<const uint16_t*>(ws + l.shared_inter);
+  g2.b = run.shared_w2;
+  g2.c = ws + l.shared_out;
+  g2.group_start = group;
+  g2.group_rows = group + 1;
+  g2.workspace = ws + l.shared_scratch2;
+  MOEKIT_RETURN_IF_ERROR(grouped_gemm(shared_gemm2_problem(s, M), g2, stream));
+  if (s.shared_gate) {
+    MOEKIT_RETURN_IF_ERROR(shared_gate_scores(run.hidden, run.shared_gate, M, s.hidden,
+                                              reinterpret_cast<float*>(ws + l.shared_gate), stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream) {
   const int64_t M = run.num_tokens;
@@ -111,11 +184,25 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   g1.a = run.hidden;
   g1.a_row_index = row_token;
   g1.b = run.w13;
-  g1.c = inter;
+  g1.c = s.expert_bias ? static_cast<void*>(ws + l.gemm1_raw) : inter;
   g1.group_start = group_start;
   g1.group_rows = group_rows;
   g1.workspace = ws + l.gemm1_scratch;
   MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm1_problem(s, M), g1, stream));
+  if (s.expert_bias) {
+    BiasActivationArgs ba;
+    ba.max_rows = M * s.top_k;
+    ba.num_groups = s.num_experts;
+    ba.n1 = s.n1();
+    ba.intermediate = s.intermediate;
+    ba.activation = s.activation;
+    ba.gemm1_out = reinterpret_cast<const uint16_t*>(ws + l.gemm1_raw);
+    ba.bias = run.w13_bias;
+    ba.group_start = group_start;
+    ba.group_rows = group_rows;
+    ba.inter = inter;
+    MOEKIT_RETURN_IF_ERROR(bias_activation(ba, stream));
+  }
 
   // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
   GroupedGemmProblem p2 = gemm2_problem(s, M);
@@ -149,6 +236,15 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   fa.pair_row = pair_row;
   fa.topk_weights = run.topk_weights;
   fa.out = run.out;
+  if (s.expert_bias) {
+    fa.topk_ids = run.topk_ids;
+    fa.w2_bias = run.w2_bias;
+  }
+  if (s.shared_intermediate > 0) {
+    MOEKIT_RETURN_IF_ERROR(run_shared_expert(s, run, l, stream));
+    fa.shared_out = reinterpret_cast<const uint16_t*>(ws + l.shared_out);
+    if (s.shared_gate) fa.shared_gate = reinterpret_cast<const float*>(ws + l.shared_gate);
+  }
   return finalize_weighted_sum(fa, stream);
 }
 

@@ -25,12 +25,19 @@ struct ExpertsShape {
   int64_t intermediate = 0;  // I
   int64_t top_k = 0;         // k
   ActivationConfig activation;
+  bool expert_bias = false;          // w13_bias/w2_bias: GEMM1 unfused, bias + activation in their own pass
+  int64_t shared_intermediate = 0;   // Is > 0: a shared expert, run as a one-group grouped GEMM pair
+  bool shared_gate = false;          // shared output scaled by sigmoid(x . gate)
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
+  int64_t shared_n1() const { return activation.gated() ? 2 * shared_intermediate : shared_intermediate; }
 };
 
 // The GEMM problems of one forward of M tokens (rows = M·k permuted pairs).
 GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
+// The shared expert's GEMMs: one group of M rows (only when s.shared_intermediate > 0).
+GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
+GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
 
 // Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
 struct ExpertsWorkspaceLayout {
@@ -45,6 +52,14 @@ struct ExpertsWorkspaceLayout {
   size_t gemm2_scratch = 0;  // grouped_gemm_workspace_size(gemm2)
   size_t intermediate = 0;   // [M·k, I] bf16: act(GEMM1) per permuted row
   size_t expert_out = 0;     // [M·k, H] bf16: GEMM2 per permuted row
+  // Only with the extras (size 0 otherwise):
+  size_t gemm1_raw = 0;      // [M·k, N1] bf16: GEMM1 before bias and activation (expert_bias)
+  size_t shared_group = 0;   // [2] i32: the shared GEMMs' one group (start, rows)
+  size_t shared_scratch1 = 0;  // grouped_gemm_workspace_size(shared_gemm1)
+  size_t shared_scratch2 = 0;  // grouped_gemm_workspace_size(shared_gemm2)
+  size_t shared_inter = 0;   // [M, Is] bf16
+  size_t shared_out = 0;     // [M, H] bf16
+  size_t shared_gate = 0;    // [M] f32
   size_t total = 0;          // bytes
   std::string to_string() const;
 };
@@ -61,6 +76,12 @@ struct ExpertsRun {
   uint16_t* out = nullptr;             // [M, H] bf16, every element written
   int32_t* expert_counts = nullptr;    // [E] i32, optional
   char* workspace = nullptr;           // >= experts_workspace_layout(s, M).total bytes
+  // The extras, iff the shape asks for them:
+  const float* w13_bias = nullptr;       // [E, N1] f32, prepared column order (weight_layout.h)
+  const float* w2_bias = nullptr;        // [E, H] f32
+  const uint16_t* shared_w13 = nullptr;  // [N1s, H] bf16, prepared layout
+  const uint16_t* shared_w2 = nullptr;   // [H, Is] bf16
+  const float* shared_gate = nullptr;    // [H] f32
 };
 
 Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);

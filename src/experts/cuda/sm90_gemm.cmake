@@ -2,7 +2,7 @@
 # the weight-streaming kernel always, the CUTLASS kernels when the CUTLASS
 # headers were found (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
 if(MOEKIT_WITH_CUDA)
-  target_sources(moekit PRIVATE
+  target_sources(moekit_experts PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/moe_decode_sm90.cu
   )
@@ -13,10 +13,9 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
   )
   if(MOEKIT_CUTLASS_INCLUDE AND MOEKIT_CUTLASS_KERNELS AND MOEKIT_CUTLASS_SOURCES)
-    target_sources(moekit PRIVATE ${MOEKIT_CUTLASS_SOURCES})
-    target_include_directories(moekit SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
-    # TARGET_DIRECTORY: the moekit target is made in the top directory, not here.
+    target_sources(moekit_experts PRIVATE ${MOEKIT_CUTLASS_SOURCES})
+    target_include_directories(moekit_experts SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
     set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${MOEKIT_CUTLASS_SOURCES}
-                                TARGET_DIRECTORY moekit PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
+                                PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
   endif()
 endif()

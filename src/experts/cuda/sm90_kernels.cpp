@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,7 +58,32 @@ ExpertsShape shape_of(const MoeConfig& c) {
   s.intermediate = c.intermediate;
   s.top_k = c.top_k();
   s.activation = c.activation;
+  s.expert_bias = c.has_expert_bias;
+  s.shared_intermediate = c.shared_intermediate;
+  s.shared_gate = c.has_shared_gate;
   return s;
+}
+
+// A host copy of an optional f32|bf16 tensor (host or device) widened to f32.
+StatusOr<std::vector<float>> widened_f32(const TensorView& t) {
+  std::vector<unsigned char> bytes(t.nbytes());
+  if (!bytes.empty()) MOEKIT_CUDA_CHECK(cudaMemcpy(bytes.data(), t.data, bytes.size(), cudaMemcpyDefault));
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == DType::kF32) {
+      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t b = 0;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      out[i] = bf16_bits_to_f32(b);
+    }
+  }
+  return out;
+}
+
+// The device where a weight may be given: this kernel's device, or the host.
+Device weight_device(const TensorView& t, Device dev) {
+  return t.device.type == DeviceType::kCuda ? dev : Device::cpu();
 }
 
 // The reasons both classes share, in the order of DESIGN.md §2.2.
@@ -117,12 +143,21 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   if (c.intermediate % kSm90DimAlignment != 0) {
     return Support::no("intermediate I=" + str(c.intermediate) + " must be a multiple of " + str(kSm90DimAlignment));
   }
+  if (c.shared_intermediate % kSm90DimAlignment != 0) {
+    return Support::no("shared expert intermediate Is=" + str(c.shared_intermediate) + " must be a multiple of " +
+                       str(kSm90DimAlignment));
+  }
   if (c.max_num_tokens * c.top_k() > (int64_t{1} << 30)) {
     return Support::no("max_num_tokens * top_k exceeds 2^30 permuted rows");
   }
   const ExpertsShape s = shape_of(c);
-  for (const GroupedGemmProblem& g : {gemm1_problem(s, c.max_num_tokens), gemm2_problem(s, c.max_num_tokens)}) {
-    const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only
+  std::vector<GroupedGemmProblem> gemms = {gemm1_problem(s, c.max_num_tokens), gemm2_problem(s, c.max_num_tokens)};
+  if (s.shared_intermediate > 0) {
+    gemms.push_back(shared_gemm1_problem(s, c.max_num_tokens));
+    gemms.push_back(shared_gemm2_problem(s, c.max_num_tokens));
+  }
+  for (const GroupedGemmProblem& g : gemms) {
+    const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only (fp8: moe_pipeline_fp8.h)
     if (!gs.ok) return gs;
   }
   // capture / replay: both classes serve them (the monolithic kernel writes
@@ -176,6 +211,7 @@ class Sm90Kernel : public MoeKernel {
       const Device b_dev = w.score_bias.device.type == DeviceType::kCuda ? dev : Device::cpu();
       MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {E}, b_dev));
     }
+    MOEKIT_RETURN_IF_ERROR(check_extras(w));
     MOEKIT_RETURN_IF_ERROR(require_current_device());
     prepared_ = false;
 
@@ -195,12 +231,75 @@ class Sm90Kernel : public MoeKernel {
       MOEKIT_RETURN_IF_ERROR(bias_.allocate(sizeof(float) * E));
       MOEKIT_CUDA_CHECK(cudaMemcpy(bias_.as<void>(), w.score_bias.data, sizeof(float) * E, cudaMemcpyDefault));
     }
+    MOEKIT_RETURN_IF_ERROR(prepare_extras(w));
     MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // prepare only: the re-layout is done before we return
     prepared_ = true;
     return Status::Ok();
   }
 
  protected:
+  // Each extra tensor (kernel.h) required with its config flag, refused without it.
+  Status check_extras(const MoeWeights& w) const {
+    const int64_t E = shape_.num_experts, H = shape_.hidden, N1 = shape_.n1();
+    const int64_t Is = shape_.shared_intermediate, N1s = shape_.shared_n1();
+    const Device dev = device();
+    auto check = [&](const TensorView& t, const char* name, bool wanted, const char* flag,
+                     std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape) -> Status {
+      if (wanted) return check_tensor(t, name, dtypes, shape, weight_device(t, dev));
+      if (t.defined()) return InvalidArgument(std::string(name) + ": given, but " + flag + " is off in the config");
+      return Status::Ok();
+    };
+    const bool bias = shape_.expert_bias, shared = Is > 0;
+    MOEKIT_RETURN_IF_ERROR(check(w.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, N1}));
+    MOEKIT_RETURN_IF_ERROR(check(w.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, H}));
+    MOEKIT_RETURN_IF_ERROR(check(w.shared_w13, "shared_w13", shared, "shared_intermediate", {DType::kBF16}, {N1s, H}));
+    MOEKIT_RETURN_IF_ERROR(check(w.shared_w2, "shared_w2", shared, "shared_intermediate", {DType::kBF16}, {H, Is}));
+    MOEKIT_RETURN_IF_ERROR(check(w.shared_gate, "shared_gate", shape_.shared_gate, "has_shared_gate",
+                                 {DType::kF32, DType::kBF16}, {H}));
+    return Status::Ok();
+  }
+
+  // Device copies of the extras: biases widened to f32, the gate/up bias in
+  // the prepared column order of W13; shared W13 re-laid-out like W13.
+  Status prepare_extras(const MoeWeights& w) {
+    const int64_t E = shape_.num_experts, H = shape_.hidden, N1 = shape_.n1(), I = shape_.intermediate;
+    const Activation kind = config_.activation.kind;
+    if (shape_.expert_bias) {
+      MOEKIT_ASSIGN_OR_RETURN(std::vector<float> b13, widened_f32(w.w13_bias));
+      std::vector<float> prepared(b13.size());
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < N1; ++r) prepared[e * N1 + r] = b13[e * N1 + w13_source_row(kind, I, r)];
+      }
+      MOEKIT_ASSIGN_OR_RETURN(std::vector<float> b2, widened_f32(w.w2_bias));
+      MOEKIT_RETURN_IF_ERROR(upload(w13_bias_, prepared));
+      MOEKIT_RETURN_IF_ERROR(upload(w2_bias_, b2));
+    }
+    if (shape_.shared_intermediate > 0) {
+      const int64_t Is = shape_.shared_intermediate, N1s = shape_.shared_n1();
+      const size_t w13_bytes = w.shared_w13.nbytes(), w2_bytes = w.shared_w2.nbytes();
+      MOEKIT_RETURN_IF_ERROR(shared_w13_.allocate(w13_bytes));
+      MOEKIT_RETURN_IF_ERROR(shared_w2_.allocate(w2_bytes));
+      DeviceMemory staging;  // [N1s, H] bf16 as given
+      MOEKIT_RETURN_IF_ERROR(staging.allocate(w13_bytes));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(staging.as<void>(), w.shared_w13.data, w13_bytes, cudaMemcpyDefault));
+      MOEKIT_RETURN_IF_ERROR(
+          relayout_w13(staging.as<const uint16_t>(), shared_w13_.as<uint16_t>(), 1, N1s, H, kind, Is, nullptr));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(shared_w2_.as<void>(), w.shared_w2.data, w2_bytes, cudaMemcpyDefault));
+      MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // staging is freed on return
+      if (shape_.shared_gate) {
+        MOEKIT_ASSIGN_OR_RETURN(std::vector<float> g, widened_f32(w.shared_gate));
+        MOEKIT_RETURN_IF_ERROR(upload(shared_gate_, g));
+      }
+    }
+    return Status::Ok();
+  }
+
+  static Status upload(DeviceMemory& dst, const std::vector<float>& src) {
+    MOEKIT_RETURN_IF_ERROR(dst.allocate(src.size() * sizeof(float)));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(dst.as<void>(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }
+
   Status require_current_device() const {
     int current = -1;
     MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
@@ -322,6 +421,11 @@ class Sm90Kernel : public MoeKernel {
     r.out = a.out.ptr<uint16_t>();
     r.expert_counts = a.expert_counts.defined() ? a.expert_counts.ptr<int32_t>() : nullptr;
     r.workspace = static_cast<char*>(ws.data);
+    r.w13_bias = w13_bias_.as<const float>();
+    r.w2_bias = w2_bias_.as<const float>();
+    r.shared_w13 = shared_w13_.as<const uint16_t>();
+    r.shared_w2 = shared_w2_.as<const uint16_t>();
+    r.shared_gate = shared_gate_.as<const float>();
     return r;
   }
 
@@ -333,6 +437,11 @@ class Sm90Kernel : public MoeKernel {
   // fp8 schemes only (w13_/w2_ then hold e4m3 bytes in the checkpoint layout):
   DeviceMemory w13_scale_, w2_scale_;  // MoeWeights layouts (kernel.h), f32
   DeviceMemory a13_scale_, a2_scale_;  // [E] f32, static activation scales, optional
+  DeviceMemory w13_bias_;     // [E, N1] f32, prepared column order, iff has_expert_bias
+  DeviceMemory w2_bias_;      // [E, H] f32, iff has_expert_bias
+  DeviceMemory shared_w13_;   // [N1s, H] bf16, gate/up block-interleaved, iff a shared expert
+  DeviceMemory shared_w2_;    // [H, Is] bf16
+  DeviceMemory shared_gate_;  // [H] f32, iff has_shared_gate
   bool prepared_ = false;
 };
 

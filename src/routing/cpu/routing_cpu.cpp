@@ -165,7 +165,7 @@ void route_row(const RoutingConfig& cfg, const RoutingArgs& args, int64_t r, Row
         select_deepseek_v3(cfg, E, sc, ids);
       }
       for (int j = 0; j < k; ++j) w[j] = sc.s[ids[j]];  // unbiased
-      renormalize_in_place(w, k);
+      if (cfg.renormalize) renormalize_in_place(w, k);
       for (int j = 0; j < k; ++j) w[j] *= cfg.routed_scaling_factor;
       break;
     }

@@ -38,6 +38,7 @@ struct KernelParams {
   int num_groups;
   int topk_groups;
   float scaling;
+  bool renormalize;  // deepseek_v3: divide by the sum before scaling
   int num_experts;
   int num_tokens;
   const void* logits;  // [M, E]
@@ -240,7 +241,7 @@ __global__ void routing_kernel(KernelParams p) {
         break;
       case RoutingMethod::kDeepseekV3:
         for (int j = 0; j < k; ++j) w[j] = safe(sel[j]) ? sigmoid_f(logit(sel[j])) : NAN;  // unbiased
-        renormalize(w, k);
+        if (p.renormalize) renormalize(w, k);
         for (int j = 0; j < k; ++j) w[j] *= p.scaling;
         break;
       case RoutingMethod::kCustom:
@@ -294,6 +295,7 @@ Status launch_routing(const RoutingLaunch& launch, cudaStream_t stream) {
   p.num_groups = c.method == RoutingMethod::kDeepseekV3 ? c.num_groups : 0;
   p.topk_groups = c.topk_groups;
   p.scaling = c.routed_scaling_factor;
+  p.renormalize = c.renormalize;
   p.num_experts = static_cast<int>(launch.num_experts);
   p.num_tokens = static_cast<int>(launch.num_tokens);
   p.logits = launch.logits;

@@ -48,8 +48,20 @@ __global__ void finalize_kernel(FinalizeArgs a) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) y[i] = __bfloat162float(yb[i]);
     }
+    if (a.w2_bias != nullptr) {
+      const float* b = a.w2_bias + static_cast<int64_t>(a.topk_ids[t * a.top_k + j]) * a.hidden + h;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[i] += b[i];
+    }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, y[i], acc[i]);
+  }
+  if (a.shared_out != nullptr) {
+    const float g = a.shared_gate != nullptr ? a.shared_gate[t] : 1.0f;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.shared_out + t * a.hidden + h);
+    const __nv_bfloat16* sb = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(g, __bfloat162float(sb[i]), acc[i]);
   }
   uint4 o;
   __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&o);

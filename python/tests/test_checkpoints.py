@@ -1,0 +1,225 @@
+"""`moekit layer --model DIR` against transformers' own MoE blocks: small seeded
+models of each family, saved by save_pretrained (the names real checkpoints
+carry), loaded by moekit from the folder and run on the CPU backend.
+
+Bounds (‖out − ref‖/‖ref‖): f32 1e-5 (both sides compute in fp32; they differ
+only in summation order, ~1e-7 here); bf16 1e-2 (transformers rounds its
+intermediates to bf16 at several places moekit keeps in fp32: ~5e-3 here). Expert
+ids compare exactly as sets per token (transformers' DeepSeek-V3 router does not
+sort them); with f32 weights moekit computes the router logits itself, with bf16
+it is given transformers' own (bf16 logits rounded differently could reorder
+near-ties, which is not what this test is about).
+"""
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import seed_of  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LAYER = 1
+H = 64
+
+
+def _cli():
+    candidates = [os.environ.get("MOEKIT_CLI", "")]
+    candidates += [str(REPO / d / "moekit") for d in (os.environ.get("MOEKIT_BUILD_DIR", "build"), "build-cpu")]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    pytest.skip("no moekit command line binary (set MOEKIT_CLI or build into build/)")
+
+
+COMMON = dict(vocab_size=32, hidden_size=H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64)
+
+# family -> (config class, model class, config fields, router attribute)
+FAMILIES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(intermediate_size=48, num_local_experts=8, num_experts_per_tok=2), "gate"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(intermediate_size=96, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=3,
+                       head_dim=16, norm_topk_prob=True), "gate"),
+    "qwen3_moe_no_norm": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                          dict(intermediate_size=96, moe_intermediate_size=48, num_experts=8, num_experts_per_tok=3,
+                               head_dim=16, norm_topk_prob=False), "gate"),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                         n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                         first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                         qk_nope_head_dim=8, v_head_dim=16), "gate"),
+    "deepseek_v3_no_norm": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                            dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16,
+                                 num_experts_per_tok=4, n_shared_experts=1, n_group=4, topk_group=2,
+                                 routed_scaling_factor=1.5, norm_topk_prob=False, first_k_dense_replace=1,
+                                 q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                 v_head_dim=16), "gate"),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                      n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=1.8,
+                      first_k_dense_replace=1, head_dim=16), "gate"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(intermediate_size=48, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
+                     layer_types=["full_attention"] * 2), "router"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       num_experts=8, num_experts_per_tok=2), "gate"),
+}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+BOUND = {"f32": 1e-5, "bf16": 1e-2}
+
+
+def build(family, dtype_name, folder):
+    """A seeded 2-layer model of `family` saved to `folder`; returns its layer-1 MoE block."""
+    cfg_name, model_name, fields, _ = FAMILIES[family]
+    gen = torch.Generator().manual_seed(seed_of(family, dtype_name))
+    torch.manual_seed(seed_of(family, dtype_name))
+    cfg = getattr(transformers, cfg_name)(**COMMON, **fields)
+    model = getattr(transformers, model_name)(cfg).eval()
+    block = model.model.layers[LAYER].mlp
+    with torch.no_grad():
+        # Weights of O(1) effect (the library's init is ~0.02), biases nonzero.
+        for name, p in list(block.named_parameters()) + list(block.named_buffers()):
+            fan_in = p.shape[-1] if p.dim() > 1 else 1
+            if name.endswith("gate_up_proj") and family == "gpt_oss":
+                fan_in = p.shape[1]  # stored [E, H, 2I]
+            p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
+    model = model.to(DTYPES[dtype_name])
+    # Small shards: the index file and more than one shard are exercised.
+    model.save_pretrained(folder, max_shard_size="64KB")
+    return model.model.layers[LAYER].mlp
+
+
+def reference(family, block, x):
+    """transformers' block output [M, H] and its selected ids [M, k] for hidden x [M, H]."""
+    router = getattr(block, FAMILIES[family][3])
+    with torch.no_grad():
+        logits, _, ids = router(x)
+        out = block(x[None])
+    if isinstance(out, tuple):  # gpt-oss also returns its router scores
+        out = out[0]
+    return out[0], ids, logits
+
+
+def run_moekit(folder, tmp, x, logits=None, extra=()):
+    paths = {k: str(tmp / f"{k}.npy") for k in ("hidden", "out", "ids", "logits")}
+    np.save(paths["hidden"], x.float().numpy())
+    cmd = [_cli(), "layer", "--model", str(folder), "--layer", str(LAYER), "--hidden", paths["hidden"],
+           "--out", paths["out"], "--capture", paths["ids"], "--backend", "cpu", *extra]
+    if logits is not None:
+        np.save(paths["logits"], logits.float().numpy())
+        cmd += ["--logits", paths["logits"]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return torch.from_numpy(np.load(paths["out"])), torch.from_numpy(np.load(paths["ids"])), r.stdout
+
+
+class Built:
+    """One saved model, its transformers block and a reference run on fresh hidden states."""
+
+    def __init__(self, family, dtype_name, folder):
+        self.family, self.dtype_name, self.folder = family, dtype_name, folder
+        block = build(family, dtype_name, folder)
+        gen = torch.Generator().manual_seed(seed_of(family, dtype_name, "x"))
+        self.x = torch.randn((24, H), generator=gen).to(DTYPES[dtype_name])
+        self.ref, self.ref_ids, self.ref_logits = reference(family, block, self.x)
+        # bf16: transformers' own logits (see the module docstring); f32: moekit's.
+        self.logits = self.ref_logits if dtype_name == "bf16" else None
+
+    def check(self, out, ids):
+        assert torch.equal(ids.long().sort(dim=1).values, self.ref_ids.long().sort(dim=1).values), (ids, self.ref_ids)
+        ref = self.ref.double()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err <= BOUND[self.dtype_name], f"{self.family} {self.dtype_name}: normalized error {err:.3e}"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    cache = {}
+
+    def get(family, dtype_name):
+        if (family, dtype_name) not in cache:
+            cache[family, dtype_name] = Built(family, dtype_name, tmp_path_factory.mktemp(f"{family}_{dtype_name}"))
+        return cache[family, dtype_name]
+    return get
+
+
+PARAMS = [(f, d) for f in FAMILIES for d in DTYPES]
+
+
+@pytest.mark.parametrize("family,dtype_name", PARAMS)
+def test_command_line_matches_transformers(models, family, dtype_name, tmp_path):
+    m = models(family, dtype_name)
+    assert (m.folder / "model.safetensors.index.json").exists()
+    out, ids, report = run_moekit(m.folder, tmp_path, m.x, logits=m.logits)
+    assert f"layer {LAYER} of 2" in report, report
+    m.check(out, ids)
+
+
+@pytest.mark.parametrize("family,dtype_name", PARAMS)
+def test_from_pretrained_matches_transformers(models, family, dtype_name):
+    import moekit
+    m = models(family, dtype_name)
+    layer = moekit.MoeLayer.from_pretrained(m.folder, layer=LAYER, device="cpu", max_num_tokens=64)
+    assert layer.config.num_experts == m.ref_logits.shape[1]
+    out, ids = layer(m.x, None if m.logits is None else m.logits.float(), return_ids=True)
+    m.check(out, ids)
+
+
+@pytest.fixture(scope="module")
+def deepseek_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deepseek")
+    build("deepseek_v3", "f32", folder)
+    return folder
+
+
+def _error(args):
+    r = subprocess.run([_cli(), "layer", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case,args,message", [
+    ("dense layer", ["--layer", "0"], "layer 0 is a dense (non-MoE) layer: first_k_dense_replace = 1"),
+    ("past the last", ["--layer", "2"], "the model has 2 layers"),
+    ("routing flag", ["--layer", "1", "--top-k", "2"], "--top-k: with --model the layer is described by"),
+])
+def test_model_errors_name_the_problem(deepseek_folder, tmp_path, case, args, message):
+    hidden = str(tmp_path / "h.npy")
+    np.save(hidden, np.zeros((2, H), np.float32))
+    out = _error(["--model", str(deepseek_folder), "--hidden", hidden, "--out", str(tmp_path / "o.npy"), *args])
+    assert message in out, out
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_folder_without_config(tmp_path):
+    hidden = str(tmp_path / "h.npy")
+    np.save(hidden, np.zeros((2, H), np.float32))
+    out = _error(["--model", str(tmp_path), "--layer", "0", "--hidden", hidden, "--out", str(tmp_path / "o.npy")])
+    assert "no config.json" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_from_pretrained_on_the_gpu_matches_transformers(models, family):
+    """The same bf16 folders through the cuda_sm90 backend (biases, shared experts, gate on the GPU)."""
+    import moekit
+    m = models(family, "bf16")
+    layer = moekit.MoeLayer.from_pretrained(m.folder, layer=LAYER, device="cuda", max_num_tokens=64)
+    assert layer.backend == "cuda_sm90", layer.backend
+    out, ids = layer(m.x.cuda(), m.logits.float().cuda(), return_ids=True)
+    m.check(out.cpu(), ids.cpu())
+
+
+def test_from_pretrained_errors_are_value_errors(deepseek_folder, tmp_path):
+    import moekit
+    with pytest.raises(ValueError, match=r"layer 0 is a dense \(non-MoE\) layer"):
+        moekit.MoeLayer.from_pretrained(deepseek_folder, layer=0)
+    with pytest.raises(ValueError, match="no config.json"):
+        moekit.MoeLayer.from_pretrained(tmp_path, layer=0)

@@ -1,0 +1,199 @@
+#include "io/model_config.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "io/json_strict.h"
+
+namespace moekit::io {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, glm4_moe, gpt_oss";
+
+// Field readers: a missing field is nullopt; a field of the wrong type is an
+// error naming it.
+class Fields {
+ public:
+  Fields(const Json& j, std::string what) : j_(j), what_(std::move(what)) {}
+
+  StatusOr<std::optional<int64_t>> integer(const char* key, int64_t lo, int64_t hi) const {
+    if (!j_.contains(key) || j_.at(key).is_null()) return std::optional<int64_t>();
+    const std::optional<int64_t> v = json_integer(j_.at(key), lo, hi);
+    if (!v) {
+      return InvalidArgument(what_ + ": \"" + key + "\" must be an integer in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], got " + j_.at(key).dump());
+    }
+    return v;
+  }
+  // The first of `keys` present, required.
+  StatusOr<int64_t> required_integer(std::initializer_list<const char*> keys, int64_t lo, int64_t hi) const {
+    std::string names;
+    for (const char* k : keys) {
+      MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> v, integer(k, lo, hi));
+      if (v) return *v;
+      names += (names.empty() ? "\"" : " or \"") + std::string(k) + "\"";
+    }
+    return InvalidArgument(what_ + ": " + names + " is missing");
+  }
+  StatusOr<std::optional<double>> number(const char* key) const {
+    if (!j_.contains(key) || j_.at(key).is_null()) return std::optional<double>();
+    const Json& v = j_.at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 3e38) {
+      return InvalidArgument(what_ + ": \"" + key + "\" must be a finite number, got " + v.dump());
+    }
+    return std::optional<double>(v.get<double>());
+  }
+  StatusOr<std::optional<bool>> boolean(const char* key) const {
+    if (!j_.contains(key) || j_.at(key).is_null()) return std::optional<bool>();
+    if (!j_.at(key).is_boolean()) return InvalidArgument(what_ + ": \"" + key + "\" must be true or false");
+    return std::optional<bool>(j_.at(key).get<bool>());
+  }
+  StatusOr<std::optional<std::string>> string(const char* key) const {
+    if (!j_.contains(key) || j_.at(key).is_null()) return std::optional<std::string>();
+    if (!j_.at(key).is_string()) return InvalidArgument(what_ + ": \"" + key + "\" must be a string");
+    return std::optional<std::string>(j_.at(key).get<std::string>());
+  }
+  const std::string& what() const { return what_; }
+
+ private:
+  const Json& j_;
+  std::string what_;
+};
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+StatusOr<Activation> activation_of(const Fields& f, const std::string& model_type) {
+  if (model_type == "gpt_oss") return Activation::kSwigluOai;  // its experts' own clamped gate (no hidden_act)
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> act, f.string("hidden_act"));
+  const std::string a = act.value_or("silu");
+  if (a == "silu" || a == "swish") return Activation::kSiluGated;
+  if (a == "gelu_pytorch_tanh" || a == "gelu_new" || a == "gelu_fast") return Activation::kGeluGated;
+  return Unsupported(f.what() + ": \"hidden_act\" = \"" + a +
+                     "\" is not an expert activation moekit runs (silu, or the tanh gelu: gelu_pytorch_tanh)");
+}
+
+}  // namespace
+
+Status ModelMoeConfig::moe_layer(int layer) const {
+  const std::string at = "layer " + std::to_string(layer);
+  if (layer < first_k_dense_replace) {
+    return FailedPrecondition(at + " is a dense (non-MoE) layer: first_k_dense_replace = " +
+                              std::to_string(first_k_dense_replace) + " makes layers 0.." +
+                              std::to_string(first_k_dense_replace - 1) + " dense");
+  }
+  if (moe_layer_freq > 1 && layer % moe_layer_freq != 0) {
+    return FailedPrecondition(at + " is a dense (non-MoE) layer: moe_layer_freq = " + std::to_string(moe_layer_freq));
+  }
+  for (int l : mlp_only_layers) {
+    if (l == layer) return FailedPrecondition(at + " is a dense (non-MoE) layer: it is in mlp_only_layers");
+  }
+  if (decoder_sparse_step > 1 && (layer + 1) % decoder_sparse_step != 0) {
+    return FailedPrecondition(at + " is a dense (non-MoE) layer: decoder_sparse_step = " +
+                              std::to_string(decoder_sparse_step) + " puts experts only in layers l with (l + 1) % " +
+                              std::to_string(decoder_sparse_step) + " == 0");
+  }
+  return Status::Ok();
+}
+
+StatusOr<ModelMoeConfig> parse_model_config(const Json& j, const std::string& what) {
+  if (!j.is_object()) return InvalidArgument(what + ": not a JSON object");
+  const Fields f(j, what);
+  ModelMoeConfig m;
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> type, f.string("model_type"));
+  if (!type) return InvalidArgument(what + ": \"model_type\" is missing");
+  m.model_type = *type;
+  const std::string& t = m.model_type;
+  const bool deepseek = t == "deepseek_v3" || t == "glm4_moe";
+  const bool qwen = t == "qwen2_moe" || t == "qwen3_moe";
+  if (!deepseek && !qwen && t != "mixtral" && t != "gpt_oss") {
+    return Unsupported(what + ": model_type \"" + t + "\" is not an MoE family moekit loads (" + kFamilies + ")");
+  }
+  MoeConfig& c = m.config;
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t layers, f.required_integer({"num_hidden_layers"}, 1, kIntMax));
+  m.num_layers = static_cast<int>(layers);
+  MOEKIT_ASSIGN_OR_RETURN(c.hidden, f.required_integer({"hidden_size"}, 1, int64_t{1} << 24));
+  MOEKIT_ASSIGN_OR_RETURN(c.num_experts,
+                          f.required_integer({"num_local_experts", "num_experts", "n_routed_experts"}, 1, 32767));
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t k, f.required_integer({"num_experts_per_tok", "experts_per_token"}, 1, 32767));
+  c.routing.top_k = static_cast<int>(k);
+  // Mixtral and gpt-oss size their experts with intermediate_size; the others
+  // keep that for their dense MLPs and size experts with moe_intermediate_size.
+  if (t == "mixtral" || t == "gpt_oss") {
+    MOEKIT_ASSIGN_OR_RETURN(c.intermediate, f.required_integer({"intermediate_size"}, 1, int64_t{1} << 24));
+  } else {
+    MOEKIT_ASSIGN_OR_RETURN(c.intermediate, f.required_integer({"moe_intermediate_size"}, 1, int64_t{1} << 24));
+  }
+  MOEKIT_ASSIGN_OR_RETURN(c.activation.kind, activation_of(f, t));
+  c.max_num_tokens = 1;
+
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<bool> norm, f.boolean("norm_topk_prob"));
+  if (t == "mixtral") {
+    c.routing.method = RoutingMethod::kRenormalizeNaive;  // softmax over E, top-k, divided by their sum
+  } else if (qwen) {
+    // Qwen2-MoE defaults to false, Qwen3-MoE to true (transformers' defaults).
+    const bool renorm = norm.value_or(t == "qwen3_moe");
+    c.routing.method = renorm ? RoutingMethod::kRenormalizeNaive : RoutingMethod::kSoftmaxTopk;
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> step, f.integer("decoder_sparse_step", 1, kIntMax));
+    m.decoder_sparse_step = static_cast<int>(step.value_or(1));
+    if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+      const Json& list = j.at("mlp_only_layers");
+      if (!list.is_array()) return InvalidArgument(what + ": \"mlp_only_layers\" must be a list of layer indices");
+      for (const Json& v : list) {
+        const std::optional<int64_t> l = json_integer(v, 0, kIntMax);
+        if (!l) return InvalidArgument(what + ": \"mlp_only_layers\" must be a list of layer indices");
+        m.mlp_only_layers.push_back(static_cast<int>(*l));
+      }
+    }
+    if (t == "qwen2_moe") {
+      MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
+                              f.integer("shared_expert_intermediate_size", 0, int64_t{1} << 24));
+      c.shared_intermediate = shared.value_or(0);
+      c.has_shared_gate = c.shared_intermediate > 0;  // Qwen2-MoE always gates its shared expert
+    }
+  } else if (deepseek) {
+    c.routing.method = RoutingMethod::kDeepseekV3;
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> scoring, f.string("scoring_func"));
+    if (scoring && *scoring != "sigmoid") {
+      return Unsupported(what + ": \"scoring_func\" = \"" + *scoring + "\": moekit's deepseek_v3 routing scores with sigmoid");
+    }
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> method, f.string("topk_method"));
+    if (method && *method != "noaux_tc") {
+      return Unsupported(what + ": \"topk_method\" = \"" + *method + "\": moekit's deepseek_v3 routing is noaux_tc");
+    }
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> groups, f.integer("n_group", 1, 32767));
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> kept, f.integer("topk_group", 1, 32767));
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<double> scale, f.number("routed_scaling_factor"));
+    c.routing.num_groups = static_cast<int>(groups.value_or(1));
+    c.routing.topk_groups = static_cast<int>(kept.value_or(1));
+    c.routing.routed_scaling_factor = static_cast<float>(scale.value_or(1.0));
+    c.routing.renormalize = norm.value_or(true);
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> shared, f.integer("n_shared_experts", 0, 32767));
+    c.shared_intermediate = shared.value_or(0) * c.intermediate;  // the shared experts as one MLP
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> dense, f.integer("first_k_dense_replace", 0, kIntMax));
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<int64_t> freq, f.integer("moe_layer_freq", 1, kIntMax));
+    m.first_k_dense_replace = static_cast<int>(dense.value_or(0));
+    m.moe_layer_freq = static_cast<int>(freq.value_or(1));
+  } else {  // gpt_oss
+    c.routing.method = RoutingMethod::kRenormalize;  // top-k of the logits, softmax over those k
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<double> limit, f.number("swiglu_limit"));
+    MOEKIT_ASSIGN_OR_RETURN(std::optional<double> alpha, f.number("swiglu_alpha"));
+    c.activation.swiglu_limit = static_cast<float>(limit.value_or(7.0));
+    c.activation.swiglu_alpha = static_cast<float>(alpha.value_or(1.702));
+    c.has_expert_bias = true;
+    m.gate_up_order = GateUpOrder::kInterleaved;
+    m.fused_transposed = true;
+  }
+  if (norm && (t == "mixtral" || t == "gpt_oss") && !*norm) {
+    return Unsupported(what + ": \"norm_topk_prob\" = false: " + t + " always renormalizes its top-k weights");
+  }
+  // Settings moekit does not emulate, refused rather than ignored.
+  if (j.contains("quantization_config")) {
+    return Unsupported(what + ": \"quantization_config\": quantized checkpoints are not loaded yet (bf16/f32 only)");
+  }
+  return m;
+}
+
+}  // namespace moekit::io

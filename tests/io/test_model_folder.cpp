@@ -1,0 +1,251 @@
+// load_checkpoint_layer on small synthetic model folders: each naming lands in
+// moekit's layout (values checked element by element against the source
+// tensors), the config's fields become the MoeConfig, and every bad folder
+// gets an error naming the real problem. The families' real folders, written
+// by transformers, are checked against transformers itself in
+// python/tests/test_checkpoints.py.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/checkpoint.h"
+#include "moekit/io.h"
+#include "util/temp_dir.h"
+#include "util/test_util.h"
+
+namespace moekit {
+namespace {
+
+using testing::random_tensor;
+
+constexpr int64_t kE = 4, kH = 16, kI = 6;  // 2I != H: fused orientations are told apart by shape
+
+class ModelFolder : public testing::TempDirTest {
+ protected:
+  void write_config(const std::string& json) {
+    std::ofstream(file("config.json")) << json;
+  }
+  // Tensors of the model in one safetensors file.
+  void write_weights(const std::vector<std::pair<std::string, HostTensor>>& tensors) {
+    std::vector<io::NamedTensor> named;
+    for (const auto& [name, t] : tensors) named.push_back({name, t.view()});
+    ASSERT_TRUE(io::write_safetensors(file("model.safetensors"), named).ok());
+  }
+  HostTensor rand(std::vector<int64_t> shape) { return random_tensor(rng_, DType::kF32, std::move(shape), 1.0); }
+  StatusOr<CheckpointLayer> load(int layer) { return load_checkpoint_layer(dir_.path().string(), layer); }
+  std::mt19937_64 rng_{testing::seed_from({kE, kH, kI, 2026})};
+};
+
+std::string qwen3_config(const std::string& extra = "", const std::string& act = "silu") {
+  return R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 16, "num_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 6, "intermediate_size": 32,
+             "norm_topk_prob": true, "hidden_act": ")" + act + "\"" + extra + "}";
+}
+
+float at(const HostTensor& t, std::vector<int64_t> idx) {
+  int64_t off = 0;
+  for (size_t d = 0; d < idx.size(); ++d) off = off * t.shape()[d] + idx[d];
+  return t.data<float>()[off];
+}
+
+TEST_F(ModelFolder, PerExpertNamingStacksGateThenUp) {
+  write_config(qwen3_config());
+  std::vector<std::pair<std::string, HostTensor>> w;
+  for (int e = 0; e < kE; ++e) {
+    const std::string p = "model.layers.1.mlp.experts." + std::to_string(e) + ".";
+    w.emplace_back(p + "gate_proj.weight", rand({kI, kH}));
+    w.emplace_back(p + "up_proj.weight", rand({kI, kH}));
+    w.emplace_back(p + "down_proj.weight", rand({kH, kI}));
+  }
+  w.emplace_back("model.layers.1.mlp.gate.weight", rand({kE, kH}));
+  write_weights(w);
+  auto ck = load(1);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->prefix, "model.layers.1.mlp.");
+  EXPECT_EQ(ck->config.routing.method, RoutingMethod::kRenormalizeNaive);
+  EXPECT_EQ(ck->config.routing.top_k, 2);
+  EXPECT_EQ(ck->w13.shape(), (std::vector<int64_t>{kE, 2 * kI, kH}));
+  for (int e = 0; e < kE; ++e) {
+    const HostTensor& gate = w[3 * e].second;
+    const HostTensor& up = w[3 * e + 1].second;
+    const HostTensor& down = w[3 * e + 2].second;
+    for (int64_t i = 0; i < kI; ++i) {
+      for (int64_t h = 0; h < kH; ++h) {
+        ASSERT_EQ(at(ck->w13, {e, i, h}), at(gate, {i, h}));
+        ASSERT_EQ(at(ck->w13, {e, kI + i, h}), at(up, {i, h}));
+        ASSERT_EQ(at(ck->w2, {e, h, i}), at(down, {h, i}));
+      }
+    }
+  }
+  // Router logits: hidden . W^T in fp32.
+  HostTensor x = rand({3, kH});
+  auto logits = checkpoint_router_logits(*ck, x.view());
+  ASSERT_TRUE(logits.ok());
+  const HostTensor& router = w.back().second;
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int64_t e = 0; e < kE; ++e) {
+      double s = 0;
+      for (int64_t h = 0; h < kH; ++h) s += double(at(x, {t, h})) * at(router, {e, h});
+      EXPECT_NEAR(at(*logits, {t, e}), s, 1e-5 * (1 + std::abs(s)));
+    }
+  }
+}
+
+// gpt-oss: fused, transposed, interleaved, with biases and a router bias.
+TEST_F(ModelFolder, GptOssFusedTransposedWithBiases) {
+  write_config(R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "hidden_size": 16, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 6, "swiglu_limit": 5.0})");
+  HostTensor gu = rand({kE, kH, 2 * kI}), dn = rand({kE, kI, kH});
+  write_weights({{"model.layers.0.mlp.experts.gate_up_proj", gu},
+                 {"model.layers.0.mlp.experts.gate_up_proj_bias", rand({kE, 2 * kI})},
+                 {"model.layers.0.mlp.experts.down_proj", dn},
+                 {"model.layers.0.mlp.experts.down_proj_bias", rand({kE, kH})},
+                 {"model.layers.0.mlp.router.weight", rand({kE, kH})},
+                 {"model.layers.0.mlp.router.bias", rand({kE})}});
+  auto ck = load(0);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->config.activation.kind, Activation::kSwigluOai);
+  EXPECT_EQ(ck->config.activation.swiglu_limit, 5.0f);
+  EXPECT_EQ(ck->config.routing.method, RoutingMethod::kRenormalize);
+  EXPECT_TRUE(ck->config.has_expert_bias);
+  EXPECT_EQ(ck->router_bias.shape(), (std::vector<int64_t>{kE}));
+  for (int e = 0; e < kE; ++e) {
+    for (int64_t r = 0; r < 2 * kI; ++r) {
+      for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(at(ck->w13, {e, r, h}), at(gu, {e, h, r}));  // rows stay interleaved
+    }
+    for (int64_t h = 0; h < kH; ++h) {
+      for (int64_t i = 0; i < kI; ++i) ASSERT_EQ(at(ck->w2, {e, h, i}), at(dn, {e, i, h}));
+    }
+  }
+}
+
+// DeepSeek-V3: fused in moekit's orientation, selection bias, shared experts, dense first layer.
+TEST_F(ModelFolder, DeepseekFusedSharedAndDenseLayer) {
+  write_config(R"({"model_type": "deepseek_v3", "num_hidden_layers": 3, "hidden_size": 16, "n_routed_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 6, "intermediate_size": 32,
+                   "n_shared_experts": 2, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                   "norm_topk_prob": false, "first_k_dense_replace": 1, "scoring_func": "sigmoid",
+                   "topk_method": "noaux_tc", "hidden_act": "silu"})");
+  write_weights({{"model.layers.0.mlp.gate_proj.weight", rand({32, kH})},
+                 {"model.layers.1.mlp.experts.gate_up_proj", rand({kE, 2 * kI, kH})},
+                 {"model.layers.1.mlp.experts.down_proj", rand({kE, kH, kI})},
+                 {"model.layers.1.mlp.gate.weight", rand({kE, kH})},
+                 {"model.layers.1.mlp.gate.e_score_correction_bias", rand({kE})},
+                 {"model.layers.1.mlp.shared_experts.gate_proj.weight", rand({2 * kI, kH})},
+                 {"model.layers.1.mlp.shared_experts.up_proj.weight", rand({2 * kI, kH})},
+                 {"model.layers.1.mlp.shared_experts.down_proj.weight", rand({kH, 2 * kI})}});
+  auto ck = load(1);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const MoeConfig& c = ck->config;
+  EXPECT_EQ(c.routing.method, RoutingMethod::kDeepseekV3);
+  EXPECT_EQ(c.routing.num_groups, 2);
+  EXPECT_EQ(c.routing.topk_groups, 1);
+  EXPECT_FALSE(c.routing.renormalize);
+  EXPECT_TRUE(c.routing.has_score_bias);
+  EXPECT_EQ(c.shared_intermediate, 2 * kI);
+  EXPECT_FALSE(c.has_shared_gate);
+  EXPECT_EQ(ck->shared_w13.shape(), (std::vector<int64_t>{4 * kI, kH}));
+
+  auto dense = load(0);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("layer 0 is a dense (non-MoE) layer: first_k_dense_replace = 1"),
+            std::string::npos)
+      << dense.status().message();
+  auto past = load(3);
+  EXPECT_NE(past.status().message().find("layer 3: the model has 3 layers (0..2"), std::string::npos)
+      << past.status().message();
+  auto empty = load(2);
+  EXPECT_NE(empty.status().message().find("no tensor under 'layers.2.'"), std::string::npos)
+      << empty.status().message();
+}
+
+// A folder inside the test's temporary folder (removed with it).
+struct Subfolder {
+  std::string dir;
+  Subfolder(const testing::ScopedTempDir& parent, const std::string& name) : dir(parent.file(name)) {
+    std::filesystem::create_directories(dir);
+  }
+  std::string file(const std::string& name) const { return dir + "/" + name; }
+};
+
+struct BadFolder {
+  const char* what;
+  std::string config;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+  const char* message;
+};
+
+TEST_F(ModelFolder, ErrorsNameTheProblem) {
+  auto experts = [](int count, std::vector<int64_t> down = {kH, kI}) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> t;
+    for (int e = 0; e < count; ++e) {
+      const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+      t.push_back({p + "gate_proj.weight", {kI, kH}});
+      t.push_back({p + "up_proj.weight", {kI, kH}});
+      t.push_back({p + "down_proj.weight", down});
+    }
+    return t;
+  };
+  auto with = [](std::vector<std::pair<std::string, std::vector<int64_t>>> t,
+                 std::pair<std::string, std::vector<int64_t>> more) {
+    t.push_back(std::move(more));
+    return t;
+  };
+  const BadFolder cases[] = {
+      {"misshapen", qwen3_config(), experts(4, {kI, kH}),
+       "model.layers.0.mlp.experts.0.down_proj.weight: shape [6, 16], expected [16, 6] from config.json"},
+      {"missing expert", qwen3_config(), experts(3), "model.layers.0.mlp.experts.3.gate_proj.weight is missing"},
+      {"extra expert", qwen3_config(), experts(5), "model.layers.0.mlp.experts.4.down_proj.weight: an expert past"},
+      {"expert 10 of 4", qwen3_config(), with(experts(4), {"model.layers.0.mlp.experts.10.up_proj.weight", {kI, kH}}),
+       "model.layers.0.mlp.experts.10.up_proj.weight: an expert past the 4 of config.json"},
+      {"unknown naming", qwen3_config(),
+       {{"model.layers.0.mlp.experts.fc1", {kE, kH}}, {"model.layers.0.self_attn.q_proj.weight", {kH, kH}}},
+       "no expert naming recognised under 'model.layers.0.mlp.experts.'; names found there: "
+       "model.layers.0.mlp.experts.fc1"},
+      {"no experts", qwen3_config(),
+       {{"model.layers.0.mlp.fc1.weight", {kE, kH}}, {"model.layers.0.self_attn.q_proj.weight", {kH, kH}}},
+       "no MoE naming recognised under 'layers.0.' (docs/layer_files.md lists them); names found there besides "
+       "attention and norms: model.layers.0.mlp.fc1.weight"},
+      {"shared not in config", qwen3_config(),
+       with(experts(4), {"model.layers.0.mlp.shared_expert.gate_proj.weight", {kI, kH}}),
+       "model.layers.0.mlp.shared_expert.*: shared expert tensors, but config.json sets no shared expert"},
+      {"family", R"({"model_type": "llama", "num_hidden_layers": 2})", experts(4),
+       "model_type \"llama\" is not an MoE family moekit loads"},
+      {"activation", qwen3_config("", "relu"), experts(4), "\"hidden_act\" = \"relu\""},
+      {"missing field", R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 16})", experts(4),
+       "\"num_local_experts\" or \"num_experts\" or \"n_routed_experts\" is missing"},
+      {"quantized", qwen3_config(R"(, "quantization_config": {"quant_method": "fp8"})"), experts(4),
+       "\"quantization_config\": quantized checkpoints are not loaded yet"},
+      {"mlp only layer", qwen3_config(R"(, "mlp_only_layers": [0])"), experts(4),
+       "layer 0 is a dense (non-MoE) layer: it is in mlp_only_layers"},
+  };
+  for (const BadFolder& c : cases) {
+    const Subfolder sub(dir_, c.what);
+    std::ofstream(sub.file("config.json")) << c.config;
+    std::vector<HostTensor> keep;
+    std::vector<io::NamedTensor> named;
+    for (const auto& [name, shape] : c.tensors) keep.push_back(rand(shape));
+    for (size_t i = 0; i < keep.size(); ++i) named.push_back({c.tensors[i].first, keep[i].view()});
+    ASSERT_TRUE(io::write_safetensors(sub.file("model.safetensors"), named).ok());
+    auto ck = load_checkpoint_layer(sub.dir, 0);
+    ASSERT_FALSE(ck.ok()) << c.what;
+    EXPECT_NE(ck.status().message().find(c.message), std::string::npos) << c.what << ": " << ck.status().message();
+  }
+}
+
+TEST_F(ModelFolder, NoConfigNoWeights) {
+  auto none = load(0);
+  EXPECT_NE(none.status().message().find("no config.json"), std::string::npos) << none.status().message();
+  write_config(qwen3_config());
+  auto no_weights = load(0);
+  EXPECT_NE(no_weights.status().message().find("no model.safetensors or model.safetensors.index.json"),
+            std::string::npos)
+      << no_weights.status().message();
+}
+
+}  // namespace
+}  // namespace moekit
