@@ -310,6 +310,14 @@ TEST(CpuFp8, ConfigValidationAndSupportReasons) {
   st = c.validate();
   EXPECT_NE(st.message().find("quant.weight_dtype: must be f32 or bf16 for method none"), std::string::npos)
       << st.to_string();
+  MoeConfig extras = c;
+  extras.quant.method = QuantMethod::kFp8Block128;
+  extras.quant.weight_dtype = DType::kF8E4M3;
+  extras.shared_intermediate = 128;
+  st = extras.validate();
+  EXPECT_NE(st.message().find("quant.method: fp8_block128 does not take expert biases or a shared expert yet"),
+            std::string::npos)
+      << st.to_string();
   EXPECT_EQ(parse_quant_method("fp8_block128"), QuantMethod::kFp8Block128);
   EXPECT_EQ(parse_quant_method("fp8_per_tensor"), QuantMethod::kFp8PerTensor);
   EXPECT_FALSE(parse_quant_method("fp8").has_value());
