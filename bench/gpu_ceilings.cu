@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -126,6 +127,72 @@ bool measure_matmul(int n, int repeats, Ceilings* out, std::string* error) {
 }
 
 }  // namespace
+
+bool measure_fp8_matmul(int n, int repeats, Ceilings* out, std::string* error) {
+  const size_t elems = static_cast<size_t>(n) * n;
+  uint8_t *a = nullptr, *b = nullptr;  // [n, n] e4m3 each
+  uint16_t* c = nullptr;               // [n, n] bf16
+  void* ws = nullptr;
+  const size_t ws_bytes = size_t{32} << 20;
+  BENCH_CUDA_TRY(cudaMalloc(&a, elems));
+  BENCH_CUDA_TRY(cudaMalloc(&b, elems));
+  BENCH_CUDA_TRY(cudaMalloc(&c, elems * 2));
+  BENCH_CUDA_TRY(cudaMalloc(&ws, ws_bytes));
+  BENCH_CUDA_TRY(fill_uniform_e4m3(a, static_cast<int64_t>(elems), 13u, nullptr));
+  BENCH_CUDA_TRY(fill_uniform_e4m3(b, static_cast<int64_t>(elems), 14u, nullptr));
+  auto lt_fail = [&](const char* what, cublasStatus_t st) {
+    *error = std::string(what) + " failed with status " + std::to_string(static_cast<int>(st));
+    return false;
+  };
+  cublasLtHandle_t lt;
+  cublasStatus_t st = cublasLtCreate(&lt);
+  if (st != CUBLAS_STATUS_SUCCESS) return lt_fail("cublasLtCreate", st);
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  const cublasOperation_t trans = CUBLAS_OP_T, notrans = CUBLAS_OP_N;
+  cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans));  // fp8: "TN" only
+  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &notrans, sizeof(notrans));
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n);
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n);
+  cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return lt_fail("cublasLtMatmulAlgoGetHeuristic (fp8)", st);
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t start, stop;
+  BENCH_CUDA_TRY(cudaEventCreate(&start));
+  BENCH_CUDA_TRY(cudaEventCreate(&stop));
+  std::vector<double> secs;
+  for (int r = 0; r < repeats + 3; ++r) {
+    BENCH_CUDA_TRY(cudaEventRecord(start));
+    st = cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heur.algo, ws, ws_bytes, nullptr);
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail("cublasLtMatmul (fp8)", st);
+    BENCH_CUDA_TRY(cudaEventRecord(stop));
+    BENCH_CUDA_TRY(cudaEventSynchronize(stop));
+    float ms = 0;
+    BENCH_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    if (r >= 3) secs.push_back(ms * 1e-3);  // the first three are warm-up
+  }
+  out->fp8_matmul_flops_per_s = 2.0 * n * static_cast<double>(n) * n / median(secs);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  cudaFree(ws);
+  return true;
+}
 
 bool measure_ceilings(double read_gib, int matmul_n, int repeats, Ceilings* out, std::string* error) {
   int dev = 0;

@@ -2,6 +2,7 @@
 #include "gpu_fill.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 namespace moekit::bench {
 namespace {
@@ -26,7 +27,9 @@ __global__ void fill_kernel(T* __restrict__ dst, int64_t n, uint32_t seed_mixed,
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float v = uniform_value(static_cast<uint64_t>(i), seed_mixed, scale);
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (sizeof(T) == 1) {
+      dst[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    } else if constexpr (sizeof(T) == 2) {
       const __nv_bfloat16 b = __float2bfloat16_rn(v);
       dst[i] = *reinterpret_cast<const uint16_t*>(&b);
     } else {
@@ -53,6 +56,11 @@ cudaError_t fill_uniform_bf16(uint16_t* dst, int64_t n, uint32_t seed, int scale
 
 cudaError_t fill_uniform_f32(float* dst, int64_t n, uint32_t seed, int scale_log2, cudaStream_t stream) {
   return launch_fill(dst, n, seed, scale_log2, stream);
+}
+
+cudaError_t fill_uniform_e4m3(uint8_t* dst, int64_t n, uint32_t seed, cudaStream_t stream) {
+  // 448 = 2^8 * 1.75: scale_log2 8 gives [-256, 256), inside the e4m3 range.
+  return launch_fill(dst, n, seed, 8, stream);
 }
 
 }  // namespace moekit::bench

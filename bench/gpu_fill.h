@@ -19,5 +19,8 @@ namespace moekit::bench {
 cudaError_t fill_uniform_bf16(uint16_t* dst, int64_t n, uint32_t seed, int scale_log2, cudaStream_t stream);
 // dst: [n] f32.
 cudaError_t fill_uniform_f32(float* dst, int64_t n, uint32_t seed, int scale_log2, cudaStream_t stream);
+// dst: [n] e4m3fn bytes: v(i) with scale_log2 8 ([-256, 256), inside e4m3's
+// +-448), rounded to nearest even; a weight tensor whose scales set its magnitude.
+cudaError_t fill_uniform_e4m3(uint8_t* dst, int64_t n, uint32_t seed, cudaStream_t stream);
 
 }  // namespace moekit::bench

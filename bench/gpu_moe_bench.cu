@@ -327,9 +327,13 @@ class ShapeRunner {
     c.max_num_tokens = max_m_;
     c.backend = opt_.backend;
     c.batch_invariant = opt_.batch_invariant;
-    MOEKIT_RETURN_IF_ERROR(c.validate());
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
+    if (opt_.scheme != "bf16") {
+      c.quant.method = opt_.scheme == "fp8-block" ? QuantMethod::kFp8Block128 : QuantMethod::kFp8PerTensor;
+      c.quant.weight_dtype = DType::kF8E4M3;
+    }
+    MOEKIT_RETURN_IF_ERROR(c.validate());
     offsets_ = logit_offsets(E, opt_.skew);
     // Weights exist only until the layer has prepared its own copy.
     DeviceBuffer w13, w2, bias;
@@ -344,6 +348,25 @@ class ShapeRunner {
     MoeWeights weights;
     weights.w13 = TensorView::contiguous(w13.ptr, DType::kBF16, {E, n13_, H}, Device::cuda(0));
     weights.w2 = TensorView::contiguous(w2.ptr, DType::kBF16, {E, H, I}, Device::cuda(0));
+    // fp8: e4m3 bytes in [-256, 256) with scales 2^weight_scale_log2 / 256, so the
+    // real weights span the bf16 ones' range; data values do not change the time.
+    HostTensor w13_scale, w2_scale;
+    if (c.quant.is_fp8()) {
+      const bool block = c.quant.method == QuantMethod::kFp8Block128;
+      const int64_t P = c.activation.gated() ? 2 : 1, bh = (H + 127) / 128, bi = (I + 127) / 128;
+      BENCH_CUDA_RETURN(fill_uniform_e4m3(static_cast<uint8_t*>(w13.ptr), E * n13_ * H,
+                                          seed_of(opt_.seed, shape_index_, TensorKind::kW13, 0, 0), nullptr));
+      BENCH_CUDA_RETURN(fill_uniform_e4m3(static_cast<uint8_t*>(w2.ptr), E * H * I,
+                                          seed_of(opt_.seed, shape_index_, TensorKind::kW2, 0, 0), nullptr));
+      weights.w13 = TensorView::contiguous(w13.ptr, DType::kF8E4M3, {E, n13_, H}, Device::cuda(0));
+      weights.w2 = TensorView::contiguous(w2.ptr, DType::kF8E4M3, {E, H, I}, Device::cuda(0));
+      w13_scale = block ? HostTensor(DType::kF32, {E, P * bi, bh}) : HostTensor(DType::kF32, {E, P});
+      w2_scale = block ? HostTensor(DType::kF32, {E, bh, bi}) : HostTensor(DType::kF32, {E});
+      std::fill_n(w13_scale.data<float>(), w13_scale.numel(), std::ldexp(1.0f, weight_scale_log2(H) - 8));
+      std::fill_n(w2_scale.data<float>(), w2_scale.numel(), std::ldexp(1.0f, weight_scale_log2(I) - 8));
+      weights.w13_scale = w13_scale.view();  // host: prepare_weights copies them
+      weights.w2_scale = w2_scale.view();
+    }
     if (c.routing.has_score_bias) {
       MOEKIT_RETURN_IF_ERROR(bias.allocate(static_cast<size_t>(E) * 4));  // [E] f32
       BENCH_CUDA_RETURN(fill_uniform_f32(static_cast<float*>(bias.ptr), E,
@@ -432,11 +455,21 @@ class ShapeRunner {
     }
     r.touched_experts = touched_sum / sets;
     r.max_over_mean = imbalance_sum / sets;
-    r.weight_bytes = r.touched_experts * static_cast<double>(n13_ * H + H * I) * 2.0;
+    // fp8: 1-byte weights plus their f32 scales; FLOPs at the fp8 matmul rate.
+    const bool fp8 = c.quant.is_fp8();
+    const double scales_per_expert =
+        !fp8 ? 0.0
+             : c.quant.method == QuantMethod::kFp8PerTensor
+                   ? 3.0
+                   : static_cast<double>((n13_ / (c.activation.gated() ? 2 : 1) + 127) / 128 *
+                                             (c.activation.gated() ? 2 : 1) * ((H + 127) / 128) +
+                                         ((H + 127) / 128) * ((I + 127) / 128));
+    r.weight_bytes = r.touched_experts * (static_cast<double>(n13_ * H + H * I) * (fp8 ? 1.0 : 2.0) +
+                                          scales_per_expert * 4.0);
     r.act_bytes = 2.0 * static_cast<double>(m * H) * 2.0;
     r.flops = 2.0 * static_cast<double>(m * k) * static_cast<double>(n13_ * H + H * I);
     const double t_mem = (r.weight_bytes + r.act_bytes) / ceil_.read_bytes_per_s;
-    const double t_math = r.flops / ceil_.matmul_flops_per_s;
+    const double t_math = r.flops / (fp8 ? ceil_.fp8_matmul_flops_per_s : ceil_.matmul_flops_per_s);
     r.floor_s = std::max(t_mem, t_math);
     r.floor_is_memory = t_mem >= t_math;
 
@@ -667,6 +700,11 @@ void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, c
                 ceil.device_name.c_str(), ceil.read_bytes_per_s * 1e-9, ceil.read_gib, ceil.matmul_flops_per_s * 1e-12,
                 ceil.matmul_n);
   os << line;
+  if (ceil.fp8_matmul_flops_per_s > 0) {
+    std::snprintf(line, sizeof(line), "fp8 (e4m3, cuBLASLt) matmul %.0f TFLOP/s (n=%d): the floor of fp8 cases\n",
+                  ceil.fp8_matmul_flops_per_s * 1e-12, ceil.matmul_n);
+    os << line;
+  }
   std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s", "shape", "M", "time_us",
                 "TFLOP/s", "wGB/s", "exp", "max/mu", "floor_us", "bnd", "%floor", "ws_MiB");
   os << line;
@@ -693,6 +731,10 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     return Unsupported("gpu bench: no CUDA device is visible");
+  }
+  if (opt.scheme != "bf16" && !opt.dump_dir.empty()) {
+    return InvalidArgument("gpu bench: --dump-dir feeds the bf16 peer check; it does not apply to --scheme " +
+                           opt.scheme);
   }
   std::vector<int64_t> m_list = opt.m_list;
   auto shapes_or = load_shapes(opt.shapes_path, &m_list);
@@ -723,6 +765,14 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   }
   log << std::fixed << std::setprecision(1) << "ceilings: HBM read " << ceil.read_bytes_per_s * 1e-9
       << " GB/s, bf16 matmul " << ceil.matmul_flops_per_s * 1e-12 << " TFLOP/s\n";
+  if (opt.scheme != "bf16") {
+    // The fp8 floor: the same process measures the e4m3 matmul rate (docs/fp8.md).
+    if (!measure_fp8_matmul(opt.matmul_n, opt.ceiling_repeats, &ceil, &error)) {
+      return Internal("gpu bench: fp8 matmul ceiling: " + error);
+    }
+    log << "ceilings: fp8 matmul " << ceil.fp8_matmul_flops_per_s * 1e-12 << " TFLOP/s (scheme " << opt.scheme
+        << ")\n";
+  }
 
   json j_shapes = json::array(), j_cases = json::array();
   std::vector<CaseResult> results;
@@ -758,7 +808,9 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
                {{"read_bytes_per_s", ceil.read_bytes_per_s},
                 {"read_gib", ceil.read_gib},
                 {"matmul_flops_per_s", ceil.matmul_flops_per_s},
+                {"fp8_matmul_flops_per_s", ceil.fp8_matmul_flops_per_s},
                 {"matmul_n", ceil.matmul_n}}},
+              {"scheme", opt.scheme},
               {"generator", "gpu_fill.h: h=mix32(lo^mix32(hi^mix32(seed))); v=(2*(h>>8)/2^24-1)*2^scale_log2"},
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},

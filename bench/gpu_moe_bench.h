@@ -37,6 +37,7 @@ struct GpuBenchOptions {
   // "capture" and "replay"; their ratio to the default is the overhead).
   bool capture_modes = true;
   bool batch_invariant = false;  // every layer with MoeConfig::batch_invariant (docs/batch_invariance.md)
+  std::string scheme = "bf16";      // bf16 | fp8-block | fp8-tensor (docs/fp8.md); fp8 floors use the fp8 matmul rate
 };
 
 // Runs the benchmark on the current CUDA device; progress goes to `log`, the

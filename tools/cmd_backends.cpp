@@ -2,6 +2,7 @@
 // backend and kernel class would run it, and why every other candidate lost.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli_util.h"
@@ -17,6 +18,7 @@ struct BackendsOptions {
   int64_t experts = 128, hidden = 2048, intermediate = 768, max_tokens = 256;
   std::string activation = "silu";
   std::string weight_dtype = "bf16", act_dtype = "bf16", logits_dtype = "f32";
+  std::string quant = "none", act_scale = "dynamic";
   bool score_bias = false;
   int tp = 1, ep = 1, dp = 1;
   std::string all2all = "none";
@@ -39,6 +41,15 @@ StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
   MOEKIT_ASSIGN_OR_RETURN(c.quant.weight_dtype, dtype_flag("--weight-dtype", o.weight_dtype));
   MOEKIT_ASSIGN_OR_RETURN(c.quant.act_dtype, dtype_flag("--act-dtype", o.act_dtype));
   MOEKIT_ASSIGN_OR_RETURN(c.logits_dtype, dtype_flag("--logits-dtype", o.logits_dtype));
+  const std::optional<QuantMethod> quant = parse_quant_method(o.quant);
+  if (!quant) return InvalidArgument("--quant: unknown method '" + o.quant + "' (none, fp8_block128, fp8_per_tensor)");
+  c.quant.method = *quant;
+  // fp8 methods imply e4m3 weights unless --weight-dtype says otherwise.
+  if (c.quant.is_fp8() && o.weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
+  if (o.act_scale != "dynamic" && o.act_scale != "static") {
+    return InvalidArgument("--act-scale must be dynamic or static, got '" + o.act_scale + "'");
+  }
+  c.quant.act_scale = o.act_scale == "static" ? ActScale::kStatic : ActScale::kDynamic;
   auto act = parse_activation(o.activation);
   if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
   c.activation.kind = *act;
@@ -105,6 +116,9 @@ void add_backends_command(CLI::App& app) {
   cmd->add_option("--weight-dtype", o->weight_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--act-dtype", o->act_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--logits-dtype", o->logits_dtype, "f32|bf16")->capture_default_str();
+  cmd->add_option("--quant", o->quant, "none|fp8_block128|fp8_per_tensor (docs/fp8.md)")->capture_default_str();
+  cmd->add_option("--act-scale", o->act_scale, "fp8_per_tensor activation scales: dynamic|static")
+      ->capture_default_str();
   cmd->add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();
   cmd->add_option("--ep", o->ep, "expert-parallel size")->capture_default_str();
   cmd->add_option("--dp", o->dp, "data-parallel size")->capture_default_str();

@@ -156,7 +156,7 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
   const LayerSizeCheck fits = [&](const LayerSize& s) {
-    const DType act = o.dtype.empty() ? s.dtype : flag_dtype;
+    const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
   };
   MOEKIT_ASSIGN_OR_RETURN(p.file, load_layer_checkpoint(file, layer_index, fits));
@@ -169,7 +169,11 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   cfg.hidden = H;
   cfg.intermediate = I;
   cfg.quant.weight_dtype = ckpt.w13.dtype();
-  cfg.quant.act_dtype = o.dtype.empty() ? ckpt.w13.dtype() : flag_dtype;
+  cfg.quant.method = ckpt.fp8.method;
+  cfg.quant.act_scale = ckpt.fp8.act_scale;
+  // fp8 weights compute in bf16 by default (hidden and out).
+  const DType default_act = ckpt.w13.dtype() == DType::kF8E4M3 ? DType::kBF16 : ckpt.w13.dtype();
+  cfg.quant.act_dtype = o.dtype.empty() ? default_act : flag_dtype;
   auto act = parse_activation(o.activation);
   if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
   cfg.activation.kind = *act;
@@ -183,12 +187,20 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   std::function<StatusOr<HostTensor>()> router;
   if (ckpt.has_router()) router = [&p]() -> StatusOr<HostTensor> { return compute_logits(p.hidden, p.file.router); };
   MOEKIT_RETURN_IF_ERROR(load_inputs(o, p, router, o.weights_path + " has no router (" + ckpt.prefix + "gate.weight)"));
-  p.weights = MoeWeights{ckpt.w13.view(), ckpt.w2.view(), use_bias ? ckpt.score_bias.view() : TensorView{}};
+  const auto optional_view = [](const HostTensor& t) { return t.shape().empty() ? TensorView{} : t.view(); };
+  p.weights = MoeWeights{};
+  p.weights.w13 = ckpt.w13.view();
+  p.weights.w2 = ckpt.w2.view();
+  p.weights.score_bias = use_bias ? ckpt.score_bias.view() : TensorView{};
+  p.weights.w13_scale = optional_view(ckpt.fp8.w13_scale);  // fp8 checkpoints (docs/fp8.md)
+  p.weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
+  p.weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
+  p.weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
   char line[512];
   std::snprintf(line, sizeof line, "weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
                 ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
                 static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
-                dtype_name(cfg.quant.weight_dtype));
+                cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
   p.found = line;
   return Status::Ok();
 }

@@ -14,5 +14,6 @@ void add_layer_command(CLI::App& app);     // tools/cmd_layer.cpp
 void add_replay_command(CLI::App& app);    // tools/cmd_replay.cpp
 void add_bench_command(CLI::App& app);     // tools/cmd_bench.cpp
 void add_capture_command(CLI::App& app);   // tools/cmd_capture.cpp
+void add_quantize_command(CLI::App& app);  // tools/cmd_quantize.cpp
 
 }  // namespace moekit::tools

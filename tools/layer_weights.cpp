@@ -1,5 +1,6 @@
 #include "layer_weights.h"
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -34,6 +35,25 @@ std::string shape_text(const std::vector<int64_t>& s) {
 Status check_float(const io::SafetensorsEntry& e) {
   if (e.dtype != DType::kBF16 && e.dtype != DType::kF32) {
     return InvalidArgument(e.name + ": weights must be BF16 or F32, got " + e.dtype_name);
+  }
+  return Status::Ok();
+}
+
+Status check_weight_dtype(const io::SafetensorsEntry& e) {
+  if (e.dtype != DType::kBF16 && e.dtype != DType::kF32 && e.dtype != DType::kF8E4M3) {
+    return InvalidArgument(e.name + ": weights must be BF16, F32 or F8_E4M3, got " + e.dtype_name);
+  }
+  return Status::Ok();
+}
+
+// A scale next to an unquantized weight would be silently ignored: refuse it.
+Status check_no_scale(const io::SafetensorsFile& file, const io::SafetensorsEntry& w) {
+  const std::string base = w.name.substr(0, w.name.size() - std::string(".weight").size());
+  for (const char* suffix : {".weight_scale_inv", ".weight_scale", ".input_scale"}) {
+    if (file.contains(base + suffix)) {
+      return InvalidArgument(base + suffix + ": a scale for " + w.name + ", which is " + w.dtype_name +
+                             ", not F8_E4M3");
+    }
   }
   return Status::Ok();
 }
@@ -73,7 +93,7 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
     }
   }
   const io::SafetensorsEntry& g0 = *c.experts.at(0).gate;
-  MOEKIT_RETURN_IF_ERROR(check_float(g0));
+  MOEKIT_RETURN_IF_ERROR(check_weight_dtype(g0));
   if (g0.shape.size() != 2) return InvalidArgument(g0.name + ": expected [I, H], got " + shape_text(g0.shape));
   const int64_t I = g0.shape[0], H = g0.shape[1];
   const DType dtype = *g0.dtype;
@@ -82,7 +102,7 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
     const std::pair<const io::SafetensorsEntry*, std::vector<int64_t>> want[3] = {
         {x.gate, {I, H}}, {x.up, {I, H}}, {x.down, {H, I}}};
     for (const auto& [entry, shape] : want) {
-      MOEKIT_RETURN_IF_ERROR(check_float(*entry));
+      MOEKIT_RETURN_IF_ERROR(check_weight_dtype(*entry));
       if (entry->shape != shape) {
         return InvalidArgument(entry->name + ": expected " + shape_text(shape) + " (as expert 0), got " +
                                shape_text(entry->shape));
@@ -92,6 +112,18 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
                                g0.dtype_name);
       }
     }
+  }
+  // fp8: every scale read and checked before the weights are stacked.
+  std::vector<std::array<const io::SafetensorsEntry*, 3>> parts;
+  for (int64_t e = 0; e < E; ++e) {
+    const ExpertTensors& x = c.experts.at(e);
+    parts.push_back({x.gate, x.up, x.down});
+    if (dtype != DType::kF8E4M3) {
+      for (const io::SafetensorsEntry* p : parts.back()) MOEKIT_RETURN_IF_ERROR(check_no_scale(file, *p));
+    }
+  }
+  if (dtype == DType::kF8E4M3) {
+    MOEKIT_ASSIGN_OR_RETURN(out->fp8, read_expert_fp8_scales(file, parts, I, H));
   }
   // Every expert's tensors lie in the file without overlapping, so these sizes fit.
   if (check_size) MOEKIT_RETURN_IF_ERROR(check_size(LayerSize{E, 2 * I, H, I, dtype}));
@@ -173,8 +205,8 @@ StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file,
   if (c.naming == "moekit") {
     const io::SafetensorsEntry& w13 = *file.find(prefix + "w13");
     const io::SafetensorsEntry& w2 = *file.find(prefix + "w2");
-    MOEKIT_RETURN_IF_ERROR(check_float(w13));
-    MOEKIT_RETURN_IF_ERROR(check_float(w2));
+    MOEKIT_RETURN_IF_ERROR(check_weight_dtype(w13));
+    MOEKIT_RETURN_IF_ERROR(check_weight_dtype(w2));
     if (w13.shape.size() != 3 || w2.shape.size() != 3 || w2.shape[0] != w13.shape[0] || w2.shape[1] != w13.shape[2]) {
       return InvalidArgument(file.path() + ": w13 " + shape_text(w13.shape) + " and w2 " + shape_text(w2.shape) +
                              " must be [E, 2I, H] and [E, H, I]");
@@ -182,6 +214,12 @@ StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file,
     if (w13.dtype != w2.dtype) return InvalidArgument(file.path() + ": w13 and w2 must share a dtype");
     if (check_size) {
       MOEKIT_RETURN_IF_ERROR(check_size(LayerSize{w13.shape[0], w13.shape[1], w13.shape[2], w2.shape[2], *w13.dtype}));
+    }
+    if (w13.dtype == DType::kF8E4M3) {
+      MOEKIT_ASSIGN_OR_RETURN(out.fp8, read_stacked_fp8_scales(file, prefix));
+    } else if (file.contains(prefix + "w13_scale") || file.contains(prefix + "w2_scale")) {
+      return InvalidArgument(file.path() + ": " + prefix + "w13_scale/w2_scale given for " + w13.dtype_name +
+                             " weights (scales belong to F8_E4M3 weights)");
     }
     MOEKIT_ASSIGN_OR_RETURN(out.w13, file.read(w13.name));
     MOEKIT_ASSIGN_OR_RETURN(out.w2, file.read(w2.name));

@@ -6,13 +6,15 @@
 //   Mixtral:     <prefix>experts.<e>.w1.weight (gate), .w3.weight (up), .w2.weight (down)
 // plus, next to them, the router <prefix>gate.weight [E, H] and the
 // e_score_correction_bias [E] (<prefix>e_score_correction_bias or
-// <prefix>gate.e_score_correction_bias). Tensors bf16 or f32.
+// <prefix>gate.e_score_correction_bias). Tensors bf16 or f32, or expert
+// weights in F8_E4M3 with their scales (layer_fp8_scales.h, docs/fp8.md).
 #pragma once
 
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "layer_fp8_scales.h"
 #include "moekit/io.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
@@ -20,12 +22,13 @@
 namespace moekit::tools {
 
 struct LayerCheckpoint {
-  HostTensor w13;         // [E, 2I, H] checkpoint dtype (f32|bf16), gate rows then up rows
+  HostTensor w13;         // [E, 2I, H] checkpoint dtype (f32|bf16|f8_e4m3), gate rows then up rows
   HostTensor w2;          // [E, H, I] same dtype
   HostTensor score_bias;  // [E] f32, empty (numel 0) when the file has none
   HostTensor router;      // [E, H] f32, empty when the file has none
   std::string naming;     // "moekit", "gate_proj/up_proj/down_proj", "w1/w3/w2"
   std::string prefix;     // the name prefix of the layer's tensors
+  Fp8Scales fp8;          // method kNone unless the weights are F8_E4M3
   bool has_bias() const { return !score_bias.shape().empty(); }
   bool has_router() const { return !router.shape().empty(); }
 };

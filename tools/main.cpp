@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   moekit::tools::add_replay_command(app);
   moekit::tools::add_bench_command(app);
   moekit::tools::add_capture_command(app);
+  moekit::tools::add_quantize_command(app);
   // NOTE: every bad command line is answered with one line on stderr and exit
   // code 2; help (--help) is the only multi-line answer.
   if (const std::string unknown = moekit::tools::unknown_command(app, argc, argv); !unknown.empty()) {

@@ -43,7 +43,13 @@ struct SyntheticLayer {
   HostTensor w2;          // [E, H, I] bf16
   HostTensor score_bias;  // [E] f32 e_score_correction_bias (selection only)
 
-  MoeWeights weights() const { return {w13.view(), w2.view(), score_bias.view()}; }
+  MoeWeights weights() const {
+    MoeWeights w;
+    w.w13 = w13.view();
+    w.w2 = w2.view();
+    w.score_bias = score_bias.view();
+    return w;
+  }
 };
 
 // Builds layer `layer` (deterministic in spec.seed and layer; threads split

@@ -63,10 +63,36 @@ struct ActivationConfig {
   std::string to_string() const;
 };
 
-// Unquantized schemes only for now: the dtypes of weights and activations.
+// How the expert GEMMs quantize their operands (docs/fp8.md has the layouts).
+enum class QuantMethod : uint8_t {
+  kNone,            // weights f32|bf16 as given; GEMMs on those values
+  kFp8Block128,     // W8A8: e4m3 weights, one f32 scale_inv per 128x128 block; activations
+                    // quantized per token per 128 columns (scale = amax/448) before each GEMM
+  kFp8PerTensor,    // W8A8: e4m3 weights, one f32 scale per weight tensor per expert;
+                    // activations quantized with one scale per tensor (act_scale says how)
+};
+const char* quant_method_name(QuantMethod m);  // "none", "fp8_block128", "fp8_per_tensor"
+std::optional<QuantMethod> parse_quant_method(std::string_view name);
+
+// fp8 per-tensor only: where the activation scale comes from.
+enum class ActScale : uint8_t {
+  kDynamic,  // amax/448 of the whole GEMM input, computed every call
+  kStatic,   // given with the weights, one f32 per expert and GEMM (a13_scale, a2_scale)
+};
+const char* act_scale_name(ActScale s);  // "dynamic", "static"
+
+inline constexpr int64_t kFp8BlockSize = 128;   // block edge of fp8_block128 (weights and activation groups)
+inline constexpr float kFp8E4M3Max = 448.0f;    // largest finite e4m3fn value
+inline constexpr float kFp8ScaleFloor = 1e-10f; // amax is clamped to >= this before amax/448
+
 struct QuantScheme {
-  DType weight_dtype = DType::kBF16;  // f32 | bf16
+  DType weight_dtype = DType::kBF16;  // f32 | bf16 (method none); f8_e4m3 (fp8 methods)
   DType act_dtype = DType::kBF16;     // f32 | bf16 (hidden and out)
+  QuantMethod method = QuantMethod::kNone;
+  ActScale act_scale = ActScale::kDynamic;  // kFp8PerTensor only
+
+  bool is_fp8() const { return method != QuantMethod::kNone; }
+  Status validate() const;
   std::string to_string() const;
 };
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moekit/config.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
 
@@ -139,5 +140,17 @@ Status write_files_atomic(const std::vector<std::pair<std::string, std::vector<u
 // A host copy of `t` converted to `dtype` (float types among themselves, exact
 // when widening; ints among themselves when the values fit).
 StatusOr<HostTensor> convert(const TensorView& t, DType dtype);
+
+// One weight matrix w [N, K] (f32|bf16, finite) quantized for an fp8 scheme
+// (docs/fp8.md): scale = max(amax, 1e-10) / 448 in f32 per 128x128 block
+// (fp8_block128: scale [ceil(N/128), ceil(K/128)], the checkpoints'
+// weight_scale_inv) or per matrix (fp8_per_tensor: scale [1], weight_scale);
+// weight = e4m3(w / scale) [N, K] f8_e4m3, round to nearest even. Real value =
+// weight * scale.
+struct Fp8Matrix {
+  HostTensor weight;  // [N, K] f8_e4m3
+  HostTensor scale;   // f32, shape above
+};
+StatusOr<Fp8Matrix> quantize_fp8(const TensorView& w, QuantMethod method, std::string_view name);
 
 }  // namespace moekit::io

@@ -49,6 +49,17 @@ struct MoeWeights {
   TensorView shared_w13{};   // [2 Is, H] (relu2: [Is, H])
   TensorView shared_w2{};    // [H, Is]
   TensorView shared_gate{};  // [H] f32 or weight dtype, iff config.has_shared_gate
+  // fp8 schemes only (config.quant.method; layouts in docs/fp8.md), f32, every value finite and > 0:
+  //   fp8_block128:   w13_scale [E, P*ceil(I/128), ceil(H/128)], w2_scale [E, ceil(H/128), ceil(I/128)]
+  //   fp8_per_tensor: w13_scale [E, P], w2_scale [E]
+  // P = 2 parts (gate, up) when gated, 1 for relu2; w13 row r belongs to part r / I. Real weight =
+  // e4m3 value * scale of its block (or part).
+  TensorView w13_scale;
+  TensorView w2_scale;
+  // fp8_per_tensor with static activation scales: [E] f32 each, the scale of GEMM1's input (hidden)
+  // and of GEMM2's input (the activation output) for each expert.
+  TensorView a13_scale;
+  TensorView a2_scale;
 };
 
 struct MoeRunArgs {

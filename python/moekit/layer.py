@@ -17,15 +17,24 @@ class MoeLayer:
     once, so the caller may free them). score_bias [E] float32 enables
     deepseek_v3's selection bias. device: where the layer runs (default: w13's device);
     a layer asked for on a CUDA device never falls back to the CPU.
+
+    fp8 schemes (config quant="fp8_block128" | "fp8_per_tensor", docs/fp8.md): w13/w2
+    are torch.float8_e4m3fn with float32 scales w13_scale/w2_scale in the layouts of
+    MoeWeights (block: [E, P*ceil(I/128), ceil(H/128)] and [E, ceil(H/128), ceil(I/128)];
+    per tensor: [E, P] and [E]; P = 2 gated), and a13_scale/a2_scale [E] for static
+    activation scales.
     """
 
     def __init__(self, config: MoeConfig, w13: torch.Tensor, w2: torch.Tensor,
-                 score_bias: Optional[torch.Tensor] = None, device: DeviceLike = None):
+                 score_bias: Optional[torch.Tensor] = None, device: DeviceLike = None,
+                 w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None,
+                 a13_scale: Optional[torch.Tensor] = None, a2_scale: Optional[torch.Tensor] = None):
         self.config = config
         self._top_k = config.top_k  # a Python int: torch.compile traces __call__, not the C++ config
         self.device = to_device(device, default=getattr(w13, "device", None))
         self._layer = _moekit.create_layer(config, weight(w13), weight(w2), weight(score_bias), self.device.type,
-                                           self.device.index or 0)
+                                           self.device.index or 0, weight(w13_scale), weight(w2_scale),
+                                           weight(a13_scale), weight(a2_scale))
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
 

@@ -27,7 +27,8 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
                       const std::string& routing, int num_groups, int topk_groups, float routed_scaling_factor,
                       const std::string& activation, int64_t max_num_tokens, const std::string& backend,
                       const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
-                      bool capture, std::optional<bool> replay, bool renormalize, bool batch_invariant) {
+                      bool capture, std::optional<bool> replay, bool renormalize, bool batch_invariant,
+                      const std::string& quant, const std::string& act_scale) {
   MoeConfig c;
   c.num_experts = num_experts;
   c.hidden = hidden_size;
@@ -45,6 +46,17 @@ MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64
   if (!act) throw nb::value_error(("activation: unknown activation '" + activation + "'").c_str());
   c.activation.kind = *act;
   c.quant.weight_dtype = dtype_named("weight_dtype", weight_dtype);
+  const std::optional<QuantMethod> method_q = parse_quant_method(quant);
+  if (!method_q) {
+    throw nb::value_error(("quant: unknown method '" + quant + "' (none, fp8_block128, fp8_per_tensor)").c_str());
+  }
+  c.quant.method = *method_q;
+  // fp8 methods take e4m3 weights: the default weight dtype follows the method.
+  if (c.quant.is_fp8() && weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
+  if (act_scale != "dynamic" && act_scale != "static") {
+    throw nb::value_error(("act_scale: must be 'dynamic' or 'static', got '" + act_scale + "'").c_str());
+  }
+  c.quant.act_scale = act_scale == "static" ? ActScale::kStatic : ActScale::kDynamic;
   c.quant.act_dtype = dtype_named("act_dtype", act_dtype);
   c.logits_dtype = dtype_named("logits_dtype", logits_dtype);
   c.backend = backend;
@@ -67,7 +79,7 @@ void bind_config(nb::module_& m) {
            nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
            nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
            nb::arg("replay") = nb::none(), nb::arg("renormalize") = true,
-           nb::arg("batch_invariant") = false)
+           nb::arg("batch_invariant") = false, nb::arg("quant") = "none", nb::arg("act_scale") = "dynamic")
       .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
       .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })
       .def_prop_ro("hidden_size", [](const MoeConfig& c) { return c.hidden; })
@@ -80,6 +92,8 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("max_num_tokens", [](const MoeConfig& c) { return c.max_num_tokens; })
       .def_prop_ro("backend", [](const MoeConfig& c) { return c.backend; })
       .def_prop_ro("weight_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.quant.weight_dtype)); })
+      .def_prop_ro("quant", [](const MoeConfig& c) { return std::string(quant_method_name(c.quant.method)); })
+      .def_prop_ro("act_scale", [](const MoeConfig& c) { return std::string(act_scale_name(c.quant.act_scale)); })
       .def_prop_ro("act_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.quant.act_dtype)); })
       .def_prop_ro("logits_dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.logits_dtype)); })
       .def_prop_ro("capture", [](const MoeConfig& c) { return c.needs_capture; })

@@ -35,13 +35,18 @@ const Platform& platform() { return Platform::probe(); }
 
 std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13, const Array& w2,
                                        const OptArray& score_bias, const std::string& device_type,
-                                       int device_index) {
+                                       int device_index, const OptArray& w13_scale, const OptArray& w2_scale,
+                                       const OptArray& a13_scale, const OptArray& a2_scale) {
   MoeConfig c = config;
   c.routing.has_score_bias = score_bias.has_value();
   MoeWeights w;
   w.w13 = view_of(w13, "w13");
   w.w2 = view_of(w2, "w2");
   w.score_bias = view_of(score_bias, "score_bias");
+  w.w13_scale = view_of(w13_scale, "w13_scale");  // fp8 schemes (docs/fp8.md)
+  w.w2_scale = view_of(w2_scale, "w2_scale");
+  w.a13_scale = view_of(a13_scale, "a13_scale");
+  w.a2_scale = view_of(a2_scale, "a2_scale");
   const Device device = parse_device(device_type, device_index);
   nb::gil_scoped_release release;
   return value_or_throw(MoeLayer::create(c, w, device, platform()));
@@ -110,7 +115,9 @@ void bind_layer(nb::module_& m) {
            nb::arg("routing_replay_out").none(), nb::arg("forced_ids").none(), nb::arg("topk_ids").none(),
            nb::arg("topk_weights").none(), nb::arg("stream"));
   m.def("create_layer", &create_layer, nb::arg("config"), nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
-        nb::arg("device_type"), nb::arg("device_index"));
+        nb::arg("device_type"), nb::arg("device_index"), nb::arg("w13_scale").none() = nb::none(),
+        nb::arg("w2_scale").none() = nb::none(), nb::arg("a13_scale").none() = nb::none(),
+        nb::arg("a2_scale").none() = nb::none());
 
   nb::class_<Model>(m, "Model", "The MoE layers of one model, in order, with their model-layer indices.")
       .def(nb::init<>())

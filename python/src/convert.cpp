@@ -31,6 +31,9 @@ std::optional<DType> to_dtype(nb::dlpack::dtype dt) {
   if (code == C::Int && dt.bits == 32) return DType::kI32;
   if (code == C::Int && dt.bits == 16) return DType::kI16;
   if (code == C::UInt && dt.bits == 8) return DType::kU8;
+  // DLPack's kDLFloat8_e4m3fn (torch.float8_e4m3fn), a code newer than nanobind's enum.
+  constexpr uint8_t kDLFloat8E4M3fn = 10;
+  if (dt.code == kDLFloat8E4M3fn && dt.bits == 8) return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -41,7 +44,7 @@ TensorView view_of(const Array& a, const char* name) {
   const std::optional<DType> dtype = to_dtype(a.dtype());
   if (!dtype) {
     throw nb::value_error((n + ": dtype " + dlpack_dtype_name(a.dtype()) +
-                           " is not supported (float32, bfloat16, float16, int32, int16, uint8)").c_str());
+                           " is not supported (float32, bfloat16, float16, int32, int16, uint8, float8_e4m3fn)").c_str());
   }
   if (a.ndim() > static_cast<size_t>(kMaxRank)) {
     throw nb::value_error((n + ": rank " + std::to_string(a.ndim()) + " exceeds " + std::to_string(kMaxRank)).c_str());

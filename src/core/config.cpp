@@ -125,8 +125,60 @@ std::string ActivationConfig::to_string() const {
   return os.str();
 }
 
+const char* quant_method_name(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::kNone: return "none";
+    case QuantMethod::kFp8Block128: return "fp8_block128";
+    case QuantMethod::kFp8PerTensor: return "fp8_per_tensor";
+  }
+  return "?";
+}
+
+std::optional<QuantMethod> parse_quant_method(std::string_view name) {
+  static constexpr QuantMethod kAll[] = {QuantMethod::kNone, QuantMethod::kFp8Block128, QuantMethod::kFp8PerTensor};
+  return parse_by_name(name, kAll, quant_method_name);
+}
+
+const char* act_scale_name(ActScale s) {
+  switch (s) {
+    case ActScale::kDynamic: return "dynamic";
+    case ActScale::kStatic: return "static";
+  }
+  return "?";
+}
+
+Status QuantScheme::validate() const {
+  if (act_dtype != DType::kF32 && act_dtype != DType::kBF16) {
+    return InvalidArgument(field("quant.act_dtype", std::string("must be f32 or bf16, got ") + dtype_name(act_dtype)));
+  }
+  switch (method) {
+    case QuantMethod::kNone:
+      if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16) {
+        return InvalidArgument(field("quant.weight_dtype", std::string("must be f32 or bf16 for method none, got ") +
+                                                               dtype_name(weight_dtype)));
+      }
+      break;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor:
+      if (weight_dtype != DType::kF8E4M3) {
+        return InvalidArgument(field("quant.weight_dtype", std::string("must be f8_e4m3 for method ") +
+                                                               quant_method_name(method) + ", got " +
+                                                               dtype_name(weight_dtype)));
+      }
+      break;
+  }
+  if (method != QuantMethod::kFp8PerTensor && act_scale != ActScale::kDynamic) {
+    return InvalidArgument(field("quant.act_scale", std::string("static activation scales belong to fp8_per_tensor, "
+                                                                "not ") + quant_method_name(method)));
+  }
+  return Status::Ok();
+}
+
 std::string QuantScheme::to_string() const {
-  return std::string("{weights=") + dtype_name(weight_dtype) + ", acts=" + dtype_name(act_dtype) + "}";
+  std::string s = std::string("{method=") + quant_method_name(method) + ", weights=" + dtype_name(weight_dtype) +
+                  ", acts=" + dtype_name(act_dtype);
+  if (method == QuantMethod::kFp8PerTensor) s += std::string(", act_scale=") + act_scale_name(act_scale);
+  return s + "}";
 }
 
 Status ParallelConfig::validate() const {
@@ -162,11 +214,7 @@ Status MoeConfig::validate() const {
   if (logits_dtype != DType::kF32 && logits_dtype != DType::kBF16) {
     return InvalidArgument(field("logits_dtype", std::string("must be f32 or bf16, got ") + dtype_name(logits_dtype)));
   }
-  for (auto [name, d] : {std::pair{"quant.weight_dtype", quant.weight_dtype}, std::pair{"quant.act_dtype", quant.act_dtype}}) {
-    if (d != DType::kF32 && d != DType::kBF16) {
-      return InvalidArgument(field(name, std::string("must be f32 or bf16, got ") + dtype_name(d)));
-    }
-  }
+  MOEKIT_RETURN_IF_ERROR(quant.validate());
   if (activation.kind == Activation::kSwigluOai && !(activation.swiglu_limit > 0.0f)) {
     return InvalidArgument(field("activation.swiglu_limit", "must be > 0"));
   }
@@ -178,6 +226,17 @@ Status MoeConfig::validate() const {
   }
   if (has_shared_gate && shared_intermediate == 0) {
     return InvalidArgument(field("has_shared_gate", "a shared-expert gate needs a shared expert (shared_intermediate > 0)"));
+  }
+  // TODO(fp8): expert biases and shared experts in the fp8 schemes (their
+  // weights would need scales of their own); refused rather than half-served.
+  if (quant.is_fp8() && (has_expert_bias || shared_intermediate > 0)) {
+    return InvalidArgument(field("quant.method", std::string(quant_method_name(quant.method)) +
+                                                     " does not take expert biases or a shared expert yet"));
+  }
+  if (batch_invariant && quant.method == QuantMethod::kFp8PerTensor && quant.act_scale == ActScale::kDynamic) {
+    // One activation scale per call: every row depends on the batch's amax.
+    return InvalidArgument(field("batch_invariant", "cannot hold with fp8_per_tensor's dynamic activation scale "
+                                                    "(one amax over the batch); use act_scale=static or fp8_block128"));
   }
   if (needs_replay && routing.method == RoutingMethod::kCustom) {
     return InvalidArgument(field("needs_replay", "custom routing supplies its own ids; replay does not apply"));

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "reference.h"
+#include "reference_internal.h"
 
 namespace moekit_ref {
 namespace {
@@ -18,17 +19,10 @@ double gelu_tanh(double v) {
   return 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
 }
 
-// z = W13[e] x (+ b13e) for one token; returns act(z) of length I.
-std::vector<double> expert_hidden(const LayerParams& p, const double* x, const double* w13e,
-                                  const double* b13e = nullptr) {
-  const bool gated = p.activation != "relu2";
-  const int64_t rows = gated ? 2 * p.I : p.I;
-  std::vector<double> z(rows, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    double s = 0.0;
-    for (int64_t c = 0; c < p.H; ++c) s += w13e[r * p.H + c] * x[c];
-    z[r] = b13e != nullptr ? s + b13e[r] : s;
-  }
+}  // namespace
+
+// act(z) of length I for z = W13[e] x (2I values gated, I for relu2).
+std::vector<double> activate(const LayerParams& p, const std::vector<double>& z) {
   std::vector<double> a(p.I, 0.0);
   for (int64_t i = 0; i < p.I; ++i) {
     if (p.activation == "silu") {
@@ -51,6 +45,22 @@ std::vector<double> expert_hidden(const LayerParams& p, const double* x, const d
     }
   }
   return a;
+}
+
+namespace {
+
+// z = W13[e] x (+ b13e) for one token; returns act(z) of length I.
+std::vector<double> expert_hidden(const LayerParams& p, const double* x, const double* w13e,
+                                  const double* b13e = nullptr) {
+  const bool gated = p.activation != "relu2";
+  const int64_t rows = gated ? 2 * p.I : p.I;
+  std::vector<double> z(rows, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (int64_t c = 0; c < p.H; ++c) s += w13e[r * p.H + c] * x[c];
+    z[r] = b13e != nullptr ? s + b13e[r] : s;
+  }
+  return activate(p, z);
 }
 
 }  // namespace

@@ -60,5 +60,32 @@ std::vector<double> moe_layer(const LayerParams& p, const std::vector<double>& h
                               const std::vector<double>& w13, const std::vector<double>& w2,
                               const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k,
                               const LayerExtras& extras);
+// ---- fp8 (e4m3fn) W8A8, emulated independently of every backend.
+
+// The e4m3fn value nearest to v (ties to the even code), saturating at +-448
+// (finite values never become NaN); NaN stays NaN.
+double e4m3_round(double v);
+// The value of an e4m3fn byte (0x7f/0xff: NaN).
+double e4m3_value(uint8_t bits);
+
+struct Fp8Params {
+  std::string scheme;         // "block128" | "per_tensor"
+  bool static_act = false;    // per_tensor: activation scales given (a13_scale, a2_scale), else dynamic
+  std::vector<double> a13_scale, a2_scale;  // [E], static_act only
+};
+
+// The MoE layer with e4m3 weights and activations, in fp64 apart from the
+// rounding the scheme specifies (docs/fp8.md): weights = e4m3 byte * scale;
+// each GEMM input rounded to e4m3 with the scale computed as an f32
+// (max(amax, 1e-10f) / 448) and the quotient x / scale taken in f32, per token
+// per 128 columns (block128) or per whole GEMM input / per expert
+// (per_tensor dynamic / static). w13_bits [E, n1, H], w2_bits [E, H, I] e4m3
+// bytes; scales as moekit's MoeWeights (kernel.h): block128 w13_scale
+// [E, P*ceil(I/128), ceil(H/128)], w2_scale [E, ceil(H/128), ceil(I/128)];
+// per_tensor w13_scale [E, P], w2_scale [E]; P = 2 gated, 1 relu2.
+std::vector<double> moe_layer_fp8(const LayerParams& p, const Fp8Params& q, const std::vector<double>& hidden,
+                                  int64_t M, const std::vector<uint8_t>& w13_bits, const std::vector<double>& w13_scale,
+                                  const std::vector<uint8_t>& w2_bits, const std::vector<double>& w2_scale,
+                                  const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k);
 
 }  // namespace moekit_ref

@@ -410,7 +410,7 @@ TEST_F(BadInput, LayerCheckpoints) {
       "mixes the",
       "(as expert 0)",
       "differs from expert 0's",
-      "weights must be BF16 or F32, got I16",
+      "weights must be BF16, F32 or F8_E4M3, got I16",
       "gate.weight: expected shape [8, 32]",
       "--logits is required",
   };
@@ -479,6 +479,105 @@ TEST_F(BadInput, LayerCheckpoints) {
   cases.push_back({"two layers, no --layer", "layer --weights " + in("two.safetensors") + base, "pick one with --layer N"});
   cases.push_back({"--layer absent from the file", "layer --layer 7 --weights " + in("two.safetensors") + base,
                    "no MoE layer weights for layer 7"});
+  snapshot_ = snapshot();
+  expect_rejected(cases);
+}
+
+// fp8 checkpoints (docs/fp8.md): every bad scale, scheme or quantize input.
+// kH = 32, kI = 16: one (partial) 128-block per matrix, which the CPU handles.
+LayerTensors fp8_layer_tensors(QuantMethod method, bool static_act = false) {
+  LayerTensors bf16 = layer_tensors("model.layers.3.mlp.", 11);
+  LayerTensors t;
+  const char* suffix = method == QuantMethod::kFp8Block128 ? "_scale_inv" : "_scale";
+  for (size_t i = 0; i < bf16.names.size(); ++i) {
+    if (bf16.names[i].find("experts.") == std::string::npos) {
+      t.add(bf16.names[i], std::move(bf16.tensors[i]));
+      continue;
+    }
+    io::Fp8Matrix m = io::quantize_fp8(bf16.tensors[i].view(), method, bf16.names[i]).value();
+    t.add(bf16.names[i], std::move(m.weight));
+    t.add(bf16.names[i] + suffix, std::move(m.scale));
+    if (static_act) {
+      HostTensor a(DType::kF32, {1});
+      a.data<float>()[0] = 4.0f / 448.0f;
+      t.add(replace_once(bf16.names[i], ".weight", ".input_scale"), std::move(a));
+    }
+  }
+  return t;
+}
+
+TEST_F(BadInput, Fp8Checkpoints) {
+  std::vector<std::pair<Case, LayerTensors>> files;
+  const std::string p = "model.layers.3.mlp.experts.";
+  auto index_of = [](const LayerTensors& t, const std::string& name) {
+    return static_cast<size_t>(std::find(t.names.begin(), t.names.end(), name) - t.names.begin());
+  };
+  auto edited = [&](const std::string& what, const std::string& needle, QuantMethod m, auto edit, bool stat = false) {
+    LayerTensors t = fp8_layer_tensors(m, stat);
+    edit(t);
+    files.push_back({Case{what, "", needle}, std::move(t)});
+  };
+  const QuantMethod block = QuantMethod::kFp8Block128, tensor = QuantMethod::kFp8PerTensor;
+  const std::string up2 = p + "2.up_proj.weight_scale_inv";
+  edited("block scale missing", up2 + " is missing", block, [&](LayerTensors& t) {
+    const size_t i = index_of(t, up2);
+    t.names.erase(t.names.begin() + static_cast<std::ptrdiff_t>(i));
+    t.tensors.erase(t.tensors.begin() + static_cast<std::ptrdiff_t>(i));
+  });
+  edited("block scale misshapen", up2 + ": expected shape [1, 1], got [2, 1]", block,
+         [&](LayerTensors& t) { t.tensors[index_of(t, up2)] = HostTensor(DType::kF32, {2, 1}); });
+  edited("block scale bf16", up2 + ": scales must be F32, got BF16", block,
+         [&](LayerTensors& t) { t.tensors[index_of(t, up2)] = HostTensor(DType::kBF16, {1, 1}); });
+  const std::pair<const char*, float> bad_values[] = {
+      {"NaN", std::nanf("")}, {"Inf", INFINITY}, {"zero", 0.0f}, {"negative", -0.5f}};
+  for (const auto& [name, v] : bad_values) {
+    const float value = v;
+    edited(std::string("block scale ") + name, up2 + ": element 0 is", block,
+           [&](LayerTensors& t) { t.tensors[index_of(t, up2)].data<float>()[0] = value; });
+  }
+  const std::string down1 = p + "1.down_proj.weight_scale";
+  edited("per-tensor scale negative", down1 + ": element 0 is", tensor,
+         [&](LayerTensors& t) { t.tensors[index_of(t, down1)].data<float>()[0] = -1.0f; });
+  edited("per-tensor scale [2]", down1 + ": expected shape [] or [1], got [2]", tensor,
+         [&](LayerTensors& t) { t.tensors[index_of(t, down1)] = HostTensor(DType::kF32, {2}); });
+  edited("schemes mixed across experts", "cannot mix the block-128 and per-tensor schemes", block,
+         [&](LayerTensors& t) { t.names[index_of(t, p + "5.gate_proj.weight_scale_inv")] = p + "5.gate_proj.weight_scale"; });
+  edited("static scale missing on one projection", p + "4.down_proj.input_scale is missing", tensor,
+         [&](LayerTensors& t) { t.names[index_of(t, p + "4.down_proj.input_scale")] = "unrelated"; }, true);
+  edited("fp8 weights without any scale", "are both missing", block, [&](LayerTensors& t) {
+    for (auto& n : t.names) {
+      if (n.ends_with("weight_scale_inv")) n = replace_once(n, "weight_scale_inv", "scale_of_something");
+    }
+  });
+  // A BF16 layer with a scale beside a weight: refused, not ignored.
+  LayerTensors bf16 = layer_tensors("model.layers.3.mlp.", 11);
+  HostTensor one(DType::kF32, {1, 1});
+  one.data<float>()[0] = 1.0f;
+  bf16.add(p + "0.gate_proj.weight_scale_inv", std::move(one));
+  files.push_back({Case{"scale beside a BF16 weight", "", "not F8_E4M3"}, std::move(bf16)});
+
+  std::vector<Case> cases;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string path = in("fp8_" + std::to_string(i) + ".safetensors");
+    ASSERT_TRUE(files[i].second.write(path).ok()) << files[i].first.what;
+    cases.push_back({files[i].first.what,
+                     "layer --weights " + path + " --hidden " + in("hidden.npy") + " --out " + out("o.npy") +
+                         " --capture " + out("cap.npy") + " --method softmax_topk --top-k 2",
+                     files[i].first.needle});
+  }
+  // quantize: bad scheme, fp8 input, no expert weights, output onto the input.
+  ASSERT_TRUE(fp8_layer_tensors(block).write(in("fp8.safetensors")).ok());
+  ASSERT_TRUE(io::write_safetensors(in("plain.safetensors"), {{"a", HostTensor(DType::kF32, {2}).view()}}).ok());
+  const std::string q = "quantize --out " + out("q.safetensors");
+  cases.push_back({"quantize: unknown scheme", q + " --scheme fp8 --weights " + in("w.safetensors"),
+                   "--scheme must be fp8-block or fp8-tensor, got 'fp8'"});
+  cases.push_back({"quantize: fp8 input", q + " --scheme fp8-block --weights " + in("fp8.safetensors"),
+                   "already F8_E4M3"});
+  cases.push_back({"quantize: no expert weights", q + " --scheme fp8-tensor --weights " + in("plain.safetensors"),
+                   "no expert weights to quantize"});
+  cases.push_back({"quantize: output is the input",
+                   "quantize --scheme fp8-block --weights " + in("w.safetensors") + " --out " + in("w.safetensors"),
+                   "--out"});
   snapshot_ = snapshot();
   expect_rejected(cases);
 }

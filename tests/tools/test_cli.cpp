@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -147,6 +148,99 @@ TEST_F(Cli, RouteRejectsBadInputWithExitCode2AndWritesNothing) {
                            " --out-weights " + file("no/such/w.npy"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_FALSE(fs::exists(file("ids.npy")));
+}
+
+// quantize, then layer on the fp8 file: the output against the fp64
+// reference's fp8 emulation on the file's own bytes and scales (bound as in
+// tests/experts/test_cpu_fp8.cpp: fp32 arithmetic plus at most one e4m3 step
+// at GEMM2's input), and against the BF16 layer (fp8 rounding: 0.1).
+TEST_F(Cli, QuantizeThenLayerMatchesTheFp8Reference) {
+  const int64_t M = 9, E = 6, H = 160, I = 72, k = 2;  // partial 128-blocks on both axes
+  std::mt19937_64 rng(testing::seed_from({M, E, H, I, 12}));
+  std::vector<io::NamedTensor> named;
+  std::vector<HostTensor> keep;
+  std::vector<std::string> names;
+  const std::string prefix = "model.layers.0.mlp.experts.";
+  for (int64_t e = 0; e < E; ++e) {
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      const bool down = std::string(proj) == "down_proj";
+      names.push_back(prefix + std::to_string(e) + "." + proj + ".weight");
+      keep.push_back(testing::random_tensor(rng, DType::kBF16, {down ? H : I, down ? I : H},
+                                            1.0 / std::sqrt(double(down ? I : H))));
+    }
+  }
+  for (size_t i = 0; i < keep.size(); ++i) named.push_back({names[i], keep[i].view()});
+  ASSERT_TRUE(io::write_safetensors(file("bf16.safetensors"), named).ok());
+  // The same layer in the stacked naming (w13 = gate rows then up rows, w2).
+  HostTensor w13(DType::kBF16, {E, 2 * I, H}), w2(DType::kBF16, {E, H, I});
+  for (int64_t e = 0; e < E; ++e) {
+    std::memcpy(w13.data<uint16_t>() + e * 2 * I * H, keep[e * 3].data<uint16_t>(), I * H * 2);
+    std::memcpy(w13.data<uint16_t>() + (e * 2 + 1) * I * H, keep[e * 3 + 1].data<uint16_t>(), I * H * 2);
+    std::memcpy(w2.data<uint16_t>() + e * H * I, keep[e * 3 + 2].data<uint16_t>(), H * I * 2);
+  }
+  ASSERT_TRUE(io::write_safetensors(file("stacked.safetensors"), {{"w13", w13.view()}, {"w2", w2.view()}}).ok());
+  std::vector<double> hidden_exact, logits_exact;
+  ASSERT_TRUE(io::write_npy(file("hidden.npy"), testing::random_tensor(rng, DType::kF32, {M, H}, 1.0, &hidden_exact).view()).ok());
+  ASSERT_TRUE(io::write_npy(file("logits.npy"), testing::tie_free_logits(rng, DType::kF32, M, E, 1.0 / 32.0, &logits_exact).view()).ok());
+  const std::string layer_args = " --hidden " + file("hidden.npy") + " --logits " + file("logits.npy") +
+                                 " --method renormalize --top-k 2 --dtype f32 --out ";
+  Result r = run_cli("layer --weights " + file("bf16.safetensors") + layer_args + file("out_bf16.npy"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<double> out_bf16 = testing::to_double(io::read_npy(file("out_bf16.npy")).value().view());
+
+  moekit_ref::RoutingParams rp;
+  rp.method = "renormalize";
+  rp.top_k = k;
+  const moekit_ref::RoutingResult rr = moekit_ref::route(rp, logits_exact, M, E);
+  moekit_ref::LayerParams lp;
+  lp.activation = "silu";
+  lp.E = E;
+  lp.H = H;
+  lp.I = I;
+  for (const char* scheme : {"fp8-block", "fp8-tensor"}) {
+    SCOPED_TRACE(scheme);
+    const bool block = std::string(scheme) == "fp8-block";
+    const std::string q = file(std::string(scheme) + ".safetensors");
+    r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + file("bf16.safetensors") + " --out " + q);
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run_cli("layer --weights " + q + layer_args + file("out.npy"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(block ? "method=fp8_block128" : "method=fp8_per_tensor"), std::string::npos) << r.out;
+    // The file in the checkpoint convention; the reference reads its bytes and scales.
+    io::SafetensorsFile f = io::SafetensorsFile::open(q).value();
+    std::vector<uint8_t> w13, w2;
+    std::vector<double> s13, s2;
+    for (int64_t e = 0; e < E; ++e) {
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+        const std::string base = prefix + std::to_string(e) + "." + proj;
+        const HostTensor w = f.read(base + ".weight").value();
+        ASSERT_EQ(w.dtype(), DType::kF8E4M3);
+        const HostTensor sc = f.read(base + (block ? ".weight_scale_inv" : ".weight_scale")).value();
+        const bool down = std::string(proj) == "down_proj";
+        const std::vector<int64_t> want_shape =
+            block ? std::vector<int64_t>{down ? 2 : 1, down ? 1 : 2} : std::vector<int64_t>{1};
+        EXPECT_EQ(sc.shape(), want_shape);
+        std::vector<uint8_t>& wd = down ? w2 : w13;
+        wd.insert(wd.end(), w.data<uint8_t>(), w.data<uint8_t>() + w.numel());
+        const std::vector<double> sv = testing::to_double(sc.view());
+        (down ? s2 : s13).insert((down ? s2 : s13).end(), sv.begin(), sv.end());
+      }
+    }
+    moekit_ref::Fp8Params fp;
+    fp.scheme = block ? "block128" : "per_tensor";
+    const std::vector<double> ref = moekit_ref::moe_layer_fp8(lp, fp, hidden_exact, M, w13, s13, w2, s2, rr.ids,
+                                                              rr.weights, static_cast<int>(k));
+    const std::vector<double> out = testing::to_double(io::read_npy(file("out.npy")).value().view());
+    EXPECT_LE(testing::rel_l2_error(out, ref), 2e-5 + 1e-3) << "vs the reference's fp8 emulation";
+    EXPECT_LE(testing::rel_l2_error(out, out_bf16), 0.1) << "vs the BF16 layer";
+    // The stacked naming quantizes part by part into the same bytes and scales: the same output, bit for bit.
+    const std::string qs = file(std::string(scheme) + "_stacked.safetensors");
+    r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + file("stacked.safetensors") + " --out " + qs);
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run_cli("layer --weights " + qs + layer_args + file("out_stacked.npy"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(testing::to_double(io::read_npy(file("out_stacked.npy")).value().view()), out);
+  }
 }
 
 TEST_F(Cli, RunServesASmallModelDeterministically) {

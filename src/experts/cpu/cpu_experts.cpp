@@ -7,6 +7,8 @@
 #include "dispatch/topk_reduce.h"
 #include "moekit/parallel_for.h"
 #include "experts/cpu/activations.h"
+#include "experts/cpu/fp8_emulation.h"
+#include "experts/quant_weights.h"
 #include "experts/cpu/permute.h"
 
 namespace moekit::cpu {
@@ -41,6 +43,7 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   const DType wt = config.quant.weight_dtype;
   MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, H}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, I}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, weights, Device::cpu()));
   const bool bias = config.has_expert_bias, shared = Is > 0;
   MOEKIT_RETURN_IF_ERROR(
       check_optional(weights.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, wt}, {E, n1}));
@@ -55,12 +58,24 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   intermediate_ = I;
   top_k_ = config.top_k();
   activation_ = config.activation;
+  quant_ = config.quant;
+  const auto host_vector = [](const TensorView& t) {
+    const float* p = t.defined() ? t.ptr<const float>() : nullptr;
+    return p ? std::vector<float>(p, p + t.numel()) : std::vector<float>();
+  };
+  a13_scale_ = host_vector(weights.a13_scale);
+  a2_scale_ = host_vector(weights.a2_scale);
   path_ = cpu_gemm_path(config);
   batch_invariant_ = config.batch_invariant;
   switch (path_) {
     case CpuGemmPath::kBlasF32:
-      w13_.assign(w13);
-      w2_.assign(w2);
+      if (quant_.is_fp8()) {
+        w13_.assign_fp8(quant_.method, w13, weights.w13_scale, w13_parts(activation_));
+        w2_.assign_fp8(quant_.method, w2, weights.w2_scale, 1);
+      } else {
+        w13_.assign(w13);
+        w2_.assign(w2);
+      }
       w13_packed_ = {};
       w2_packed_ = {};
       break;
@@ -127,9 +142,13 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
     }
   });
 
+  // NOTE: fp8 schemes round each GEMM's input through e4m3 right before the
+  // GEMM (docs/fp8.md); the GPU kernels quantize at these same two points.
+  quantize_gemm_input(b.x_perm, pairs, H, H, a13_scale_, b);
   grouped_gemm(b.x_perm, H, w13_, w13_packed_, n1, H, b.h, b);
   if (!w13_bias_.empty()) add_expert_bias(b.h, w13_bias_, n1);
   apply_activation(activation_, b.h, pairs, I);
+  quantize_gemm_input(b.h, pairs, I, n1, a2_scale_, b);
   grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
   if (!w2_bias_.empty()) add_expert_bias(b.y_perm, w2_bias_, H);
 
@@ -159,6 +178,28 @@ void CpuExperts::apply_shared(const float* x, int64_t num_tokens, float* y, cons
       for (int64_t c = 0; c < H; ++c) out[c] += g * src[c];
     }
   });
+}
+
+void CpuExperts::quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld,
+                                     const std::vector<float>& static_scale, const Buffers& b) const {
+  switch (quant_.method) {
+    case QuantMethod::kNone: return;
+    case QuantMethod::kFp8Block128: fp8_fake_quant_groups(a, rows, cols, ld); return;
+    case QuantMethod::kFp8PerTensor:
+      switch (quant_.act_scale) {
+        case ActScale::kDynamic:
+          // One scale for the whole GEMM input: every (token, slot) row.
+          fp8_fake_quant_scaled(a, rows, cols, ld, fp8_act_scale(fp8_amax(a, rows, cols, ld)));
+          return;
+        case ActScale::kStatic:
+          for (int64_t e = 0; e < num_experts_; ++e) {
+            const int64_t r0 = b.expert_offsets[e], n = b.expert_offsets[e + 1] - r0;
+            if (n > 0) fp8_fake_quant_scaled(a + r0 * ld, n, cols, ld, static_scale[e]);
+          }
+          return;
+      }
+      return;
+  }
 }
 
 void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,

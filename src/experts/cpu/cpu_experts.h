@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "experts/cpu/cpu_gemm.h"
 #include "experts/cpu/packed_bf16_gemm.h"
@@ -18,9 +19,10 @@ namespace moekit::cpu {
 class CpuExperts {
  public:
   // Validates the expert weights, w13 [E, 2I, H] (gated) or [E, I, H] (relu2),
-  // w2 [E, H, I], both in the config's weight dtype (errors name the tensor),
-  // and keeps them as cpu_gemm_path(config) needs: packed bf16
-  // (PackedBf16Weights) or widened to fp32 (ExpertWeightsF32).
+  // w2 [E, H, I], both in the config's weight dtype, and for the fp8 schemes
+  // their scales (errors name the tensor), and keeps them as
+  // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights) or widened to
+  // fp32 (ExpertWeightsF32; fp8 weights dequantized, fp8_emulation.h).
   // With config.has_expert_bias, w13_bias [E, n1] and w2_bias [E, H] (f32 or
   // the weight dtype) are kept in fp32; with a shared expert, its weights too
   // (always on the fp32 path: it is one dense GEMM pair per call).
@@ -59,11 +61,18 @@ class CpuExperts {
   void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_packed,
                     int64_t n, int64_t k, float* c, const Buffers& b) const;
 
+  // fp8 schemes: GEMM input rows [0, rows) (cols wide, stride ld, grouped by
+  // expert as b.expert_offsets says) rounded through e4m3 in place, with the
+  // scheme's activation scales; `static_scale`: a13_scale_ or a2_scale_.
+  void quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld, const std::vector<float>& static_scale,
+                           const Buffers& b) const;
   // y[t] += g_t * shared(x[t]) for t in [0, M): the shared expert's pass.
   void apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const;
 
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
+  QuantScheme quant_;
+  std::vector<float> a13_scale_, a2_scale_;  // [E] f32: fp8_per_tensor static activation scales, else empty
   CpuGemmPath path_ = CpuGemmPath::kBlasF32;
   bool batch_invariant_ = false;  // kBlasF32: gemm_abt_fixed_order instead of sgemm
   ExpertWeightsF32 w13_;          // [E, n1, H] f32, n1 = 2I (gated) or I (relu2); kBlasF32 only

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "moekit/parallel_for.h"
+#include "experts/cpu/fp8_emulation.h"
 #include "experts/cpu/packed_bf16_gemm.h"
 
 namespace moekit::cpu {
@@ -64,6 +65,13 @@ void gemm_abt_fixed_order(const float* a, int64_t lda, const float* b, int64_t l
       }
     }
   });
+}
+
+void ExpertWeightsF32::assign_fp8(QuantMethod method, const TensorView& src, const TensorView& scale,
+                                  int64_t parts) {
+  data_.assign(static_cast<size_t>(src.numel()), 0.0f);
+  dequantize_fp8_weights(method, src.ptr<const uint8_t>(), scale.ptr<const float>(), src.shape[0], src.shape[1],
+                         src.shape[2], parts, data_.data());
 }
 
 void ExpertWeightsF32::assign(const TensorView& src) {

@@ -49,6 +49,9 @@ class ExpertWeightsF32 {
  public:
   // src: f32|bf16 host tensor, contiguous.
   void assign(const TensorView& src);
+  // src: [E, N, K] e4m3 host tensor with its checked scales (quant_weights.h),
+  // dequantized once (fp8_emulation.h, dequantize_fp8_weights).
+  void assign_fp8(QuantMethod method, const TensorView& src, const TensorView& scale, int64_t parts);
   const float* data() const { return data_.data(); }
   bool empty() const { return data_.empty(); }
 

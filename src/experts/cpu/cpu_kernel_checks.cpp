@@ -12,11 +12,26 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 Support supports_common(const MoeConfig& config, const Platform& platform) {
   // Device/arch: any CPU runs these kernels.
-  for (const auto& [what, d] : {std::pair{"weight dtype", config.quant.weight_dtype},
-                                std::pair{"activation dtype", config.quant.act_dtype}}) {
-    if (d != DType::kF32 && d != DType::kBF16) {
-      return Support::no(std::string("cpu: ") + what + " " + dtype_name(d) + " not supported (f32 or bf16)");
-    }
+  // Dtypes/quant: every scheme is emulated exactly (fp8_emulation.h), partial
+  // 128-blocks included.
+  const QuantScheme& q = config.quant;
+  if (q.act_dtype != DType::kF32 && q.act_dtype != DType::kBF16) {
+    return Support::no(std::string("cpu: activation dtype ") + dtype_name(q.act_dtype) + " not supported (f32 or bf16)");
+  }
+  switch (q.method) {
+    case QuantMethod::kNone:
+      if (q.weight_dtype != DType::kF32 && q.weight_dtype != DType::kBF16) {
+        return Support::no(std::string("cpu: weight dtype ") + dtype_name(q.weight_dtype) +
+                           " not supported unquantized (f32 or bf16)");
+      }
+      break;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor:
+      if (q.weight_dtype != DType::kF8E4M3) {
+        return Support::no(std::string("cpu: ") + quant_method_name(q.method) + " needs f8_e4m3 weights, got " +
+                           dtype_name(q.weight_dtype));
+      }
+      break;
   }
   // Activation: all four are implemented (activations.h).
   switch (config.activation.kind) {

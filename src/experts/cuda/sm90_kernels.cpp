@@ -8,11 +8,14 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/moe_pipeline.h"
+#include "experts/cuda/moe_pipeline_fp8.h"
+#include "experts/quant_weights.h"
 #include "experts/cuda/weight_layout.h"
 #include "routing/cuda/route_cuda.h"
 
@@ -93,7 +96,20 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
                        platform.to_string());
   }
   // dtypes / quant
-  if (c.quant.weight_dtype != DType::kBF16) {
+  const bool fp8 = c.quant.is_fp8();
+  switch (c.quant.method) {
+    case QuantMethod::kNone: break;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor:
+      // The fp8 pipeline (moe_pipeline_fp8.h) serves both schemes, partial
+      // 128-blocks included.
+      if (c.quant.weight_dtype != DType::kF8E4M3) {
+        return Support::no(std::string("quant ") + quant_method_name(c.quant.method) + ": needs f8_e4m3 weights, got " +
+                           dtype_name(c.quant.weight_dtype));
+      }
+      break;
+  }
+  if (!fp8 && c.quant.weight_dtype != DType::kBF16) {
     return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");
   }
   if (c.quant.act_dtype != DType::kBF16) {
@@ -142,7 +158,7 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
     gemms.push_back(shared_gemm2_problem(s, c.max_num_tokens));
   }
   for (const GroupedGemmProblem& g : gemms) {
-    const Support gs = grouped_gemm_supports(g);
+    const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only (fp8: moe_pipeline_fp8.h)
     if (!gs.ok) return gs;
   }
   // capture / replay: both classes serve them (the monolithic kernel writes
@@ -182,10 +198,12 @@ class Sm90Kernel : public MoeKernel {
   }
 
   size_t workspace_size(int64_t num_tokens) const override {
-    return experts_workspace_layout(shape_, num_tokens).total;
+    return config_.quant.is_fp8() ? fp8_workspace_layout(shape_, num_tokens).total
+                                  : experts_workspace_layout(shape_, num_tokens).total;
   }
 
   Status prepare_weights(const MoeWeights& w) override {
+    if (config_.quant.is_fp8()) return prepare_fp8_weights(w);
     const int64_t E = shape_.num_experts, H = shape_.hidden, I = shape_.intermediate, N1 = shape_.n1();
     const Device dev = device();
     const Device w13_dev = w.w13.device.type == DeviceType::kCuda ? dev : Device::cpu();
@@ -322,6 +340,81 @@ class Sm90Kernel : public MoeKernel {
     return Status::Ok();
   }
 
+  // fp8: weights kept in the checkpoint layout (1 byte each), scales beside them.
+  Status prepare_fp8_weights(const MoeWeights& w) {
+    const int64_t E = shape_.num_experts, H = shape_.hidden, I = shape_.intermediate, N1 = shape_.n1();
+    const Device dev = device();
+    const Device w_dev = w.w13.device.type == DeviceType::kCuda ? dev : Device::cpu();
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13, "w13", {DType::kF8E4M3}, {E, N1, H}, w_dev));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2, "w2", {DType::kF8E4M3}, {E, H, I}, w_dev));
+    // Scales on the weights' side; device scales are checked on a host copy.
+    MOEKIT_RETURN_IF_ERROR(check_quant_scales(config_, w, w_dev));
+    const std::pair<const TensorView*, const char*> scales[] = {
+        {&w.w13_scale, "w13_scale"}, {&w.w2_scale, "w2_scale"}, {&w.a13_scale, "a13_scale"}, {&w.a2_scale, "a2_scale"}};
+    if (w_dev.type == DeviceType::kCuda) {
+      for (const auto& [t, name] : scales) {
+        if (!t->defined()) continue;
+        HostTensor host(DType::kF32, std::vector<int64_t>(t->shape.begin(), t->shape.begin() + t->rank));
+        MOEKIT_CUDA_CHECK(cudaMemcpy(host.data<float>(), t->data, t->nbytes(), cudaMemcpyDeviceToHost));
+        MOEKIT_RETURN_IF_ERROR(check_scale_values(host.view(), name));
+      }
+    }
+    if (config_.routing.has_score_bias) {
+      const Device b_dev = w.score_bias.device.type == DeviceType::kCuda ? dev : Device::cpu();
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {E}, b_dev));
+    }
+    MOEKIT_RETURN_IF_ERROR(require_current_device());
+    prepared_ = false;
+    DeviceMemory* dst[] = {&w13_scale_, &w2_scale_, &a13_scale_, &a2_scale_};
+    for (int i = 0; i < 4; ++i) {
+      const TensorView& t = *scales[i].first;
+      dst[i]->reset();
+      if (!t.defined()) continue;
+      MOEKIT_RETURN_IF_ERROR(dst[i]->allocate(t.nbytes()));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(dst[i]->as<void>(), t.data, t.nbytes(), cudaMemcpyDefault));
+    }
+    MOEKIT_RETURN_IF_ERROR(w13_.allocate(w.w13.nbytes()));
+    MOEKIT_RETURN_IF_ERROR(w2_.allocate(w.w2.nbytes()));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(w13_.as<void>(), w.w13.data, w.w13.nbytes(), cudaMemcpyDefault));
+    MOEKIT_CUDA_CHECK(cudaMemcpy(w2_.as<void>(), w.w2.data, w.w2.nbytes(), cudaMemcpyDefault));
+    if (config_.routing.has_score_bias) {
+      MOEKIT_RETURN_IF_ERROR(bias_.allocate(sizeof(float) * E));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(bias_.as<void>(), w.score_bias.data, sizeof(float) * E, cudaMemcpyDefault));
+    }
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    prepared_ = true;
+    return Status::Ok();
+  }
+
+  // The expert stages after routing, on the pipeline of the config's scheme;
+  // both classes end here.
+  Status run_pipeline(const MoeRunArgs& a, const Workspace& ws, int64_t M, const int32_t* ids, const float* weights,
+                      cudaStream_t stream) const {
+    if (config_.quant.is_fp8()) {
+      Fp8ExpertWeights fw;
+      fw.quant = config_.quant;
+      fw.w13 = w13_.as<const uint8_t>();
+      fw.w2 = w2_.as<const uint8_t>();
+      fw.w13_scale = w13_scale_.as<const float>();
+      fw.w2_scale = w2_scale_.as<const float>();
+      fw.a13_scale = a13_scale_.as<const float>();
+      fw.a2_scale = a2_scale_.as<const float>();
+      Fp8ExpertsRun r;
+      r.num_tokens = M;
+      r.hidden = a.hidden.ptr<const uint16_t>();
+      r.topk_ids = ids;
+      r.topk_weights = weights;
+      r.out = a.out.ptr<uint16_t>();
+      r.expert_counts = a.expert_counts.defined() ? a.expert_counts.ptr<int32_t>() : nullptr;
+      r.workspace = static_cast<char*>(ws.data);
+      return run_experts_fp8(shape_, fw, r, stream);
+    }
+    ExpertsRun r = experts_run(a, ws, M);
+    r.topk_ids = ids;
+    r.topk_weights = weights;
+    return run_experts(shape_, r, stream);
+  }
+
   ExpertsRun experts_run(const MoeRunArgs& a, const Workspace& ws, int64_t M) const {
     ExpertsRun r;
     r.num_tokens = M;
@@ -344,6 +437,9 @@ class Sm90Kernel : public MoeKernel {
   DeviceMemory w13_;   // [E, N1, H] bf16, gate/up block-interleaved (weight_layout.h)
   DeviceMemory w2_;    // [E, H, I] bf16
   DeviceMemory bias_;  // [E] f32, deepseek_v3 e_score_correction_bias (monolithic routing), optional
+  // fp8 schemes only (w13_/w2_ then hold e4m3 bytes in the checkpoint layout):
+  DeviceMemory w13_scale_, w2_scale_;  // MoeWeights layouts (kernel.h), f32
+  DeviceMemory a13_scale_, a2_scale_;  // [E] f32, static activation scales, optional
   DeviceMemory w13_bias_;     // [E, N1] f32, prepared column order, iff has_expert_bias
   DeviceMemory w2_bias_;      // [E, H] f32, iff has_expert_bias
   DeviceMemory shared_w13_;   // [N1s, H] bf16, gate/up block-interleaved, iff a shared expert
@@ -369,10 +465,8 @@ class Sm90Modular final : public Sm90Kernel {
       return InvalidArgument(
           "Sm90Modular: forced_ids/routing_replay_out belong to the router of a modular kernel, not to run()");
     }
-    ExpertsRun r = experts_run(a, ws, M);
-    r.topk_ids = a.topk_ids.ptr<const int32_t>();
-    r.topk_weights = a.topk_weights.ptr<const float>();
-    return run_experts(shape_, r, static_cast<cudaStream_t>(stream));
+    return run_pipeline(a, ws, M, a.topk_ids.ptr<const int32_t>(), a.topk_weights.ptr<const float>(),
+                        static_cast<cudaStream_t>(stream));
   }
 };
 
@@ -402,6 +496,7 @@ class Sm90Monolithic final : public Sm90Kernel {
     if (a.topk_ids.defined() || a.topk_weights.defined()) {
       return InvalidArgument("Sm90Monolithic: routes inside; topk_ids/topk_weights must not be given");
     }
+    // NOTE: ids and weights lie at these offsets in the fp8 layout too (moe_pipeline_fp8.h).
     const ExpertsWorkspaceLayout l = experts_workspace_layout(shape_, M);
     char* base = static_cast<char*>(ws.data);
     auto* ids = reinterpret_cast<int32_t*>(base + l.topk_ids);         // [M, k] i32
@@ -422,10 +517,7 @@ class Sm90Monolithic final : public Sm90Kernel {
     rl.expert_counts = nullptr;  // counted by the align stage
     MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
 
-    ExpertsRun r = experts_run(a, ws, M);
-    r.topk_ids = ids;
-    r.topk_weights = weights;
-    return run_experts(shape_, r, s);
+    return run_pipeline(a, ws, M, ids, weights, s);
   }
 };
 

@@ -1,0 +1,85 @@
+// The fp8 W8A8 expert stages on the device (docs/fp8.md), the first, correct
+// path: activations rounded through e4m3 exactly as the cpu backend rounds
+// them (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value,
+// carried as its f32 value), e4m3 weights read as 1 byte each and dequantized
+// with their block (or part) scale in registers, fp32 accumulation. Not a
+// tensor-core kernel: one warp per (expert, weight row), so weights stream once
+// per group and a decode step reads 1-byte weights; large M is slow.
+// TODO(fp8): the blockwise-scaled CUTLASS grouped GEMM for large M and the fp8
+// variant of the weight-streaming decode kernel (moe_decode_sm90.cuh).
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// How one GEMM input is quantized.
+struct Fp8ActQuant {
+  QuantMethod method = QuantMethod::kFp8Block128;
+  ActScale act_scale = ActScale::kDynamic;  // kFp8PerTensor only
+  const float* static_scale = nullptr;      // [E] f32 device: static per-expert scales
+  float* amax = nullptr;                    // [1] f32 device scratch: dynamic per-tensor amax
+};
+
+// Rows of a GEMM input, permuted by expert: row r of `dst` is source row
+// `row_index[r]` (or r when null) of `src`, rounded through e4m3 with the
+// scheme's scales. Only rows inside a group (group_start/group_rows) are
+// written. src: [*, cols] bf16 bits (src_bf16) or f32, row stride ld; dst:
+// [rows, cols] f32.
+struct Fp8QuantizeArgs {
+  const void* src = nullptr;
+  bool src_bf16 = true;
+  int64_t ld = 0;
+  const int32_t* row_index = nullptr;
+  int64_t rows = 0, cols = 0;
+  float* dst = nullptr;
+  const int32_t* group_start = nullptr;  // [E]
+  const int32_t* group_rows = nullptr;   // [E]
+  int64_t num_experts = 0;
+};
+Status fp8_quantize_rows(const Fp8QuantizeArgs& args, const Fp8ActQuant& quant, cudaStream_t stream);
+
+// C[r, n] = sum_k A[r, k] * (e4m3(W[g, n, k]) * scale), fp32, for every row r
+// of group g (K a multiple of 16). A [rows, K] f32 (already quantized); W [E, N, K] e4m3 bytes with
+// `parts` row parts (scales as MoeWeights, kernel.h); C [rows, N] f32.
+struct Fp8GemmArgs {
+  QuantMethod method = QuantMethod::kFp8Block128;
+  int64_t num_experts = 0, n = 0, k = 0, parts = 1;
+  int64_t max_active = 0;                  // bound on the groups with rows (min(E, routed rows)): the launch's width
+  const int32_t* active_groups = nullptr;  // [E] i32: the groups with rows, ascending (fp8_list_active_groups)
+  const int32_t* num_active = nullptr;     // [1] i32
+  const float* a = nullptr;
+  const uint8_t* w = nullptr;
+  const float* w_scale = nullptr;
+  float* c = nullptr;
+  const int32_t* group_start = nullptr;
+  const int32_t* group_rows = nullptr;
+};
+Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
+
+// active[0, *count) = the groups with group_rows > 0, ascending; one warp, so a
+// decode step launches GEMM work only for the few experts it touches.
+Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
+                              cudaStream_t stream);
+
+// act [rows, I] f32 = activation of h [rows, n1] f32 (row layouts as the cpu
+// backend's activations.h), for every row inside a group.
+Status fp8_activation(const ActivationConfig& act, const float* h, int64_t rows, int64_t intermediate, float* out,
+                      const int32_t* group_start, const int32_t* group_rows, int64_t num_experts,
+                      cudaStream_t stream);
+
+// out[t, :] = bf16(sum_j w[t, j] * y[pair_row[t, j], :]), j ascending, fp32
+// (a pair without a row makes the token's row NaN). y [rows, H] f32.
+Status fp8_finalize(const float* y, const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                    int64_t top_k, int64_t hidden, uint16_t* out, cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

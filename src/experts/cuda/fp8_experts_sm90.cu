@@ -1,0 +1,260 @@
+// The fp8 expert stages: see fp8_experts.h.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/activation.cuh"
+#include "experts/cuda/fp8_experts.h"
+
+namespace moekit::cuda {
+
+namespace {
+
+constexpr int kBlock = static_cast<int>(kFp8BlockSize);
+constexpr int kWarps = 4;  // per CTA, every kernel here
+
+// NOTE: the rounding of fp8_emulation.h, operation for operation (IEEE f32
+// division and product, RNE e4m3 with saturation): the cpu backend and these
+// kernels give the same quantized values for the same inputs.
+__device__ __forceinline__ float act_scale_of(float amax) {
+  return __fdiv_rn(fmaxf(amax, kFp8ScaleFloor), kFp8E4M3Max);
+}
+__device__ __forceinline__ float e4m3_value(__nv_fp8_storage_t q) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+}
+__device__ __forceinline__ float fake_quant(float x, float scale) {
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+  return __fmul_rn(e4m3_value(q), scale);
+}
+__device__ __forceinline__ float load(const void* src, bool bf16, int64_t i) {
+  return bf16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[i]) : static_cast<const float*>(src)[i];
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// The group (expert) of permuted row r, or -1 when r lies in none.
+__device__ int group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
+  for (int64_t g = 0; g < E; ++g) {
+    if (r >= start[g] && r < static_cast<int64_t>(start[g]) + rows[g]) return static_cast<int>(g);
+  }
+  return -1;
+}
+
+// amax over the rows inside groups (max is order-free: any reduction order gives the same value).
+__global__ void amax_kernel(Fp8QuantizeArgs a, float* amax) {
+  __shared__ int group;
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x == 0) group = group_of(r, a.group_start, a.group_rows, a.num_experts);
+  __syncthreads();
+  if (group < 0) return;
+  const int64_t src_row = a.row_index ? a.row_index[r] : r;
+  float m = 0.0f;
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) m = fmaxf(m, fabsf(load(a.src, a.src_bf16, src_row * a.ld + c)));
+  m = warp_max(m);
+  // Non-negative floats order as their bit patterns.
+  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+}
+
+__global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
+  __shared__ int group;
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x == 0) group = group_of(r, a.group_start, a.group_rows, a.num_experts);
+  __syncthreads();
+  if (group < 0) return;
+  const int64_t src_row = a.row_index ? a.row_index[r] : r;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* dst = a.dst + r * a.cols;
+  if (q.method == QuantMethod::kFp8Block128) {
+    // One warp per 128-column group, 4 values per lane.
+    for (int64_t c0 = static_cast<int64_t>(warp) * kBlock; c0 < a.cols; c0 += kWarps * kBlock) {
+      float v[4];
+      float m = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t c = c0 + lane * 4 + i;
+        v[i] = c < a.cols ? load(a.src, a.src_bf16, src_row * a.ld + c) : 0.0f;
+        if (c < a.cols) m = fmaxf(m, fabsf(v[i]));
+      }
+      const float scale = act_scale_of(warp_max(m));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t c = c0 + lane * 4 + i;
+        if (c < a.cols) dst[c] = fake_quant(v[i], scale);
+      }
+    }
+    return;
+  }
+  const float scale = q.act_scale == ActScale::kStatic ? q.static_scale[group] : act_scale_of(*q.amax);
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) dst[c] = fake_quant(load(a.src, a.src_bf16, src_row * a.ld + c), scale);
+}
+
+// One warp per (group, weight row n). Each lane takes 16 consecutive K values
+// per step (one 16-byte weight load; 16 divides 128, so one scale per load),
+// the warp 512; the row's weights are read once per tile of kRowTile group
+// rows, whose sums are kept side by side. Deterministic: every output is one
+// lane-sequential fp32 FMA chain per lane, then a fixed xor-shuffle tree.
+constexpr int kRowTile = 8;
+constexpr int kLaneK = 16;
+
+__global__ void gemm_kernel(Fp8GemmArgs a) {
+  if (static_cast<int>(blockIdx.y) >= *a.num_active) return;
+  const int64_t g = a.active_groups[blockIdx.y];
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = a.group_rows[g];
+  if (n >= a.n || rows == 0) return;
+  const int64_t r0 = a.group_start[g];
+  const int64_t part_rows = a.n / a.parts, part = n / part_rows;
+  const int64_t row_blocks = (part_rows + kBlock - 1) / kBlock, col_blocks = (a.k + kBlock - 1) / kBlock;
+  const uint8_t* w = a.w + (g * a.n + n) * a.k;
+  const bool block = a.method == QuantMethod::kFp8Block128;
+  const float* scale_row = block ? a.w_scale + ((g * a.parts + part) * row_blocks + (n % part_rows) / kBlock) * col_blocks
+                                 : a.w_scale + g * a.parts + part;
+  for (int64_t rt = 0; rt < rows; rt += kRowTile) {
+    const int nr = static_cast<int>(rows - rt < kRowTile ? rows - rt : kRowTile);
+    float acc[kRowTile];
+#pragma unroll
+    for (int i = 0; i < kRowTile; ++i) acc[i] = 0.0f;
+    // NOTE: K is a multiple of 16 (kSm90DimAlignment), so a lane's 16 values never cross K.
+    for (int64_t k0 = static_cast<int64_t>(lane) * kLaneK; k0 < a.k; k0 += 32 * kLaneK) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(w + k0);
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(&packed);
+      const float s = block ? scale_row[k0 / kBlock] : scale_row[0];
+      float wv[kLaneK];
+#pragma unroll
+      for (int i = 0; i < kLaneK; ++i) wv[i] = __fmul_rn(e4m3_value(q[i]), s);
+#pragma unroll
+      for (int rr = 0; rr < kRowTile; ++rr) {
+        if (rr >= nr) break;
+        const float4* x = reinterpret_cast<const float4*>(a.a + (r0 + rt + rr) * a.k + k0);
+#pragma unroll
+        for (int v = 0; v < kLaneK / 4; ++v) {
+          const float4 xv = x[v];
+          acc[rr] = fmaf(xv.x, wv[4 * v], acc[rr]);
+          acc[rr] = fmaf(xv.y, wv[4 * v + 1], acc[rr]);
+          acc[rr] = fmaf(xv.z, wv[4 * v + 2], acc[rr]);
+          acc[rr] = fmaf(xv.w, wv[4 * v + 3], acc[rr]);
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowTile; ++rr) {
+      const float sum = warp_sum(acc[rr]);  // every lane takes part, whatever nr is
+      if (lane == 0 && rr < nr) a.c[(r0 + rt + rr) * a.n + n] = sum;
+    }
+  }
+}
+
+__global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* active, int32_t* count) {
+  const int lane = threadIdx.x;
+  int total = 0;
+  for (int64_t g0 = 0; g0 < E; g0 += 32) {
+    const int64_t g = g0 + lane;
+    const bool has = g < E && rows[g] > 0;
+    const unsigned mask = __ballot_sync(0xffffffffu, has);
+    if (has) active[total + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(g);
+    total += __popc(mask);
+  }
+  if (lane == 0) *count = total;
+}
+
+__global__ void activation_kernel(ActivationConfig cfg, const float* h, int64_t rows, int64_t I, float* out,
+                                  const int32_t* gs, const int32_t* gr, int64_t E) {
+  __shared__ int group;
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x == 0) group = group_of(r, gs, gr, E);
+  __syncthreads();
+  if (group < 0) return;
+  const ActivationParams p{cfg.kind, cfg.swiglu_limit, cfg.swiglu_alpha};
+  const bool gated = cfg.kind != Activation::kRelu2;
+  const float* row = h + r * (gated ? 2 * I : I);
+  for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
+    float v;
+    switch (cfg.kind) {
+      case Activation::kSiluGated:
+      case Activation::kGeluGated: v = gated_activation(p, row[i], row[I + i]); break;
+      case Activation::kSwigluOai: v = gated_activation(p, row[2 * i], row[2 * i + 1]); break;
+      case Activation::kRelu2: v = plain_activation(p, row[i]); break;
+    }
+    out[r * I + i] = v;
+  }
+}
+
+__global__ void finalize_kernel(const float* y, const int32_t* pair_row, const float* wts, int64_t k, int64_t H,
+                                uint16_t* out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t row = pair_row[t * k + j];
+      acc = row < 0 ? __int_as_float(0x7fc00000) : fmaf(wts[t * k + j], y[static_cast<int64_t>(row) * H + h], acc);
+    }
+    const __nv_bfloat16 b = __float2bfloat16_rn(acc);
+    out[t * H + h] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+}  // namespace
+
+Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStream_t stream) {
+  if (a.rows == 0) return Status::Ok();
+  const bool dynamic_tensor = q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kDynamic;
+  if (dynamic_tensor) {
+    MOEKIT_CUDA_CHECK(cudaMemsetAsync(q.amax, 0, sizeof(float), stream));
+    amax_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, 0, stream>>>(a, q.amax);
+    MOEKIT_CUDA_CHECK_LAUNCH("fp8_amax");
+  }
+  quantize_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, 0, stream>>>(a, q);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_quantize");
+  return Status::Ok();
+}
+
+Status fp8_grouped_gemm(const Fp8GemmArgs& a, cudaStream_t stream) {
+  if (a.k % kLaneK != 0) {
+    return InvalidArgument("fp8_grouped_gemm: K = " + std::to_string(a.k) + " must be a multiple of " +
+                           std::to_string(kLaneK));
+  }
+  if (a.max_active <= 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>((a.n + kWarps - 1) / kWarps), static_cast<unsigned>(a.max_active));
+  gemm_kernel<<<grid, kWarps * 32, 0, stream>>>(a);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_grouped_gemm");
+  return Status::Ok();
+}
+
+Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
+                              cudaStream_t stream) {
+  active_groups_kernel<<<1, 32, 0, stream>>>(group_rows, num_experts, active, count);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_active_groups");
+  return Status::Ok();
+}
+
+Status fp8_activation(const ActivationConfig& act, const float* h, int64_t rows, int64_t intermediate, float* out,
+                      const int32_t* group_start, const int32_t* group_rows, int64_t num_experts,
+                      cudaStream_t stream) {
+  if (rows == 0) return Status::Ok();
+  activation_kernel<<<static_cast<unsigned>(rows), kWarps * 32, 0, stream>>>(act, h, rows, intermediate, out,
+                                                                             group_start, group_rows, num_experts);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_activation");
+  return Status::Ok();
+}
+
+Status fp8_finalize(const float* y, const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
+                    int64_t top_k, int64_t hidden, uint16_t* out, cudaStream_t stream) {
+  if (num_tokens == 0) return Status::Ok();
+  finalize_kernel<<<static_cast<unsigned>(num_tokens), kWarps * 32, 0, stream>>>(y, pair_row, topk_weights, top_k,
+                                                                                 hidden, out);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_finalize");
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,130 @@
+#include "experts/cuda/moe_pipeline_fp8.h"
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <algorithm>
+
+#include "experts/cuda/align.h"
+#include "experts/cuda/fp8_experts.h"
+
+namespace moekit::cuda {
+
+namespace {
+constexpr size_t kAlign = 256;
+size_t take(size_t* cursor, size_t bytes) {
+  const size_t at = *cursor;
+  *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
+  return at;
+}
+}  // namespace
+
+Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
+  const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
+  const size_t E = static_cast<size_t>(s.num_experts), H = static_cast<size_t>(s.hidden);
+  const size_t I = static_cast<size_t>(s.intermediate), n1 = static_cast<size_t>(s.n1());
+  Fp8WorkspaceLayout l;
+  size_t c = 0;
+  l.topk_ids = take(&c, pairs * sizeof(int32_t));
+  l.topk_weights = take(&c, pairs * sizeof(float));
+  l.group_start = take(&c, E * sizeof(int32_t));
+  l.group_rows = take(&c, E * sizeof(int32_t));
+  l.pair_row = take(&c, pairs * sizeof(int32_t));
+  l.row_token = take(&c, pairs * sizeof(int32_t));
+  l.align_scratch = take(&c, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
+  l.amax = take(&c, 2 * sizeof(float));
+  l.active = take(&c, (E + 1) * sizeof(int32_t));
+  l.x_quant = take(&c, pairs * H * sizeof(float));
+  l.gemm1_out = take(&c, pairs * n1 * sizeof(float));
+  l.act_quant = take(&c, pairs * I * sizeof(float));
+  l.expert_out = take(&c, pairs * H * sizeof(float));
+  l.total = c;
+  return l;
+}
+
+Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const Fp8ExpertsRun& run,
+                       cudaStream_t stream) {
+  const int64_t M = run.num_tokens, E = s.num_experts, H = s.hidden, I = s.intermediate, n1 = s.n1();
+  const int64_t pairs = M * s.top_k;
+  const Fp8WorkspaceLayout l = fp8_workspace_layout(s, M);
+  char* ws = run.workspace;
+  auto* group_start = reinterpret_cast<int32_t*>(ws + l.group_start);  // [E]
+  auto* group_rows = reinterpret_cast<int32_t*>(ws + l.group_rows);    // [E]
+  auto* pair_row = reinterpret_cast<int32_t*>(ws + l.pair_row);        // [M·k]
+  auto* row_token = reinterpret_cast<int32_t*>(ws + l.row_token);      // [M·k]
+  auto* amax = reinterpret_cast<float*>(ws + l.amax);                  // [2]
+  auto* active = reinterpret_cast<int32_t*>(ws + l.active);            // [E + 1]
+  auto* x_q = reinterpret_cast<float*>(ws + l.x_quant);                // [M·k, H]
+  auto* h = reinterpret_cast<float*>(ws + l.gemm1_out);                // [M·k, n1]
+  auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
+  auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H]
+
+  AlignArgs aa;
+  aa.topk_ids = run.topk_ids;
+  aa.group_start = group_start;
+  aa.group_rows = group_rows;
+  aa.pair_row = pair_row;
+  aa.row_token = row_token;
+  aa.expert_counts = run.expert_counts;
+  aa.workspace = ws + l.align_scratch;
+  MOEKIT_RETURN_IF_ERROR(align_by_expert(AlignProblem{M, s.top_k, E}, aa, stream));
+  if (M == 0) return Status::Ok();
+
+  // NOTE: quantized at the same two points as the cpu backend (cpu_experts.cpp).
+  Fp8QuantizeArgs q1;
+  q1.src = run.hidden;
+  q1.src_bf16 = true;
+  q1.ld = H;
+  q1.row_index = row_token;
+  q1.rows = pairs;
+  q1.cols = H;
+  q1.dst = x_q;
+  q1.group_start = group_start;
+  q1.group_rows = group_rows;
+  q1.num_experts = E;
+  MOEKIT_RETURN_IF_ERROR(
+      fp8_quantize_rows(q1, Fp8ActQuant{w.quant.method, w.quant.act_scale, w.a13_scale, amax}, stream));
+
+  MOEKIT_RETURN_IF_ERROR(fp8_list_active_groups(group_rows, E, active, active + E, stream));
+  Fp8GemmArgs g1;
+  g1.method = w.quant.method;
+  g1.max_active = std::min(E, pairs);
+  g1.active_groups = active;
+  g1.num_active = active + E;
+  g1.num_experts = E;
+  g1.n = n1;
+  g1.k = H;
+  g1.parts = s.activation.gated() ? 2 : 1;
+  g1.a = x_q;
+  g1.w = w.w13;
+  g1.w_scale = w.w13_scale;
+  g1.c = h;
+  g1.group_start = group_start;
+  g1.group_rows = group_rows;
+  MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g1, stream));
+  MOEKIT_RETURN_IF_ERROR(fp8_activation(s.activation, h, pairs, I, act, group_start, group_rows, E, stream));
+
+  Fp8QuantizeArgs q2 = q1;
+  q2.src = act;
+  q2.src_bf16 = false;
+  q2.ld = I;
+  q2.row_index = nullptr;
+  q2.cols = I;
+  q2.dst = act;  // in place: each row is read fully before it is written (one CTA per row)
+  MOEKIT_RETURN_IF_ERROR(
+      fp8_quantize_rows(q2, Fp8ActQuant{w.quant.method, w.quant.act_scale, w.a2_scale, amax + 1}, stream));
+
+  Fp8GemmArgs g2 = g1;
+  g2.n = H;
+  g2.k = I;
+  g2.parts = 1;
+  g2.a = act;
+  g2.w = w.w2;
+  g2.w_scale = w.w2_scale;
+  g2.c = y;
+  MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g2, stream));
+  return fp8_finalize(y, pair_row, run.topk_weights, M, s.top_k, H, run.out, stream);
+}
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

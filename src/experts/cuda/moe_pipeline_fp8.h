@@ -1,0 +1,69 @@
+// The expert stages of the fp8 schemes, shared by Sm90Modular and
+// Sm90Monolithic (so both give bitwise-equal outputs): align by expert ->
+// quantize GEMM1's input -> fp8 grouped GEMM1 -> activation -> quantize GEMM2's
+// input -> fp8 grouped GEMM2 -> weighted top-k reduction (fp8_experts.h). One
+// stream, the caller's workspace, no allocation, no host synchronization.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "experts/cuda/moe_pipeline.h"
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// Byte offsets in the workspace for M tokens, each 256-byte aligned.
+// NOTE: topk_ids and topk_weights come first, at the offsets
+// experts_workspace_layout gives them, so the monolithic router writes them in
+// the same place whichever pipeline follows.
+struct Fp8WorkspaceLayout {
+  size_t topk_ids = 0;       // [M, k] i32
+  size_t topk_weights = 0;   // [M, k] f32
+  size_t group_start = 0;    // [E] i32
+  size_t group_rows = 0;     // [E] i32
+  size_t pair_row = 0;       // [M·k] i32
+  size_t row_token = 0;      // [M·k] i32
+  size_t align_scratch = 0;  // align_workspace_size(M·k, E)
+  size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
+  size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
+  size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row
+  size_t gemm1_out = 0;      // [M·k, n1] f32
+  size_t act_quant = 0;      // [M·k, I] f32: activation output, then quantized in place
+  size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row
+  size_t total = 0;
+};
+Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
+
+// The prepared fp8 weights on the device (checkpoint layout, no re-layout).
+struct Fp8ExpertWeights {
+  QuantScheme quant;
+  const uint8_t* w13 = nullptr;       // [E, n1, H] e4m3
+  const uint8_t* w2 = nullptr;        // [E, H, I] e4m3
+  const float* w13_scale = nullptr;   // MoeWeights layout (kernel.h)
+  const float* w2_scale = nullptr;
+  const float* a13_scale = nullptr;   // [E], static act scales only
+  const float* a2_scale = nullptr;
+};
+
+struct Fp8ExpertsRun {
+  int64_t num_tokens = 0;               // M
+  const uint16_t* hidden = nullptr;     // [M, H] bf16
+  const int32_t* topk_ids = nullptr;    // [M, k] i32
+  const float* topk_weights = nullptr;  // [M, k] f32
+  uint16_t* out = nullptr;              // [M, H] bf16, every element written
+  int32_t* expert_counts = nullptr;     // [E] i32, optional
+  char* workspace = nullptr;            // >= fp8_workspace_layout(s, M).total bytes
+};
+
+Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const Fp8ExpertsRun& run,
+                       cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

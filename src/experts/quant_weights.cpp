@@ -1,0 +1,65 @@
+#include "experts/quant_weights.h"
+
+#include <cmath>
+#include <string>
+
+namespace moekit {
+namespace {
+int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
+
+Status must_be_absent(const TensorView& t, const char* name, const QuantScheme& q) {
+  if (!t.defined()) return Status::Ok();
+  return InvalidArgument(std::string(name) + ": given, but quant " + q.to_string() + " takes no such scale");
+}
+}  // namespace
+
+int64_t w13_parts(const ActivationConfig& activation) { return activation.gated() ? 2 : 1; }
+
+Status check_scale_values(const TensorView& scale, const char* name) {
+  const float* s = scale.ptr<const float>();
+  const int64_t n = scale.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(s[i]) || !(s[i] > 0.0f)) {
+      return InvalidArgument(std::string(name) + ": element " + std::to_string(i) + " is " + std::to_string(s[i]) +
+                             "; scales must be finite and > 0");
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device) {
+  const QuantScheme& q = c.quant;
+  const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate, P = w13_parts(c.activation);
+  const bool static_act = q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kStatic;
+  switch (q.method) {
+    case QuantMethod::kNone:
+      MOEKIT_RETURN_IF_ERROR(must_be_absent(w.w13_scale, "w13_scale", q));
+      MOEKIT_RETURN_IF_ERROR(must_be_absent(w.w2_scale, "w2_scale", q));
+      break;
+    case QuantMethod::kFp8Block128:
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13_scale, "w13_scale", {DType::kF32}, {E, P * blocks(I), blocks(H)}, device));
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2_scale, "w2_scale", {DType::kF32}, {E, blocks(H), blocks(I)}, device));
+      break;
+    case QuantMethod::kFp8PerTensor:
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13_scale, "w13_scale", {DType::kF32}, {E, P}, device));
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2_scale, "w2_scale", {DType::kF32}, {E}, device));
+      break;
+  }
+  if (static_act) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.a13_scale, "a13_scale", {DType::kF32}, {E}, device));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.a2_scale, "a2_scale", {DType::kF32}, {E}, device));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(must_be_absent(w.a13_scale, "a13_scale", q));
+    MOEKIT_RETURN_IF_ERROR(must_be_absent(w.a2_scale, "a2_scale", q));
+  }
+  if (device.type == DeviceType::kCpu) {
+    const std::pair<const TensorView*, const char*> all[] = {
+        {&w.w13_scale, "w13_scale"}, {&w.w2_scale, "w2_scale"}, {&w.a13_scale, "a13_scale"}, {&w.a2_scale, "a2_scale"}};
+    for (const auto& [t, name] : all) {
+      if (t->defined()) MOEKIT_RETURN_IF_ERROR(check_scale_values(*t, name));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace moekit

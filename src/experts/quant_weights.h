@@ -1,0 +1,25 @@
+// The scale tensors of the fp8 schemes, checked once for every backend
+// (MoeWeights in kernel.h has their layouts; docs/fp8.md the conventions).
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/config.h"
+#include "moekit/kernel.h"
+#include "moekit/status.h"
+
+namespace moekit {
+
+// Row parts of w13: 2 (gate, up) when gated, 1 for relu2.
+int64_t w13_parts(const ActivationConfig& activation);
+
+// Dtypes and shapes of w13_scale/w2_scale/a13_scale/a2_scale for config.quant:
+// present exactly when the scheme needs them, f32, on `device`, the shapes of
+// kernel.h. For host tensors the values too: finite and > 0. Errors name the
+// tensor (and, for a bad value, its index).
+Status check_quant_scales(const MoeConfig& config, const MoeWeights& weights, Device device);
+
+// Values of a host f32 scale tensor: every one finite and > 0.
+Status check_scale_values(const TensorView& scale, const char* name);
+
+}  // namespace moekit

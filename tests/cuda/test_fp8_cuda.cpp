@@ -1,0 +1,232 @@
+// The fp8 schemes on the H200 (Sm90Modular and Sm90Monolithic, docs/fp8.md):
+// modular == monolithic bit for bit; both against the cpu backend's emulation
+// of the same scheme on the same ids and weights, and against the fp64
+// reference's fp8 emulation; captured ids exact; replay bit for bit; the
+// oracle picks the cuda kernels for fp8 configs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_model_util.h"
+#include "cuda/cuda_test_util.h"
+#include "experts/cpu/cpu_modular.h"
+#include "moekit/kernel.h"
+#include "moekit/oracle.h"
+#include "moekit/routing.h"
+#include "reference/reference.h"
+#include "util/fp8_test_layer.h"
+#include "util/reference_params.h"
+#include "util/test_util.h"
+
+namespace moekit {
+namespace {
+
+using cuda_test::DeviceBytes;
+using cuda_test::DeviceTensor;
+using testing::Fp8Layer;
+using testing::Fp8Scheme;
+using testing::Fp8Shape;
+
+// Against the cpu emulation (same rounding of every GEMM input, same weights):
+// the two differ in fp32 accumulation order (K <= 256 terms: K u <= 1.5e-5
+// relative) and in the activation's exp (a few ulp); a GEMM2 input within ~1e-6
+// of an e4m3 rounding midpoint may then round one step apart (allowance 1e-3,
+// as in test_cpu_fp8.cpp); each side rounds its output to bf16 once, so a
+// nearly equal pair of fp32 values may round one bf16 step apart (<= 2^-8 of
+// the element). Bound: 2^-8 + 2e-5 + 1e-3.
+constexpr double kVsCpuBound = 0.00390625 + 2e-5 + 1e-3;
+// Against the fp64 reference's fp8 emulation: the bf16 bound of test_cpu_fp8.cpp.
+constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2e-5 + 1e-3) + 2e-5 + 1e-3;
+
+struct Fp8Case {
+  Fp8Scheme scheme;
+  Activation act;
+  Fp8Shape shape;
+  std::string name() const {
+    return std::string(testing::fp8_scheme_name(scheme)) + "_" + activation_name(act) + "_M" +
+           std::to_string(shape.M) + "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" +
+           std::to_string(shape.H) + "_I" + std::to_string(shape.I);
+  }
+};
+
+std::vector<Fp8Case> fp8_cases() {
+  using A = Activation;
+  using S = Fp8Scheme;
+  return {
+      {S::kBlock128, A::kSiluGated, {1, 8, 2, 256, 128}},    {S::kBlock128, A::kSiluGated, {37, 64, 8, 512, 256}},
+      {S::kBlock128, A::kRelu2, {300, 16, 4, 192, 80}},      {S::kTensorDynamic, A::kSiluGated, {5, 8, 2, 256, 128}},
+      {S::kTensorDynamic, A::kRelu2, {300, 16, 4, 192, 80}}, {S::kTensorStatic, A::kSiluGated, {64, 32, 4, 256, 144}},
+  };
+}
+
+MoeWeights device_weights(const Fp8Layer& l, std::vector<DeviceTensor>& keep) {
+  MoeWeights w;
+  const auto up = [&](const HostTensor& t) {
+    keep.emplace_back(t);
+    return keep.back().view();
+  };
+  keep.reserve(8);
+  w.w13 = up(l.w13);
+  w.w2 = up(l.w2);
+  w.w13_scale = up(l.w13_scale);
+  w.w2_scale = up(l.w2_scale);
+  const MoeWeights host = l.weights();
+  if (host.a13_scale.defined()) {
+    w.a13_scale = up(l.a13_scale);
+    w.a2_scale = up(l.a2_scale);
+  }
+  return w;
+}
+
+class CudaFp8Grid : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
+  MOEKIT_REQUIRE_SM90();
+  const Fp8Case c = GetParam();
+  const Fp8Shape s = c.shape;
+  Fp8Layer layer(s, c.scheme, c.act, DType::kBF16, testing::seed_from({int64_t(c.scheme), int64_t(c.act), s.M, s.E, 5}));
+  layer.config.needs_capture = layer.config.needs_replay = true;
+  const MoeConfig& cfg = layer.config;
+  ASSERT_TRUE(cuda_test::sm90_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
+
+  // Routing on the host (the spec's ids), the cpu emulation on those ids.
+  HostTensor ids(DType::kI32, {s.M, s.k}), wts(DType::kF32, {s.M, s.k}), out_cpu(DType::kBF16, {s.M, s.H});
+  RoutingArgs ra;
+  ra.logits = layer.logits.view();
+  ra.topk_ids = ids.view();
+  ra.topk_weights = wts.view();
+  ASSERT_TRUE(route_cpu(cfg.routing, ra).ok());
+  cpu::CpuModular cpu_kernel(cfg);
+  ASSERT_TRUE(cpu_kernel.prepare_weights(layer.weights()).ok());
+  std::vector<unsigned char> cpu_ws(cpu_kernel.workspace_size(s.M));
+  MoeRunArgs ca;
+  ca.hidden = layer.hidden.view();
+  ca.out = out_cpu.view();
+  ca.topk_ids = ids.view();
+  ca.topk_weights = wts.view();
+  ASSERT_TRUE(cpu_kernel.run(ca, Workspace{cpu_ws.data(), cpu_ws.size()}, nullptr).ok());
+
+  std::vector<DeviceTensor> keep;
+  const MoeWeights dw = device_weights(layer, keep);
+  DeviceTensor hidden(layer.hidden), logits(layer.logits), d_ids(ids), d_wts(wts);
+
+  auto modular = cuda_test::sm90_kernel_class("Sm90Modular").create(cfg, Platform::probe());
+  ASSERT_TRUE(modular.ok()) << modular.status().to_string();
+  Status st = (*modular)->prepare_weights(dw);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  DeviceTensor out_mod(DType::kBF16, {s.M, s.H});
+  out_mod.poison();
+  DeviceBytes ws_mod((*modular)->workspace_size(s.M));
+  MoeRunArgs ma;
+  ma.hidden = hidden.view();
+  ma.out = out_mod.view();
+  ma.topk_ids = d_ids.view();
+  ma.topk_weights = d_wts.view();
+  st = (*modular)->run(ma, Workspace{ws_mod.data(), ws_mod.bytes()}, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor mod_out = out_mod.download();
+
+  auto mono = cuda_test::sm90_kernel_class("Sm90Monolithic").create(cfg, Platform::probe());
+  ASSERT_TRUE(mono.ok()) << mono.status().to_string();
+  ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());  // host weights: copied to the device
+  DeviceTensor out_mono(DType::kBF16, {s.M, s.H}), capture(DType::kI16, {s.M, s.k}), forced(DType::kI32, {s.M, s.k});
+  out_mono.poison();
+  capture.poison();
+  DeviceBytes ws_mono((*mono)->workspace_size(s.M));
+  MoeRunArgs oa;
+  oa.hidden = hidden.view();
+  oa.out = out_mono.view();
+  oa.router_logits = logits.view();
+  oa.routing_replay_out = capture.view();
+  st = (*mono)->run(oa, Workspace{ws_mono.data(), ws_mono.bytes()}, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor mono_out = out_mono.download();
+  const std::vector<double> cap = testing::to_double(capture.download().view());
+  EXPECT_EQ(cap, testing::to_double(ids.view())) << "captured ids differ from the spec's";
+  EXPECT_EQ(cuda_test::first_difference(mono_out, mod_out), "") << "monolithic and modular outputs differ";
+
+  // Replay of the capture: the same bits.
+  HostTensor forced_host(DType::kI32, {s.M, s.k});
+  for (int64_t i = 0; i < s.M * s.k; ++i) forced_host.data<int32_t>()[i] = static_cast<int32_t>(cap[i]);
+  forced.upload(forced_host);
+  DeviceTensor out_replay(DType::kBF16, {s.M, s.H});
+  out_replay.poison();
+  oa.out = out_replay.view();
+  oa.routing_replay_out = {};
+  oa.forced_ids = forced.view();
+  st = (*mono)->run(oa, Workspace{ws_mono.data(), ws_mono.bytes()}, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cuda_test::first_difference(out_replay.download(), mono_out), "") << "replay differs";
+
+  const std::vector<double> gpu = testing::to_double(mod_out.view());
+  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(out_cpu.view()));
+  const moekit_ref::RoutingResult rr = moekit_ref::route(testing::ref_routing(cfg.routing), layer.logits_exact, s.M, s.E);
+  const std::vector<double> ref = moekit_ref::moe_layer_fp8(
+      testing::ref_layer(cfg), layer.ref_params(), layer.hidden_exact, s.M, layer.bytes(layer.w13),
+      testing::to_double(layer.w13_scale.view()), layer.bytes(layer.w2), testing::to_double(layer.w2_scale.view()),
+      rr.ids, rr.weights, static_cast<int>(s.k));
+  const double err_ref = testing::rel_l2_error(gpu, ref);
+  EXPECT_LE(err_cpu, kVsCpuBound) << "vs the cpu backend's emulation";
+  EXPECT_LE(err_ref, kVsReferenceBound) << "vs the fp64 reference's fp8 emulation";
+  std::printf("[ fp8      ] %-50s vs cpu %.2e, vs fp64 fp8 %.2e\n", c.name().c_str(), err_cpu, err_ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, CudaFp8Grid, ::testing::ValuesIn(fp8_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) { return info.param.name(); });
+
+// run() of the fp8 pipeline allocates nothing and never waits on the host: one
+// CUDA graph of it replays the eager output bit for bit, for both schemes.
+TEST(CudaFp8, GraphReplayEqualsEager) {
+  MOEKIT_REQUIRE_SM90();
+  for (Fp8Scheme scheme : {Fp8Scheme::kBlock128, Fp8Scheme::kTensorDynamic}) {
+    const Fp8Shape s{48, 16, 4, 256, 128};
+    Fp8Layer layer(s, scheme, Activation::kSiluGated, DType::kBF16, testing::seed_from({48, int64_t(scheme), 6}));
+    auto mono = cuda_test::sm90_kernel_class("Sm90Monolithic").create(layer.config, Platform::probe());
+    ASSERT_TRUE(mono.ok()) << mono.status().to_string();
+    ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());
+    DeviceTensor hidden(layer.hidden), logits(layer.logits), out_eager(DType::kBF16, {s.M, s.H}),
+        out_graph(DType::kBF16, {s.M, s.H});
+    DeviceBytes ws((*mono)->workspace_size(s.M));
+    cudaStream_t stream = nullptr;
+    ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MoeRunArgs a;
+    a.hidden = hidden.view();
+    a.router_logits = logits.view();
+    a.out = out_eager.view();
+    ASSERT_TRUE((*mono)->run(a, Workspace{ws.data(), ws.bytes()}, stream).ok());
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    out_graph.poison();
+    a.out = out_graph.view();
+    ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = (*mono)->run(a, Workspace{ws.data(), ws.bytes()}, stream);
+    cudaGraph_t graph = nullptr;
+    ASSERT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(cuda_test::first_difference(out_graph.download(), out_eager.download()), "")
+        << testing::fp8_scheme_name(scheme);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+TEST(CudaFp8, OracleSelectsTheCudaKernelsForFp8) {
+  MOEKIT_REQUIRE_SM90();
+  Fp8Layer layer({4, 8, 2, 256, 128}, Fp8Scheme::kBlock128, Activation::kSiluGated, DType::kBF16, 3);
+  const StatusOr<Resolution> r = select_backend(layer.config, Platform::probe());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "cuda_sm90") << r->report_string();
+}
+
+}  // namespace
+}  // namespace moekit

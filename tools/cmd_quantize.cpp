@@ -1,0 +1,149 @@
+// `moekit quantize`: a BF16/F32 layer file converted to an fp8 scheme
+// (docs/fp8.md), for users without an fp8 checkpoint and for tests. Expert
+// weights are replaced by F8_E4M3 tensors with their scales, in the naming the
+// file uses; every other tensor (router, bias, ...) is copied unchanged. The
+// output is written atomically: on any error nothing appears.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "layer_names.h"
+#include "moekit/io.h"
+#include "output_paths.h"
+
+namespace moekit::tools {
+namespace {
+
+struct QuantizeOptions {
+  std::string weights_path, out_path, scheme;
+};
+
+StatusOr<QuantMethod> scheme_from_flag(const std::string& flag) {
+  if (flag == "fp8-block") return QuantMethod::kFp8Block128;
+  if (flag == "fp8-tensor") return QuantMethod::kFp8PerTensor;
+  return InvalidArgument("--scheme must be fp8-block or fp8-tensor, got '" + flag + "'");
+}
+
+int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
+
+// What the output holds: owned tensors in the input's order.
+struct Output {
+  std::vector<std::pair<std::string, HostTensor>> owned;
+  std::vector<io::NamedTensor> named;  // views into `owned` or into the input file
+};
+
+// A stacked [E, N, K] tensor quantized expert by expert and part by part
+// (rows [p*N/P, (p+1)*N/P)); scales in the MoeWeights layout (kernel.h).
+Status quantize_stacked(const TensorView& w, const std::string& name, int64_t parts, QuantMethod method, Output* out) {
+  const int64_t E = w.dim(0), N = w.dim(1), K = w.dim(2), rows = N / parts;
+  const size_t el = dtype_size(w.dtype);
+  HostTensor q(DType::kF8E4M3, {E, N, K});
+  const bool block = method == QuantMethod::kFp8Block128;
+  const bool is_w2 = parts == 1 && name.ends_with("w2");
+  HostTensor scale = block ? HostTensor(DType::kF32, {E, parts * blocks(rows), blocks(K)})
+                           : (is_w2 ? HostTensor(DType::kF32, {E}) : HostTensor(DType::kF32, {E, parts}));
+  const int64_t per_part = block ? blocks(rows) * blocks(K) : 1;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t row0 = e * N + p * rows;
+      const TensorView part = TensorView::contiguous(
+          const_cast<unsigned char*>(w.ptr<const unsigned char>()) + static_cast<size_t>(row0 * K) * el, w.dtype,
+          {rows, K});
+      MOEKIT_ASSIGN_OR_RETURN(io::Fp8Matrix m, io::quantize_fp8(part, method,
+                                                                name + "[" + std::to_string(e) + "] part " + std::to_string(p)));
+      std::memcpy(q.data<uint8_t>() + row0 * K, m.weight.data<uint8_t>(), m.weight.nbytes());
+      std::memcpy(scale.data<float>() + (e * parts + p) * per_part, m.scale.data<float>(), m.scale.nbytes());
+    }
+  }
+  out->owned.emplace_back(name, std::move(q));
+  out->owned.emplace_back(name + "_scale", std::move(scale));
+  return Status::Ok();
+}
+
+Status run_quantize(const QuantizeOptions& o) {
+  MOEKIT_ASSIGN_OR_RETURN(const QuantMethod method, scheme_from_flag(o.scheme));
+  MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--out", o.out_path}}, {{"--weights", o.weights_path}}));
+  MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::SafetensorsFile::open(o.weights_path));
+  const char* scale_suffix = method == QuantMethod::kFp8Block128 ? "_scale_inv" : "_scale";
+  Output out;
+  int64_t quantized = 0;
+  std::vector<std::string> order;  // output names, input order
+  std::map<std::string, TensorView> passthrough;
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    if (e.dtype == DType::kF8E4M3) {
+      return InvalidArgument(e.name + ": already F8_E4M3; quantize takes a BF16 or F32 layer file");
+    }
+  }
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    for (const char* s : {".weight_scale_inv", ".weight_scale", ".input_scale"}) {
+      if (e.name.ends_with(s)) return InvalidArgument(e.name + ": the input already holds fp8 scales");
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const TensorView v, file.view(e.name));
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(e.name));
+    const std::optional<std::string> w13_prefix = stacked_w13_prefix(e.name);
+    const bool stacked_w13 = w13_prefix && file.contains(*w13_prefix + "w2");
+    const bool stacked_w2 = e.name.ends_with("w2") && file.contains(e.name.substr(0, e.name.size() - 2) + "w13");
+    const size_t before = out.owned.size();
+    if (expert) {
+      if (v.rank != 2) return InvalidArgument(e.name + ": expected a matrix, got " + v.shape_string());
+      MOEKIT_ASSIGN_OR_RETURN(io::Fp8Matrix m, io::quantize_fp8(v, method, e.name));
+      out.owned.emplace_back(e.name, std::move(m.weight));
+      out.owned.emplace_back(e.name + scale_suffix, std::move(m.scale));
+    } else if (stacked_w13 || stacked_w2) {
+      if (v.rank != 3) return InvalidArgument(e.name + ": expected [E, N, K], got " + v.shape_string());
+      int64_t parts = 1;
+      if (stacked_w13) {
+        const io::SafetensorsEntry* w2 = file.find(*w13_prefix + "w2");
+        if (w2->shape.size() != 3) return InvalidArgument(w2->name + ": expected [E, H, I]");
+        const int64_t I = w2->shape[2];
+        if (v.dim(1) != I && v.dim(1) != 2 * I) {
+          return InvalidArgument(e.name + ": " + std::to_string(v.dim(1)) + " rows per expert; w2 has I = " +
+                                 std::to_string(I) + " (expected I or 2I)");
+        }
+        parts = v.dim(1) / I;
+      }
+      MOEKIT_RETURN_IF_ERROR(quantize_stacked(v, e.name, parts, method, &out));
+    } else {
+      order.push_back(e.name);
+      passthrough[e.name] = v;
+      continue;
+    }
+    ++quantized;
+    for (size_t i = before; i < out.owned.size(); ++i) order.push_back(out.owned[i].first);
+  }
+  if (quantized == 0) {
+    return InvalidArgument(o.weights_path + ": no expert weights to quantize (docs/layer_files.md namings)");
+  }
+  std::map<std::string, const HostTensor*> owned;
+  for (const auto& [name, t] : out.owned) owned[name] = &t;
+  for (const std::string& name : order) {
+    auto it = owned.find(name);
+    out.named.push_back({name, it != owned.end() ? it->second->view() : passthrough.at(name)});
+  }
+  MOEKIT_RETURN_IF_ERROR(io::write_safetensors(o.out_path, out.named, {{"moekit.quant", quant_method_name(method)}}));
+  std::printf("wrote:    %s (%lld expert tensors quantized to %s, %zu tensors in all)\n", o.out_path.c_str(),
+              static_cast<long long>(quantized), quant_method_name(method), out.named.size());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app) {
+  auto o = std::make_shared<QuantizeOptions>();
+  CLI::App* cmd = app.add_subcommand("quantize", "Convert a BF16/F32 layer file to fp8 weights with scales");
+  cmd->add_option("--scheme", o->scheme, "fp8-block (128x128 block scales) or fp8-tensor (one scale per tensor)")
+      ->required();
+  cmd->add_option("--weights", o->weights_path, "input safetensors layer file (docs/layer_files.md)")->required();
+  cmd->add_option("--out", o->out_path, "output safetensors file")->required();
+  cmd->callback([o] {
+    const Status st = run_quantize(*o);
+    finish(st.ok() ? kExitOk : report_error("quantize", st));
+  });
+}
+
+}  // namespace moekit::tools
