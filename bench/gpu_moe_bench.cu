@@ -351,6 +351,7 @@ class ShapeRunner {
     // fp8: e4m3 bytes in [-256, 256) with scales 2^weight_scale_log2 / 256, so the
     // real weights span the bf16 ones' range; data values do not change the time.
     HostTensor w13_scale, w2_scale;
+    DeviceBuffer d_w13_scale, d_w2_scale;  // the scales live where the weights do
     if (c.quant.is_fp8()) {
       const bool block = c.quant.method == QuantMethod::kFp8Block128;
       const int64_t P = c.activation.gated() ? 2 : 1, bh = (H + 127) / 128, bi = (I + 127) / 128;
@@ -364,8 +365,12 @@ class ShapeRunner {
       w2_scale = block ? HostTensor(DType::kF32, {E, bh, bi}) : HostTensor(DType::kF32, {E});
       std::fill_n(w13_scale.data<float>(), w13_scale.numel(), std::ldexp(1.0f, weight_scale_log2(H) - 8));
       std::fill_n(w2_scale.data<float>(), w2_scale.numel(), std::ldexp(1.0f, weight_scale_log2(I) - 8));
-      weights.w13_scale = w13_scale.view();  // host: prepare_weights copies them
-      weights.w2_scale = w2_scale.view();
+      MOEKIT_RETURN_IF_ERROR(d_w13_scale.allocate(w13_scale.numel() * 4));
+      MOEKIT_RETURN_IF_ERROR(d_w2_scale.allocate(w2_scale.numel() * 4));
+      BENCH_CUDA_RETURN(cudaMemcpy(d_w13_scale.ptr, w13_scale.data<float>(), w13_scale.numel() * 4, cudaMemcpyHostToDevice));
+      BENCH_CUDA_RETURN(cudaMemcpy(d_w2_scale.ptr, w2_scale.data<float>(), w2_scale.numel() * 4, cudaMemcpyHostToDevice));
+      weights.w13_scale = TensorView::contiguous(d_w13_scale.ptr, DType::kF32, w13_scale.shape(), Device::cuda(0));
+      weights.w2_scale = TensorView::contiguous(d_w2_scale.ptr, DType::kF32, w2_scale.shape(), Device::cuda(0));
     }
     if (c.routing.has_score_bias) {
       MOEKIT_RETURN_IF_ERROR(bias.allocate(static_cast<size_t>(E) * 4));  // [E] f32

@@ -44,8 +44,9 @@ E, K, H, I = 16, 4, 64, 32
 
 def small_config(routing: str, **kw) -> moekit.MoeConfig:
     groups = dict(num_groups=4, topk_groups=2, routed_scaling_factor=2.5) if routing == "deepseek_v3" else {}
+    kw.setdefault("max_num_tokens", 64)
     return moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing=routing,
-                            max_num_tokens=64, **groups, **kw)
+                            **groups, **kw)
 
 
 class Case:
