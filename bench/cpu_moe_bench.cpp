@@ -1,6 +1,6 @@
 // CPU backend benchmark: the whole MoE layer through the public MoeLayer on
-// the "cpu" backend (the oracle picks its kernel; bf16 weights and activations) on the Qwen3-30B-A3B layer shape of
-// bench/shapes/moe_layers.json, at M = 1, 64, 256, 1024 tokens, next to this
+// the "cpu" backend (the oracle picks its kernel; bf16 weights and
+// activations) on the Qwen3-30B-A3B layer shape of bench/shapes/moe_layers.json, at M = 1, 64, 256, 1024 tokens, next to this
 // machine's OpenBLAS sgemm rate measured in the same run.
 //
 // Counters: GFLOP/s of the layer counting only the expert GEMMs,
@@ -148,7 +148,8 @@ void BM_CpuMoeLayer(benchmark::State& state) {
   const double gflops = l.gemm_flops(M) * iters / seconds * 1e-9;
   state.counters["GFLOP/s"] = gflops;
   if (g_sgemm_gflops > 0) state.counters["pct_of_sgemm"] = 100.0 * gflops / g_sgemm_gflops;
-  state.SetLabel(l.shape.name + " bf16, " + std::string(l.layer->kernel().name()) + ", " + std::to_string(moekit::parallel_num_threads()) + " threads");
+  state.SetLabel(l.shape.name + " bf16, " + std::string(l.layer->kernel().name()) + ", " +
+                 std::to_string(moekit::parallel_num_threads()) + " threads");
 }
 BENCHMARK(BM_CpuMoeLayer)->Name("cpu_moe_layer")->ArgName("M")->Arg(1)->Arg(64)->Arg(256)->Arg(1024)
     ->UseRealTime()->Unit(benchmark::kMillisecond);
