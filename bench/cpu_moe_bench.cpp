@@ -1,7 +1,8 @@
 // CPU backend benchmark: the whole MoE layer through the public MoeLayer on
 // the "cpu" backend (the oracle picks its kernel; bf16 weights and
-// activations) on the Qwen3-30B-A3B layer shape of bench/shapes/moe_layers.json, at M = 1, 64, 256, 1024 tokens, next to this
-// machine's OpenBLAS sgemm rate measured in the same run.
+// activations) on the Qwen3-30B-A3B layer shape of bench/shapes/moe_layers.json,
+// at M = 1, 64, 256, 1024 tokens, next to this machine's OpenBLAS sgemm rate
+// measured in the same run.
 //
 // Counters: GFLOP/s of the layer counting only the expert GEMMs,
 // 2 * M * k * (H * n1 + I * H), and pct_of_sgemm = that rate / the sgemm rate.
