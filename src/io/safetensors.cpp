@@ -172,6 +172,8 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
       }
       continue;
     }
+    // The writer refuses an empty name too: a file is read only if it could have been written.
+    if (it.key().empty()) return DataLoss(f.path_ + ": a tensor has an empty name");
     MOEKIT_ASSIGN_OR_RETURN(SafetensorsEntry e, parse_entry(f.path_, it.key(), *it, data_size));
     f.entries_.push_back(std::move(e));
   }

@@ -154,6 +154,8 @@ TEST(SafetensorsHeader, DuplicateKeysAndNulBytesAreRefused) {
        "NUL byte at offset 54"},
       {std::string(1, '\0') + "{}", "NUL byte at offset 0"},
       {R"({} {})", "not valid JSON"},
+      // The writer refuses an empty name, so the reader does too (found by fuzzing).
+      {R"({"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", "a tensor has an empty name"},
   };
   for (const Bad& b : bad) {
     const Bytes file = safetensors(b.json, 8);
