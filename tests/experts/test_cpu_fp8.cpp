@@ -79,7 +79,7 @@ bool all_bytes_equal(const HostTensor& a, const HostTensor& b) {
 // ---------------------------------------------------------------------------
 // e4m3 rounding: the library's conversion against the reference's table search.
 
-TEST(Fp8Rounding, LibraryConversionMatchesReference) {
+TEST(Fp8Rounding, ConversionMatchesReference) {
   // Every code decodes to the reference's value.
   for (int b = 0; b < 256; ++b) {
     const double lib = f8e4m3_bits_to_f32(static_cast<uint8_t>(b)), ref = moekit_ref::e4m3_value(static_cast<uint8_t>(b));
