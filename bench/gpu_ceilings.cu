@@ -48,6 +48,29 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median seconds of `repeats` calls of launch() timed with events, after
+// `warmup` untimed ones. launch() enqueues the work and returns false (with
+// *error set) when it could not.
+template <class Launch>
+bool median_seconds(int warmup, int repeats, Launch&& launch, double* seconds, std::string* error) {
+  cudaEvent_t start, stop;
+  BENCH_CUDA_TRY(cudaEventCreate(&start));
+  BENCH_CUDA_TRY(cudaEventCreate(&stop));
+  std::vector<double> secs;
+  bool ok = true;
+  for (int r = 0; ok && r < warmup + repeats; ++r) {
+    float ms = 0;
+    ok = cudaEventRecord(start) == cudaSuccess && launch() && cudaEventRecord(stop) == cudaSuccess &&
+         cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+    if (ok && r >= warmup) secs.push_back(ms * 1e-3);
+  }
+  if (!ok && error->empty()) *error = std::string("timing: ") + cudaGetErrorString(cudaGetLastError());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (ok) *seconds = median(secs);
+  return ok;
+}
+
 bool measure_read(double gib, int repeats, Ceilings* out, std::string* error) {
   const size_t bytes = static_cast<size_t>(gib * 1024.0 * 1024.0 * 1024.0) / 16 * 16;
   void* buf = nullptr;
@@ -59,24 +82,15 @@ bool measure_read(double gib, int repeats, Ceilings* out, std::string* error) {
   const int blocks = sms * 8;
   BENCH_CUDA_TRY(cudaMalloc(&sink, blocks * sizeof(uint32_t)));
   BENCH_CUDA_TRY(fill_uniform_bf16(static_cast<uint16_t*>(buf), static_cast<int64_t>(bytes / 2), 7u, 0, nullptr));
-  cudaEvent_t start, stop;
-  BENCH_CUDA_TRY(cudaEventCreate(&start));
-  BENCH_CUDA_TRY(cudaEventCreate(&stop));
-  std::vector<double> secs;
-  for (int r = 0; r < repeats + 2; ++r) {
-    BENCH_CUDA_TRY(cudaEventRecord(start));
+  double seconds = 0;
+  const bool timed = median_seconds(2, repeats, [&] {
     read_kernel<<<blocks, 512>>>(static_cast<const uint4*>(buf), static_cast<int64_t>(bytes / 16), sink);
     BENCH_CUDA_TRY(cudaGetLastError());
-    BENCH_CUDA_TRY(cudaEventRecord(stop));
-    BENCH_CUDA_TRY(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 2) secs.push_back(ms * 1e-3);  // the first two are warm-up
-  }
-  out->read_bytes_per_s = static_cast<double>(bytes) / median(secs);
+    return true;
+  }, &seconds, error);
+  if (!timed) return false;
+  out->read_bytes_per_s = static_cast<double>(bytes) / seconds;
   out->read_gib = static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(sink);
   cudaFree(buf);
   return true;
@@ -96,29 +110,17 @@ bool measure_matmul(int n, int repeats, Ceilings* out, std::string* error) {
     return false;
   }
   const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t start, stop;
-  BENCH_CUDA_TRY(cudaEventCreate(&start));
-  BENCH_CUDA_TRY(cudaEventCreate(&stop));
-  std::vector<double> secs;
-  for (int r = 0; r < repeats + 3; ++r) {
-    BENCH_CUDA_TRY(cudaEventRecord(start));
+  double seconds = 0;
+  const bool timed = median_seconds(3, repeats, [&] {
     const cublasStatus_t st =
         cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta,
                      c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      *error = "cublasGemmEx failed with status " + std::to_string(static_cast<int>(st));
-      return false;
-    }
-    BENCH_CUDA_TRY(cudaEventRecord(stop));
-    BENCH_CUDA_TRY(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) secs.push_back(ms * 1e-3);  // the first three are warm-up
-  }
-  out->matmul_flops_per_s = 2.0 * n * static_cast<double>(n) * n / median(secs);
+    if (st != CUBLAS_STATUS_SUCCESS) *error = "cublasGemmEx failed with status " + std::to_string(static_cast<int>(st));
+    return st == CUBLAS_STATUS_SUCCESS;
+  }, &seconds, error);
+  if (!timed) return false;
+  out->matmul_flops_per_s = 2.0 * n * static_cast<double>(n) * n / seconds;
   out->matmul_n = n;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cublasDestroy(handle);
   cudaFree(a);
   cudaFree(b);
@@ -164,23 +166,13 @@ bool measure_fp8_matmul(int n, int repeats, Ceilings* out, std::string* error) {
   st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) return lt_fail("cublasLtMatmulAlgoGetHeuristic (fp8)", st);
   const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t start, stop;
-  BENCH_CUDA_TRY(cudaEventCreate(&start));
-  BENCH_CUDA_TRY(cudaEventCreate(&stop));
-  std::vector<double> secs;
-  for (int r = 0; r < repeats + 3; ++r) {
-    BENCH_CUDA_TRY(cudaEventRecord(start));
+  double seconds = 0;
+  const bool timed = median_seconds(3, repeats, [&] {
     st = cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heur.algo, ws, ws_bytes, nullptr);
-    if (st != CUBLAS_STATUS_SUCCESS) return lt_fail("cublasLtMatmul (fp8)", st);
-    BENCH_CUDA_TRY(cudaEventRecord(stop));
-    BENCH_CUDA_TRY(cudaEventSynchronize(stop));
-    float ms = 0;
-    BENCH_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-    if (r >= 3) secs.push_back(ms * 1e-3);  // the first three are warm-up
-  }
-  out->fp8_matmul_flops_per_s = 2.0 * n * static_cast<double>(n) * n / median(secs);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+    return st == CUBLAS_STATUS_SUCCESS || lt_fail("cublasLtMatmul (fp8)", st);
+  }, &seconds, error);
+  if (!timed) return false;
+  out->fp8_matmul_flops_per_s = 2.0 * n * static_cast<double>(n) * n / seconds;
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);

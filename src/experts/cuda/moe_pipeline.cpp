@@ -21,12 +21,27 @@ constexpr int64_t kSplitMaxRows = 128;
 constexpr int64_t kMaxKSplits = 8;  // as sm90::kMaxStreamKSplits; the pipeline does not depend on the kernels
 
 size_t split_partial_rows(int64_t pairs) { return static_cast<size_t>(kMaxKSplits * std::min(pairs, kSplitMaxRows)); }
-size_t take(size_t* cursor, size_t bytes) {
+}  // namespace
+
+size_t take_workspace(size_t* cursor, size_t bytes) {
   const size_t at = *cursor;
   *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
   return at;
 }
-}  // namespace
+
+PairWorkspaceLayout take_pair_workspace(size_t* cursor, const ExpertsShape& s, int64_t num_tokens) {
+  const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
+  const size_t E = static_cast<size_t>(s.num_experts);
+  PairWorkspaceLayout l;
+  l.topk_ids = take_workspace(cursor, pairs * sizeof(int32_t));
+  l.topk_weights = take_workspace(cursor, pairs * sizeof(float));
+  l.group_start = take_workspace(cursor, E * sizeof(int32_t));
+  l.group_rows = take_workspace(cursor, E * sizeof(int32_t));
+  l.pair_row = take_workspace(cursor, pairs * sizeof(int32_t));
+  l.row_token = take_workspace(cursor, pairs * sizeof(int32_t));
+  l.align_scratch = take_workspace(cursor, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
+  return l;
+}
 
 GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   GroupedGemmProblem p;
@@ -88,31 +103,24 @@ GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
 
 ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
   const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
-  const size_t E = static_cast<size_t>(s.num_experts);
   ExpertsWorkspaceLayout l;
   size_t c = 0;
-  l.topk_ids = take(&c, pairs * sizeof(int32_t));
-  l.topk_weights = take(&c, pairs * sizeof(float));
-  l.group_start = take(&c, E * sizeof(int32_t));
-  l.group_rows = take(&c, E * sizeof(int32_t));
-  l.pair_row = take(&c, pairs * sizeof(int32_t));
-  l.row_token = take(&c, pairs * sizeof(int32_t));
-  l.align_scratch = take(&c, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
-  l.gemm1_scratch = take(&c, grouped_gemm_workspace_size(gemm1_problem(s, num_tokens)));
-  l.gemm2_scratch = take(&c, grouped_gemm_workspace_size(gemm2_problem(s, num_tokens)));
-  l.intermediate = take(&c, pairs * static_cast<size_t>(s.intermediate) * 2);
+  static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
+  l.gemm1_scratch = take_workspace(&c, grouped_gemm_workspace_size(gemm1_problem(s, num_tokens)));
+  l.gemm2_scratch = take_workspace(&c, grouped_gemm_workspace_size(gemm2_problem(s, num_tokens)));
+  l.intermediate = take_workspace(&c, pairs * static_cast<size_t>(s.intermediate) * 2);
   // bf16 GEMM2 rows, or the f32 partial sums of its K slices.
-  l.expert_out = take(&c, std::max(pairs * 2, split_partial_rows(static_cast<int64_t>(pairs)) * 4) *
+  l.expert_out = take_workspace(&c, std::max(pairs * 2, split_partial_rows(static_cast<int64_t>(pairs)) * 4) *
                               static_cast<size_t>(s.hidden));
   const size_t M = static_cast<size_t>(num_tokens), H = static_cast<size_t>(s.hidden);
-  if (s.expert_bias) l.gemm1_raw = take(&c, pairs * static_cast<size_t>(s.n1()) * 2);
+  if (s.expert_bias) l.gemm1_raw = take_workspace(&c, pairs * static_cast<size_t>(s.n1()) * 2);
   if (s.shared_intermediate > 0) {
-    l.shared_group = take(&c, 2 * sizeof(int32_t));
-    l.shared_scratch1 = take(&c, grouped_gemm_workspace_size(shared_gemm1_problem(s, num_tokens)));
-    l.shared_scratch2 = take(&c, grouped_gemm_workspace_size(shared_gemm2_problem(s, num_tokens)));
-    l.shared_inter = take(&c, M * static_cast<size_t>(s.shared_intermediate) * 2);
-    l.shared_out = take(&c, M * H * 2);
-    if (s.shared_gate) l.shared_gate = take(&c, M * sizeof(float));
+    l.shared_group = take_workspace(&c, 2 * sizeof(int32_t));
+    l.shared_scratch1 = take_workspace(&c, grouped_gemm_workspace_size(shared_gemm1_problem(s, num_tokens)));
+    l.shared_scratch2 = take_workspace(&c, grouped_gemm_workspace_size(shared_gemm2_problem(s, num_tokens)));
+    l.shared_inter = take_workspace(&c, M * static_cast<size_t>(s.shared_intermediate) * 2);
+    l.shared_out = take_workspace(&c, M * H * 2);
+    if (s.shared_gate) l.shared_gate = take_workspace(&c, M * sizeof(float));
   }
   l.total = c;
   return l;

@@ -40,8 +40,12 @@ GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
 
-// Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
-struct ExpertsWorkspaceLayout {
+// Reserves `bytes` at *cursor, rounded up to 256 bytes; returns their offset.
+size_t take_workspace(size_t* cursor, size_t bytes);
+
+// The buffers every expert pipeline (bf16 and fp8) starts its workspace with:
+// the routed pairs and their alignment by expert. Byte offsets, 256-byte aligned.
+struct PairWorkspaceLayout {
   size_t topk_ids = 0;       // [M, k] i32      (monolithic: the router's ids)
   size_t topk_weights = 0;   // [M, k] f32      (monolithic: the router's weights)
   size_t group_start = 0;    // [E] i32
@@ -49,6 +53,12 @@ struct ExpertsWorkspaceLayout {
   size_t pair_row = 0;       // [M·k] i32
   size_t row_token = 0;      // [M·k] i32
   size_t align_scratch = 0;  // align_workspace_size(M·k, E)
+};
+// Lays those buffers out from *cursor on.
+PairWorkspaceLayout take_pair_workspace(size_t* cursor, const ExpertsShape& s, int64_t num_tokens);
+
+// Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
+struct ExpertsWorkspaceLayout : PairWorkspaceLayout {
   size_t gemm1_scratch = 0;  // grouped_gemm_workspace_size(gemm1)
   size_t gemm2_scratch = 0;  // grouped_gemm_workspace_size(gemm2)
   size_t intermediate = 0;   // [M·k, I] bf16: act(GEMM1) per permuted row

@@ -9,34 +9,19 @@
 
 namespace moekit::cuda {
 
-namespace {
-constexpr size_t kAlign = 256;
-size_t take(size_t* cursor, size_t bytes) {
-  const size_t at = *cursor;
-  *cursor += (bytes + kAlign - 1) / kAlign * kAlign;
-  return at;
-}
-}  // namespace
-
 Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
   const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
   const size_t E = static_cast<size_t>(s.num_experts), H = static_cast<size_t>(s.hidden);
   const size_t I = static_cast<size_t>(s.intermediate), n1 = static_cast<size_t>(s.n1());
   Fp8WorkspaceLayout l;
   size_t c = 0;
-  l.topk_ids = take(&c, pairs * sizeof(int32_t));
-  l.topk_weights = take(&c, pairs * sizeof(float));
-  l.group_start = take(&c, E * sizeof(int32_t));
-  l.group_rows = take(&c, E * sizeof(int32_t));
-  l.pair_row = take(&c, pairs * sizeof(int32_t));
-  l.row_token = take(&c, pairs * sizeof(int32_t));
-  l.align_scratch = take(&c, align_workspace_size(static_cast<int64_t>(pairs), s.num_experts));
-  l.amax = take(&c, 2 * sizeof(float));
-  l.active = take(&c, (E + 1) * sizeof(int32_t));
-  l.x_quant = take(&c, pairs * H * sizeof(float));
-  l.gemm1_out = take(&c, pairs * n1 * sizeof(float));
-  l.act_quant = take(&c, pairs * I * sizeof(float));
-  l.expert_out = take(&c, pairs * H * sizeof(float));
+  static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
+  l.amax = take_workspace(&c, 2 * sizeof(float));
+  l.active = take_workspace(&c, (E + 1) * sizeof(int32_t));
+  l.x_quant = take_workspace(&c, pairs * H * sizeof(float));
+  l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
+  l.act_quant = take_workspace(&c, pairs * I * sizeof(float));
+  l.expert_out = take_workspace(&c, pairs * H * sizeof(float));
   l.total = c;
   return l;
 }

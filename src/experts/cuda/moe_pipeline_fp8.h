@@ -22,14 +22,7 @@ namespace moekit::cuda {
 // NOTE: topk_ids and topk_weights come first, at the offsets
 // experts_workspace_layout gives them, so the monolithic router writes them in
 // the same place whichever pipeline follows.
-struct Fp8WorkspaceLayout {
-  size_t topk_ids = 0;       // [M, k] i32
-  size_t topk_weights = 0;   // [M, k] f32
-  size_t group_start = 0;    // [E] i32
-  size_t group_rows = 0;     // [E] i32
-  size_t pair_row = 0;       // [M·k] i32
-  size_t row_token = 0;      // [M·k] i32
-  size_t align_scratch = 0;  // align_workspace_size(M·k, E)
+struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
   size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
   size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row
