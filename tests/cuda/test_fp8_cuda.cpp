@@ -14,6 +14,7 @@
 #include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 #include "experts/cpu/cpu_modular.h"
+#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
@@ -42,6 +43,21 @@ using testing::Fp8Shape;
 constexpr double kVsCpuBound = 0.00390625 + 2e-5 + 1e-3;
 // Against the fp64 reference's fp8 emulation: the bf16 bound of test_cpu_fp8.cpp.
 constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2e-5 + 1e-3) + 2e-5 + 1e-3;
+// The tensor-core GEMMs (fp8_gemm_cutlass_sm90.h) sum each 128-deep block of
+// e4m3 products inside the tensor core before promoting it to fp32, at less
+// than fp32 precision (about 2^-13 relative, the DeepSeek-V3 report's
+// measurement of Hopper's fp8 accumulation). GEMM1's outputs then differ from
+// the cpu's by ~1e-4 relative, and a GEMM2 input that close to an e4m3
+// rounding midpoint rounds one e4m3 step apart (2^-3 of the element at most).
+// Allowing up to 1.5% of the GEMM2 inputs to flip gives 2^-3 * sqrt(0.015) =
+// 1.5e-2 relative L2, plus the bf16 output rounding. Measured on the H200:
+// 6e-4 to 5.3e-3.
+constexpr double kTensorCoreBound = 0.015 + 0.00390625;
+
+bool tensor_core_gemms() {
+  const char* forced = std::getenv("MOEKIT_SM90_FP8_GEMM");
+  return cuda::fp8_cutlass_gemm_built() && (forced == nullptr || std::string(forced) != "cuda_core");
+}
 
 struct Fp8Case {
   Fp8Scheme scheme;
@@ -59,7 +75,8 @@ std::vector<Fp8Case> fp8_cases() {
   using S = Fp8Scheme;
   return {
       {S::kBlock128, A::kSiluGated, {1, 8, 2, 256, 128}},    {S::kBlock128, A::kSiluGated, {37, 64, 8, 512, 256}},
-      {S::kBlock128, A::kRelu2, {300, 16, 4, 192, 80}},      {S::kTensorDynamic, A::kSiluGated, {5, 8, 2, 256, 128}},
+      {S::kBlock128, A::kRelu2, {300, 16, 4, 192, 80}},      {S::kBlock128, A::kSiluGated, {40, 16, 4, 384, 144}},
+      {S::kTensorDynamic, A::kSiluGated, {5, 8, 2, 256, 128}},
       {S::kTensorDynamic, A::kRelu2, {300, 16, 4, 192, 80}}, {S::kTensorStatic, A::kSiluGated, {64, 32, 4, 256, 144}},
   };
 }
@@ -186,9 +203,11 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
       testing::to_double(layer.w13_scale.view()), layer.bytes(layer.w2), testing::to_double(layer.w2_scale.view()),
       rr.ids, rr.weights, static_cast<int>(s.k));
   const double err_ref = testing::rel_l2_error(gpu, ref);
-  EXPECT_LE(err_cpu, kVsCpuBound) << "vs the cpu backend's emulation";
-  EXPECT_LE(err_ref, kVsReferenceBound) << "vs the fp64 reference's fp8 emulation";
-  std::printf("[ fp8      ] %-50s vs cpu %.2e, vs fp64 fp8 %.2e\n", c.name().c_str(), err_cpu, err_ref);
+  const bool tc = tensor_core_gemms();
+  EXPECT_LE(err_cpu, tc ? kTensorCoreBound : kVsCpuBound) << "vs the cpu backend's emulation";
+  EXPECT_LE(err_ref, tc ? kTensorCoreBound : kVsReferenceBound) << "vs the fp64 reference's fp8 emulation";
+  std::printf("[ fp8      ] %-50s %s vs cpu %.2e, vs fp64 fp8 %.2e\n", c.name().c_str(),
+              tc ? "tensor cores" : "cuda cores  ", err_cpu, err_ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, CudaFp8Grid, ::testing::ValuesIn(fp8_cases()),

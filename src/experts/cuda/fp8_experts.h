@@ -1,12 +1,14 @@
-// The fp8 W8A8 expert stages on the device (docs/fp8.md), the first, correct
-// path: activations rounded through e4m3 exactly as the cpu backend rounds
-// them (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value,
-// carried as its f32 value), e4m3 weights read as 1 byte each and dequantized
-// with their block (or part) scale in registers, fp32 accumulation. Not a
-// tensor-core kernel: one warp per (expert, weight row), so weights stream once
-// per group and a decode step reads 1-byte weights; large M is slow.
-// TODO(fp8): the blockwise-scaled CUTLASS grouped GEMM for large M and the fp8
-// variant of the weight-streaming decode kernel (moe_decode_sm90.cuh).
+// The fp8 W8A8 expert stages on the device (docs/fp8.md) around the GEMMs.
+// Activations are rounded through e4m3 exactly as the cpu backend rounds them
+// (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value). Two
+// GEMM paths follow (moe_pipeline_fp8.h):
+//  - tensor cores (fp8_gemm_cutlass_sm90.h): the quantizer writes e4m3 bytes
+//    and the scales the blockwise GEMM reads;
+//  - CUDA cores (fp8_grouped_gemm below): the quantizer writes each quantized
+//    value as f32; one warp per (expert, weight row) reads the e4m3 weights once
+//    per 8 rows and dequantizes them in registers. It serves the shapes the
+//    tensor-core GEMM cannot (gated I not a multiple of 128, a build without
+//    CUTLASS); large M is slow there.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -28,11 +30,13 @@ struct Fp8ActQuant {
   float* amax = nullptr;                    // [1] f32 device scratch: dynamic per-tensor amax
 };
 
-// Rows of a GEMM input, permuted by expert: row r of `dst` is source row
+// Rows of a GEMM input, permuted by expert: row r of the output is source row
 // `row_index[r]` (or r when null) of `src`, rounded through e4m3 with the
 // scheme's scales. Only rows inside a group (group_start/group_rows) are
-// written. src: [*, cols] bf16 bits (src_bf16) or f32, row stride ld; dst:
-// [rows, cols] f32.
+// written. src: [*, cols] bf16 bits (src_bf16) or f32, row stride ld. The
+// output is either `dst` [rows, cols] f32 (the quantized values), or, with
+// dst_q set, the e4m3 bytes [rows, cols] and dst_scale in the layout of
+// Fp8GemmLaunch::a_scale (per-tensor: its one scale repeated per 128 columns).
 struct Fp8QuantizeArgs {
   const void* src = nullptr;
   bool src_bf16 = true;
@@ -40,6 +44,8 @@ struct Fp8QuantizeArgs {
   const int32_t* row_index = nullptr;
   int64_t rows = 0, cols = 0;
   float* dst = nullptr;
+  uint8_t* dst_q = nullptr;
+  float* dst_scale = nullptr;
   const int32_t* group_start = nullptr;  // [E]
   const int32_t* group_rows = nullptr;   // [E]
   int64_t num_experts = 0;
@@ -63,6 +69,12 @@ struct Fp8GemmArgs {
   const int32_t* group_rows = nullptr;
 };
 Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
+
+// The weight scales of MoeWeights (kernel.h) of one row part of W [E, N, K]
+// (`parts` parts of N/parts rows: gate, up) as Fp8GemmLaunch::b_scale reads
+// them: out [E, ceil(K/128), ceil(N/parts/128)].
+Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
+                                int64_t parts, int64_t part, float* out, cudaStream_t stream);
 
 // active[0, *count) = the groups with group_rows > 0, ascending; one warp, so a
 // decode step launches GEMM work only for the few experts it touches.

@@ -27,9 +27,22 @@ __device__ __forceinline__ float act_scale_of(float amax) {
 __device__ __forceinline__ float e4m3_value(__nv_fp8_storage_t q) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
 }
-__device__ __forceinline__ float fake_quant(float x, float scale) {
-  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
-  return __fmul_rn(e4m3_value(q), scale);
+__device__ __forceinline__ __nv_fp8_storage_t quantize(float x, float scale) {
+  return __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+}
+// Value v at column c of row r: as an e4m3 byte (the tensor-core path) or as its f32 value.
+__device__ __forceinline__ void store_quantized(const Fp8QuantizeArgs& a, int64_t r, int64_t c, float v, float scale) {
+  const __nv_fp8_storage_t q = quantize(v, scale);
+  if (a.dst_q) {
+    a.dst_q[r * a.cols + c] = q;
+  } else {
+    a.dst[r * a.cols + c] = __fmul_rn(e4m3_value(q), scale);
+  }
+}
+// The scale of (row r of group g, column block kb) where Fp8GemmLaunch::a_scale reads it.
+__device__ __forceinline__ float* scale_slot(const Fp8QuantizeArgs& a, int g, int64_t r, int64_t kb) {
+  const int64_t start = a.group_start[g], k_blocks = (a.cols + kBlock - 1) / kBlock;
+  return a.dst_scale + start * k_blocks + kb * a.group_rows[g] + (r - start);
 }
 __device__ __forceinline__ float load(const void* src, bool bf16, int64_t i) {
   return bf16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[i]) : static_cast<const float*>(src)[i];
@@ -73,7 +86,6 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
   if (group < 0) return;
   const int64_t src_row = a.row_index ? a.row_index[r] : r;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* dst = a.dst + r * a.cols;
   if (q.method == QuantMethod::kFp8Block128) {
     // One warp per 128-column group, 4 values per lane.
     for (int64_t c0 = static_cast<int64_t>(warp) * kBlock; c0 < a.cols; c0 += kWarps * kBlock) {
@@ -89,13 +101,33 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t c = c0 + lane * 4 + i;
-        if (c < a.cols) dst[c] = fake_quant(v[i], scale);
+        if (c < a.cols) store_quantized(a, r, c, v[i], scale);
       }
+      if (a.dst_q && lane == 0) *scale_slot(a, group, r, c0 / kBlock) = scale;
     }
     return;
   }
   const float scale = q.act_scale == ActScale::kStatic ? q.static_scale[group] : act_scale_of(*q.amax);
-  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) dst[c] = fake_quant(load(a.src, a.src_bf16, src_row * a.ld + c), scale);
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
+    store_quantized(a, r, c, load(a.src, a.src_bf16, src_row * a.ld + c), scale);
+  }
+  if (a.dst_q) {
+    for (int64_t kb = threadIdx.x; kb * kBlock < a.cols; kb += blockDim.x) *scale_slot(a, group, r, kb) = scale;
+  }
+}
+
+// out[g][kb][nb] = the scale of block (nb, kb) of part `part` of W_g (per-tensor: the part's scale).
+__global__ void expand_scales_kernel(QuantMethod method, const float* w_scale, int64_t part_rows, int64_t k,
+                                     int64_t parts, int64_t part, float* out) {
+  const int64_t g = blockIdx.x;
+  const int64_t n_blocks = (part_rows + kBlock - 1) / kBlock, k_blocks = (k + kBlock - 1) / kBlock;
+  for (int64_t i = threadIdx.x; i < n_blocks * k_blocks; i += blockDim.x) {
+    const int64_t kb = i / n_blocks, nb = i % n_blocks;
+    const float s = method == QuantMethod::kFp8Block128
+                        ? w_scale[((g * parts + part) * n_blocks + nb) * k_blocks + kb]
+                        : w_scale[g * parts + part];
+    out[(g * k_blocks + kb) * n_blocks + nb] = s;
+  }
 }
 
 // One warp per (group, weight row n). Each lane takes 16 consecutive K values
@@ -216,6 +248,15 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
   }
   quantize_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, 0, stream>>>(a, q);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_quantize");
+  return Status::Ok();
+}
+
+Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
+                                int64_t parts, int64_t part, float* out, cudaStream_t stream) {
+  if (num_experts == 0) return Status::Ok();
+  expand_scales_kernel<<<static_cast<unsigned>(num_experts), kWarps * 32, 0, stream>>>(method, w_scale, n / parts, k,
+                                                                                       parts, part, out);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_expand_weight_scales");
   return Status::Ok();
 }
 

@@ -3,11 +3,48 @@
 #ifdef MOEKIT_WITH_CUDA
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "experts/cuda/align.h"
 #include "experts/cuda/fp8_experts.h"
+#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 
 namespace moekit::cuda {
+
+#ifndef MOEKIT_HAVE_CUTLASS
+// A build without the CUTLASS kernels: the CUDA-core GEMMs serve every shape.
+bool fp8_cutlass_gemm_built() { return false; }
+size_t fp8_cutlass_gemm_workspace_size(int64_t) { return 0; }
+Status fp8_cutlass_gemm(const Fp8GemmLaunch&, cudaStream_t) {
+  return Unsupported("fp8 tensor-core GEMM: this build has no CUTLASS kernels");
+}
+#endif
+
+namespace {
+
+int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
+
+bool cuda_core_forced() {
+  const char* v = std::getenv("MOEKIT_SM90_FP8_GEMM");
+  return v != nullptr && std::strcmp(v, "cuda_core") == 0;
+}
+
+}  // namespace
+
+Status fp8_tensor_core_shape(const ExpertsShape& s) {
+  if (!fp8_cutlass_gemm_built()) return Unsupported("this build has no CUTLASS kernels");
+  if (s.hidden % 16 != 0 || s.intermediate % 16 != 0) {
+    return Unsupported("H=" + std::to_string(s.hidden) + " and I=" + std::to_string(s.intermediate) +
+                       " must be multiples of 16 (16-byte e4m3 rows)");
+  }
+  return Status::Ok();
+}
+
+int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s) {
+  return (s.activation.gated() ? 2 : 1) * s.num_experts * scale_blocks(s.hidden) * scale_blocks(s.intermediate);
+}
 
 Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
   const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
@@ -18,10 +55,18 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.amax = take_workspace(&c, 2 * sizeof(float));
   l.active = take_workspace(&c, (E + 1) * sizeof(int32_t));
-  l.x_quant = take_workspace(&c, pairs * H * sizeof(float));
+  l.x_quant = c;
+  size_t q = c;
+  l.x_q8 = take_workspace(&q, pairs * H);
+  l.x_scale = take_workspace(&q, pairs * scale_blocks(s.hidden) * sizeof(float));
+  l.act_q8 = take_workspace(&q, pairs * I);
+  l.act_scale = take_workspace(&q, pairs * scale_blocks(s.intermediate) * sizeof(float));
+  take_workspace(&c, pairs * H * sizeof(float));
+  c = std::max(c, q);
   l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
   l.act_quant = take_workspace(&c, pairs * I * sizeof(float));
   l.expert_out = take_workspace(&c, pairs * H * sizeof(float));
+  l.gemm_tables = take_workspace(&c, fp8_cutlass_gemm_workspace_size(s.num_experts));
   l.total = c;
   return l;
 }
@@ -62,13 +107,62 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   q1.row_index = row_token;
   q1.rows = pairs;
   q1.cols = H;
-  q1.dst = x_q;
   q1.group_start = group_start;
   q1.group_rows = group_rows;
   q1.num_experts = E;
-  MOEKIT_RETURN_IF_ERROR(
-      fp8_quantize_rows(q1, Fp8ActQuant{w.quant.method, w.quant.act_scale, w.a13_scale, amax}, stream));
+  Fp8QuantizeArgs q2 = q1;
+  q2.src = act;
+  q2.src_bf16 = false;
+  q2.ld = I;
+  q2.row_index = nullptr;
+  q2.cols = I;
+  const Fp8ActQuant quant1{w.quant.method, w.quant.act_scale, w.a13_scale, amax};
+  const Fp8ActQuant quant2{w.quant.method, w.quant.act_scale, w.a2_scale, amax + 1};
 
+  if (w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr && !cuda_core_forced()) {
+    q1.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+    q1.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q1, quant1, stream));
+    // GEMM1 per row part of W13 (gate, up), each with its own scales, so that
+    // no 128-row scale block straddles the two whatever I is.
+    const int64_t parts = s.activation.gated() ? 2 : 1;
+    Fp8GemmLaunch g1;
+    g1.num_groups = static_cast<int>(E);
+    g1.n = static_cast<int>(I);
+    g1.k = static_cast<int>(H);
+    g1.a = q1.dst_q;
+    g1.a_scale = q1.dst_scale;
+    g1.b_group_stride = n1 * H;
+    g1.ldd = static_cast<int>(n1);
+    g1.group_start = group_start;
+    g1.group_rows = group_rows;
+    g1.workspace = ws + l.gemm_tables;
+    for (int64_t p = 0; p < parts; ++p) {
+      g1.b = w.w13 + p * I * H;
+      g1.b_scale = w.w13_gemm_scale + p * E * scale_blocks(H) * scale_blocks(I);
+      g1.d = h + p * I;
+      MOEKIT_RETURN_IF_ERROR(fp8_cutlass_gemm(g1, stream));
+    }
+    MOEKIT_RETURN_IF_ERROR(fp8_activation(s.activation, h, pairs, I, act, group_start, group_rows, E, stream));
+    q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
+    q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
+    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
+    Fp8GemmLaunch g2 = g1;
+    g2.n = static_cast<int>(H);
+    g2.k = static_cast<int>(I);
+    g2.a = q2.dst_q;
+    g2.a_scale = q2.dst_scale;
+    g2.b = w.w2;
+    g2.b_group_stride = H * I;
+    g2.b_scale = w.w2_gemm_scale;
+    g2.d = y;
+    g2.ldd = static_cast<int>(H);
+    MOEKIT_RETURN_IF_ERROR(fp8_cutlass_gemm(g2, stream));
+    return fp8_finalize(y, pair_row, run.topk_weights, M, s.top_k, H, run.out, stream);
+  }
+
+  q1.dst = x_q;
+  MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q1, quant1, stream));
   MOEKIT_RETURN_IF_ERROR(fp8_list_active_groups(group_rows, E, active, active + E, stream));
   Fp8GemmArgs g1;
   g1.method = w.quant.method;
@@ -87,17 +181,8 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   g1.group_rows = group_rows;
   MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g1, stream));
   MOEKIT_RETURN_IF_ERROR(fp8_activation(s.activation, h, pairs, I, act, group_start, group_rows, E, stream));
-
-  Fp8QuantizeArgs q2 = q1;
-  q2.src = act;
-  q2.src_bf16 = false;
-  q2.ld = I;
-  q2.row_index = nullptr;
-  q2.cols = I;
   q2.dst = act;  // in place: each row is read fully before it is written (one CTA per row)
-  MOEKIT_RETURN_IF_ERROR(
-      fp8_quantize_rows(q2, Fp8ActQuant{w.quant.method, w.quant.act_scale, w.a2_scale, amax + 1}, stream));
-
+  MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
   Fp8GemmArgs g2 = g1;
   g2.n = H;
   g2.k = I;

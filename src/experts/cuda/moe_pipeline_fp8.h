@@ -3,6 +3,10 @@
 // quantize GEMM1's input -> fp8 grouped GEMM1 -> activation -> quantize GEMM2's
 // input -> fp8 grouped GEMM2 -> weighted top-k reduction (fp8_experts.h). One
 // stream, the caller's workspace, no allocation, no host synchronization.
+//
+// The GEMMs run on tensor cores (fp8_gemm_cutlass_sm90.h) when the weights
+// were prepared for it (Fp8ExpertWeights::w13_gemm_scale), else on CUDA cores.
+// MOEKIT_SM90_FP8_GEMM=cuda_core forces the CUDA-core GEMMs (for comparisons).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -25,10 +29,16 @@ namespace moekit::cuda {
 struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
   size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
-  size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row
+  size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row (CUDA cores)
   size_t gemm1_out = 0;      // [M·k, n1] f32
-  size_t act_quant = 0;      // [M·k, I] f32: activation output, then quantized in place
+  size_t act_quant = 0;      // [M·k, I] f32: activation output (CUDA cores: then quantized in place)
   size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row
+  // The tensor-core path's GEMM inputs, in x_quant's bytes (sized for both uses):
+  size_t x_q8 = 0;           // [M·k, H] e4m3
+  size_t x_scale = 0;        // [M·k · ceil(H/128)] f32, Fp8GemmLaunch::a_scale layout
+  size_t act_q8 = 0;         // [M·k, I] e4m3
+  size_t act_scale = 0;      // [M·k · ceil(I/128)] f32
+  size_t gemm_tables = 0;    // fp8_cutlass_gemm_workspace_size(E) (0 without CUTLASS)
   size_t total = 0;
 };
 Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
@@ -42,7 +52,16 @@ struct Fp8ExpertWeights {
   const float* w2_scale = nullptr;
   const float* a13_scale = nullptr;   // [E], static act scales only
   const float* a2_scale = nullptr;
+  // The weight scales as the tensor-core GEMM reads them (fp8_expand_weight_scales),
+  // or null where it cannot serve the shape (fp8_tensor_core_shape).
+  const float* w13_gemm_scale = nullptr;  // [parts (gate, up), E, ceil(H/128), ceil(I/128)]
+  const float* w2_gemm_scale = nullptr;   // [E, ceil(I/128), ceil(H/128)]
 };
+
+// ok, or why the tensor-core GEMMs cannot serve the shape (then CUDA cores do).
+Status fp8_tensor_core_shape(const ExpertsShape& s);
+// Floats of Fp8ExpertWeights::w13_gemm_scale.
+int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s);
 
 struct Fp8ExpertsRun {
   int64_t num_tokens = 0;               // M

@@ -1,6 +1,7 @@
 # The Hopper grouped GEMM paths behind grouped_gemm.h (grouped_gemm_sm90.h):
-# the weight-streaming kernel always, the CUTLASS kernels when the CUTLASS
-# headers were found (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
+# the weight-streaming kernel always, the CUTLASS kernels (bf16, and the fp8
+# blockwise one of moe_pipeline_fp8) when the CUTLASS headers were found
+# (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
 if(MOEKIT_WITH_CUDA)
   target_sources(moekit_experts PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
@@ -11,11 +12,17 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m128n256.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128c2.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m256n128.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m64n128.cu
   )
   if(MOEKIT_CUTLASS_INCLUDE AND MOEKIT_CUTLASS_KERNELS AND MOEKIT_CUTLASS_SOURCES)
     target_sources(moekit_experts PRIVATE ${MOEKIT_CUTLASS_SOURCES})
     target_include_directories(moekit_experts SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
-    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${MOEKIT_CUTLASS_SOURCES}
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
+                                ${CMAKE_CURRENT_LIST_DIR}/moe_pipeline_fp8.cpp ${MOEKIT_CUTLASS_SOURCES}
                                 PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
   endif()
 endif()

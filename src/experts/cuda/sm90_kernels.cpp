@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/moe_pipeline.h"
 #include "experts/cuda/moe_pipeline_fp8.h"
@@ -384,6 +385,21 @@ class Sm90Kernel : public MoeKernel {
     MOEKIT_RETURN_IF_ERROR(w2_.allocate(w.w2.nbytes()));
     MOEKIT_CUDA_CHECK(cudaMemcpy(w13_.as<void>(), w.w13.data, w.w13.nbytes(), cudaMemcpyDefault));
     MOEKIT_CUDA_CHECK(cudaMemcpy(w2_.as<void>(), w.w2.data, w.w2.nbytes(), cudaMemcpyDefault));
+    w13_gemm_scale_.reset();
+    w2_gemm_scale_.reset();
+    if (fp8_tensor_core_shape(shape_).ok()) {
+      const int64_t parts = shape_.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape_) / parts;
+      const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+      MOEKIT_RETURN_IF_ERROR(w13_gemm_scale_.allocate(sizeof(float) * parts * part_count));
+      MOEKIT_RETURN_IF_ERROR(w2_gemm_scale_.allocate(sizeof(float) * E * blocks(I) * blocks(H)));
+      for (int64_t p = 0; p < parts; ++p) {
+        MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(config_.quant.method, w13_scale_.as<const float>(), E, N1, H,
+                                                        parts, p, w13_gemm_scale_.as<float>() + p * part_count,
+                                                        nullptr));
+      }
+      MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(config_.quant.method, w2_scale_.as<const float>(), E, H, I, 1, 0,
+                                                      w2_gemm_scale_.as<float>(), nullptr));
+    }
     if (config_.routing.has_score_bias) {
       MOEKIT_RETURN_IF_ERROR(bias_.allocate(sizeof(float) * E));
       MOEKIT_CUDA_CHECK(cudaMemcpy(bias_.as<void>(), w.score_bias.data, sizeof(float) * E, cudaMemcpyDefault));
@@ -406,6 +422,8 @@ class Sm90Kernel : public MoeKernel {
       fw.w2_scale = w2_scale_.as<const float>();
       fw.a13_scale = a13_scale_.as<const float>();
       fw.a2_scale = a2_scale_.as<const float>();
+      fw.w13_gemm_scale = w13_gemm_scale_.as<const float>();
+      fw.w2_gemm_scale = w2_gemm_scale_.as<const float>();
       Fp8ExpertsRun r;
       r.num_tokens = M;
       r.hidden = a.hidden.ptr<const uint16_t>();
@@ -446,6 +464,7 @@ class Sm90Kernel : public MoeKernel {
   DeviceMemory bias_;  // [E] f32, deepseek_v3 e_score_correction_bias (monolithic routing), optional
   // fp8 schemes only (w13_/w2_ then hold e4m3 bytes in the checkpoint layout):
   DeviceMemory w13_scale_, w2_scale_;  // MoeWeights layouts (kernel.h), f32
+  DeviceMemory w13_gemm_scale_, w2_gemm_scale_;  // Fp8ExpertWeights layouts, iff fp8_tensor_core_shape
   DeviceMemory a13_scale_, a2_scale_;  // [E] f32, static activation scales, optional
   DeviceMemory w13_bias_;     // [E, N1] f32, prepared column order, iff has_expert_bias
   DeviceMemory w2_bias_;      // [E, H] f32, iff has_expert_bias
