@@ -188,6 +188,7 @@ struct Variant {
   std::string name;
   std::vector<std::pair<std::string, std::string>> env;
   VariantMode mode = VariantMode::kPlain;
+  bool shared_overlap = false;  // on the second layer, built with MoeConfig::shared_expert_overlap (--shared-overlap both)
 };
 
 // Pinned host memory freed on scope exit (a graph's host copies need pinned memory).
@@ -327,6 +328,7 @@ class ShapeRunner {
     c.max_num_tokens = max_m_;
     c.backend = opt_.backend;
     c.batch_invariant = opt_.batch_invariant;
+    c.shared_expert_overlap = opt_.shared_overlap == "on" && c.shared_intermediate > 0;
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
     if (opt_.scheme != "bf16") {
@@ -411,6 +413,14 @@ class ShapeRunner {
     auto layer = MoeLayer::create(c, weights);
     if (!layer.ok()) return layer.status();
     layer_ = std::move(*layer);
+    if (opt_.shared_overlap == "both" && c.shared_intermediate > 0) {
+      // The same weights, the shared expert on the side stream: the "overlap" variant's layer.
+      MoeConfig overlap = c;
+      overlap.shared_expert_overlap = true;
+      auto second = MoeLayer::create(overlap, weights);
+      if (!second.ok()) return second.status();
+      overlap_layer_ = std::move(*second);
+    }
     BENCH_CUDA_RETURN(cudaDeviceSynchronize());
     log_ << "  " << spec_.name << ": backend " << layer_->backend() << ", kernel " << layer_->kernel().name()
          << ", workspace " << layer_->workspace_bytes() / (1024.0 * 1024.0) << " MiB at M=" << max_m_ << "\n";
@@ -507,6 +517,8 @@ class ShapeRunner {
     for (int v = 0; v < nv; ++v) {
       ScopedEnv env(variants_[v].env);
       const VariantMode mode = variants_[v].mode;
+      // Shapes without a shared expert time the default layer under the overlap variant too.
+      MoeLayer& layer = variants_[v].shared_overlap && overlap_layer_ ? *overlap_layer_ : *layer_;
       for (int s = 0; s < sets; ++s) {
         LayerForwardArgs args;
         args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
@@ -538,7 +550,7 @@ class ShapeRunner {
           if (mode == VariantMode::kCapture) {
             BENCH_CUDA_RETURN(cudaMemsetAsync(ids_dev[s].ptr, 0xff, ids_bytes, stream));  // the sentinel -1
           }
-          MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
+          MOEKIT_RETURN_IF_ERROR(layer.forward(args, stream));
           if (mode == VariantMode::kCapture) {
             BENCH_CUDA_RETURN(cudaMemcpyAsync(ids_host[s].ptr, ids_dev[s].ptr, ids_bytes, cudaMemcpyDeviceToHost, stream));
           }
@@ -633,6 +645,7 @@ class ShapeRunner {
   std::vector<float> host_bias_;  // [E] f32 (deepseek_v3 only)
   std::vector<float> offsets_;    // [E] f32 logit offsets (all zero unless --skew)
   std::unique_ptr<MoeLayer> layer_;
+  std::unique_ptr<MoeLayer> overlap_layer_;  // --shared-overlap both, shapes with a shared expert only
 };
 
 json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed, double skew) {
@@ -757,6 +770,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
     if (!v.ok()) return v.status();
     variants.push_back(std::move(*v));
   }
+  if (opt.shared_overlap == "both") variants.push_back(Variant{"overlap", {}, VariantMode::kPlain, true});
   if (opt.capture_modes) {  // every case also timed with capture on and with replay (forced ids)
     variants.push_back(Variant{"capture", {}, VariantMode::kCapture});
     variants.push_back(Variant{"replay", {}, VariantMode::kReplay});
@@ -820,6 +834,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},
               {"batch_invariant", opt.batch_invariant},
+              {"shared_overlap", opt.shared_overlap},
               {"variants", [&] {
                  json vs = json::array();
                  for (size_t v = 1; v < variants.size(); ++v) {
