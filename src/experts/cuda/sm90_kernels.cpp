@@ -524,6 +524,7 @@ class Sm90Monolithic final : public Sm90Kernel {
   const char* name() const override { return "Sm90Monolithic"; }
   bool is_monolithic() const override { return true; }
   bool supports_routing_replay_capture() const override { return true; }
+  bool supports_router_weights_capture() const override { return true; }
 
   Status run(const MoeRunArgs& a, Workspace ws, Stream stream) override {
     int64_t M = 0;
@@ -543,6 +544,13 @@ class Sm90Monolithic final : public Sm90Kernel {
     }
     if (a.topk_ids.defined() || a.topk_weights.defined()) {
       return InvalidArgument("Sm90Monolithic: routes inside; topk_ids/topk_weights must not be given");
+    }
+    if (a.router_weights_out.defined()) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_weights_out, "router_weights_out", {DType::kF32}, {-1, k}, dev));
+      if (a.router_weights_out.shape[0] < M) {
+        return InvalidArgument("router_weights_out: needs at least M = " + str(M) + " rows, got " +
+                               a.router_weights_out.shape_string());
+      }
     }
     // NOTE: ids and weights lie at these offsets in the fp8 layout too (moe_pipeline_fp8.h).
     const ExpertsWorkspaceLayout l = experts_workspace_layout(shape_, M);
@@ -565,6 +573,10 @@ class Sm90Monolithic final : public Sm90Kernel {
     rl.routing_replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
     rl.expert_counts = nullptr;  // counted by the align stage
     MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
+    if (a.router_weights_out.defined()) {  // capture of router weights: the routing's own output, copied
+      MOEKIT_CUDA_CHECK(cudaMemcpyAsync(a.router_weights_out.data, weights, static_cast<size_t>(M * k) * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, s));
+    }
 
     return run_pipeline(a, ws, M, ids, weights, s);
   }
