@@ -34,6 +34,10 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
   app->add_option("--shared-intermediate", opt->shared_intermediate,
                   "add a shared expert of this width to every shape (0: none)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app->add_flag("--shared-gate", opt->shared_gate, "gate the shared expert by sigmoid(x . g) (Qwen2-MoE style)");
+  app->add_option("--shared-overlap", opt->shared_overlap,
+                  "run the shared expert on a side stream overlapping the routed experts: off (default), on, or "
+                  "both (off, plus a variant 'overlap' with it on, timed interleaved; its diff must be 0)")
+      ->check(CLI::IsMember({"off", "on", "both"}));
   app->add_flag("--capture-modes,!--no-capture-modes", opt->capture_modes,
                 "also time each case with capture on (ids written, rows copied to pinned host memory) and with "
                 "replay (forced ids), interleaved with the default (default: on)");

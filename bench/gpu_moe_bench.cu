@@ -25,6 +25,7 @@
 
 #include "gpu_ceilings.h"
 #include "gpu_fill.h"
+#include "moekit/capture.h"
 #include "moekit/config.h"
 #include "moekit/dtype.h"
 #include "moekit/layer.h"
@@ -180,7 +181,8 @@ struct CaseResult {
 // What a variant's forward does beside the layer itself (--capture-modes).
 enum class VariantMode {
   kPlain,    // the forward alone
-  kCapture,  // sentinel fill of the capture target, the forward writing the ids, rows copied to pinned host memory
+  kCapture,  // as an engine records: the forward writing the ids into a bound RoutedExpertsCapturer, whose
+            // begin_step / end_step_async (rows moved to pinned host memory) wrap each launch
   kReplay,   // the forward with forced ids (the ids this layer selected for the set, from pinned host memory)
 };
 
@@ -188,6 +190,7 @@ struct Variant {
   std::string name;
   std::vector<std::pair<std::string, std::string>> env;
   VariantMode mode = VariantMode::kPlain;
+  bool shared_overlap = false;  // on the second layer, built with MoeConfig::shared_expert_overlap (--shared-overlap both)
 };
 
 // Pinned host memory freed on scope exit (a graph's host copies need pinned memory).
@@ -327,6 +330,7 @@ class ShapeRunner {
     c.max_num_tokens = max_m_;
     c.backend = opt_.backend;
     c.batch_invariant = opt_.batch_invariant;
+    c.shared_expert_overlap = opt_.shared_overlap == "on" && c.shared_intermediate > 0;
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
     if (opt_.scheme != "bf16") {
@@ -411,6 +415,24 @@ class ShapeRunner {
     auto layer = MoeLayer::create(c, weights);
     if (!layer.ok()) return layer.status();
     layer_ = std::move(*layer);
+    if (opt_.capture_modes) {
+      // One capturer for the capture variant, bound once; its graphs are captured
+      // with the target set, every other variant's without (capture_and_time).
+      MOEKIT_RETURN_IF_ERROR(model_.add_layer(layer_, 0));
+      auto cap = RoutedExpertsCapturer::create(1, max_m_, c.top_k(), Device::cuda(0));
+      if (!cap.ok()) return cap.status();
+      capturer_ = std::move(*cap);
+      MOEKIT_RETURN_IF_ERROR(bind(model_, *capturer_));
+      MOEKIT_RETURN_IF_ERROR(layer_->set_capture_target({}));
+    }
+    if (opt_.shared_overlap == "both" && c.shared_intermediate > 0) {
+      // The same weights, the shared expert on the side stream: the "overlap" variant's layer.
+      MoeConfig overlap = c;
+      overlap.shared_expert_overlap = true;
+      auto second = MoeLayer::create(overlap, weights);
+      if (!second.ok()) return second.status();
+      overlap_layer_ = std::move(*second);
+    }
     BENCH_CUDA_RETURN(cudaDeviceSynchronize());
     log_ << "  " << spec_.name << ": backend " << layer_->backend() << ", kernel " << layer_->kernel().name()
          << ", workspace " << layer_->workspace_bytes() / (1024.0 * 1024.0) << " MiB at M=" << max_m_ << "\n";
@@ -500,30 +522,28 @@ class ShapeRunner {
     const size_t ids_bytes = static_cast<size_t>(m * k) * sizeof(int16_t);
     const int nv = static_cast<int>(variants_.size());
     graphs->assign(static_cast<size_t>(nv) * sets, nullptr);
-    // Capture/replay resources per input set (allocated by the first variant that needs them).
-    std::vector<DeviceBuffer> ids_dev(sets);  // [M, k] i16: the capture target
-    std::vector<PinnedHost> ids_host(sets);   // [M, k] i16: where captured rows land
+    // Replay resources per input set (allocated by the replay variant).
+    std::vector<DeviceBuffer> ids_dev(sets);  // [M, k] i16: where the selected ids are written once
+    std::vector<PinnedHost> ids_host(sets);   // [M, k] i16: their host copy
     std::vector<PinnedHost> forced(sets);     // [M, k] i32: forced ids (host, pinned)
     for (int v = 0; v < nv; ++v) {
       ScopedEnv env(variants_[v].env);
       const VariantMode mode = variants_[v].mode;
+      // Shapes without a shared expert time the default layer under the overlap variant too.
+      MoeLayer& layer = variants_[v].shared_overlap && overlap_layer_ ? *overlap_layer_ : *layer_;
       for (int s = 0; s < sets; ++s) {
         LayerForwardArgs args;
         args.hidden = TensorView::contiguous(hidden[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
         args.router_logits = TensorView::contiguous(logits[s].ptr, DType::kF32, {m, E}, Device::cuda(0));
         args.out = TensorView::contiguous(out[s].ptr, DType::kBF16, {m, H}, Device::cuda(0));
-        if (mode != VariantMode::kPlain && ids_dev[s].ptr == nullptr) {
+        if (mode == VariantMode::kReplay && ids_dev[s].ptr == nullptr) {
           MOEKIT_RETURN_IF_ERROR(ids_dev[s].allocate(ids_bytes));
           BENCH_CUDA_RETURN(cudaMallocHost(&ids_host[s].ptr, ids_bytes));
         }
-        const TensorView target = mode == VariantMode::kPlain
-                                      ? TensorView{}
-                                      : TensorView::contiguous(ids_dev[s].ptr, DType::kI16, {m, k}, Device::cuda(0));
-        if (mode == VariantMode::kCapture) args.routing_replay_out = target;
         if (mode == VariantMode::kReplay) {
           // The ids this layer selects for the set, forced back: the output must equal the default's bit for bit.
           LayerForwardArgs select = args;
-          select.routing_replay_out = target;
+          select.routing_replay_out = TensorView::contiguous(ids_dev[s].ptr, DType::kI16, {m, k}, Device::cuda(0));
           MOEKIT_RETURN_IF_ERROR(layer_->forward(select, stream));
           BENCH_CUDA_RETURN(cudaMemcpyAsync(ids_host[s].ptr, ids_dev[s].ptr, ids_bytes, cudaMemcpyDeviceToHost, stream));
           BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
@@ -533,15 +553,13 @@ class ShapeRunner {
           for (int64_t i = 0; i < m * k; ++i) to[i] = from[i];
           args.forced_ids = TensorView::contiguous(forced[s].ptr, DType::kI32, {m, k});
         }
-        // One step as an engine runs it; no host synchronization inside.
+        // The graph holds the forward only; the capture variant's is captured with the
+        // capturer's target bound, and launch_graph wraps it in the capturer's step.
+        if (mode == VariantMode::kCapture) MOEKIT_RETURN_IF_ERROR(layer.set_capture_target(capturer_->layer_target(0)));
         auto step = [&]() -> Status {
-          if (mode == VariantMode::kCapture) {
-            BENCH_CUDA_RETURN(cudaMemsetAsync(ids_dev[s].ptr, 0xff, ids_bytes, stream));  // the sentinel -1
-          }
-          MOEKIT_RETURN_IF_ERROR(layer_->forward(args, stream));
-          if (mode == VariantMode::kCapture) {
-            BENCH_CUDA_RETURN(cudaMemcpyAsync(ids_host[s].ptr, ids_dev[s].ptr, ids_bytes, cudaMemcpyDeviceToHost, stream));
-          }
+          if (mode == VariantMode::kCapture) MOEKIT_RETURN_IF_ERROR(begin_capture_step(m, stream));
+          MOEKIT_RETURN_IF_ERROR(layer.forward(args, stream));
+          if (mode == VariantMode::kCapture) MOEKIT_RETURN_IF_ERROR(capturer_->end_step(stream));
           return Status::Ok();
         };
         // One eager forward first: errors surface outside capture, and lazy setup happens here.
@@ -549,8 +567,9 @@ class ShapeRunner {
         BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
         cudaGraph_t graph;
         BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        const Status fwd = step();
+        const Status fwd = layer.forward(args, stream);
         const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        if (mode == VariantMode::kCapture) MOEKIT_RETURN_IF_ERROR(layer.set_capture_target({}));
         MOEKIT_RETURN_IF_ERROR(fwd);
         BENCH_CUDA_RETURN(end);
         BENCH_CUDA_RETURN(cudaGraphInstantiate(&(*graphs)[v * sets + s], graph, 0));
@@ -564,7 +583,7 @@ class ShapeRunner {
     BENCH_CUDA_RETURN(cudaEventCreate(&t1));
     BENCH_CUDA_RETURN(cudaEventRecord(t0, stream));
     for (int w = 0; w < 2; ++w) {
-      for (int g = 0; g < n_graphs; ++g) BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[g], stream));
+      for (int g = 0; g < n_graphs; ++g) MOEKIT_RETURN_IF_ERROR(launch_graph(*graphs, g, sets, m, stream));
     }
     BENCH_CUDA_RETURN(cudaEventRecord(t1, stream));
     BENCH_CUDA_RETURN(cudaEventSynchronize(t1));
@@ -582,7 +601,7 @@ class ShapeRunner {
     for (auto& e : ev) BENCH_CUDA_RETURN(cudaEventCreate(&e));
     BENCH_CUDA_RETURN(cudaEventRecord(ev[0], stream));
     for (int i = 0; i < launches; ++i) {
-      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[i % n_graphs], stream));
+      MOEKIT_RETURN_IF_ERROR(launch_graph(*graphs, i % n_graphs, sets, m, stream));
       BENCH_CUDA_RETURN(cudaEventRecord(ev[i + 1], stream));
     }
     BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
@@ -604,7 +623,7 @@ class ShapeRunner {
     std::vector<uint16_t> host_default;
     for (int v = 0; v < nv; ++v) {
       BENCH_CUDA_RETURN(cudaMemset(out[0].ptr, 0xff, out[0].bytes));  // NaN poison: unwritten rows show
-      BENCH_CUDA_RETURN(cudaGraphLaunch((*graphs)[v * sets], stream));
+      MOEKIT_RETURN_IF_ERROR(launch_graph(*graphs, v * sets, sets, m, stream));
       BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
       std::vector<uint16_t> host(static_cast<size_t>(m * H));
       BENCH_CUDA_RETURN(cudaMemcpy(host.data(), out[0].ptr, host.size() * 2, cudaMemcpyDeviceToHost));
@@ -614,10 +633,38 @@ class ShapeRunner {
       }
       r->variant_rel_diff.push_back(rel_l2_bf16(host, host_default));
     }
+    if (capturer_) MOEKIT_RETURN_IF_ERROR(capturer_->collect());  // the last capture step's rows, checked
     if (!opt_.dump_dir.empty() && std::find(opt_.dump_m.begin(), opt_.dump_m.end(), m) != opt_.dump_m.end()) {
       r->dump_file = spec_.name + "_m" + std::to_string(m) + "_set0.npy";
       MOEKIT_RETURN_IF_ERROR(write_npy_u16(opt_.dump_dir + "/" + r->dump_file, host_default, m, H));
     }
+    return Status::Ok();
+  }
+
+  // A capture step of M rows: a fresh request once the current one has grown long
+  // (an engine finishes requests; this bounds the host memory of the appended ids).
+  Status begin_capture_step(int64_t m, cudaStream_t stream) {
+    constexpr int64_t kRowsPerRequest = int64_t{1} << 20;
+    if (request_rows_ + m > kRowsPerRequest || request_ == 0) {
+      if (request_ > 0) {
+        auto done = capturer_->finish_request("r" + std::to_string(request_));
+        if (!done.ok()) return done.status();
+      }
+      ++request_;
+      request_rows_ = 0;
+      MOEKIT_RETURN_IF_ERROR(capturer_->add_request("r" + std::to_string(request_)));
+    }
+    request_rows_ += m;
+    return capturer_->begin_step(StepLayout{{{"r" + std::to_string(request_), m}}}, stream);
+  }
+
+  // Launches graph g (variant g / sets); the capture variant's inside the capturer's
+  // step, ended without waiting (end_step_async checks the previous step's rows).
+  Status launch_graph(const std::vector<cudaGraphExec_t>& graphs, int g, int sets, int64_t m, cudaStream_t stream) {
+    const bool capture = variants_[g / sets].mode == VariantMode::kCapture;
+    if (capture) MOEKIT_RETURN_IF_ERROR(begin_capture_step(m, stream));
+    BENCH_CUDA_RETURN(cudaGraphLaunch(graphs[g], stream));
+    if (capture) MOEKIT_RETURN_IF_ERROR(capturer_->end_step_async(stream));
     return Status::Ok();
   }
 
@@ -632,7 +679,12 @@ class ShapeRunner {
   int64_t n13_ = 0;
   std::vector<float> host_bias_;  // [E] f32 (deepseek_v3 only)
   std::vector<float> offsets_;    // [E] f32 logit offsets (all zero unless --skew)
-  std::unique_ptr<MoeLayer> layer_;
+  std::shared_ptr<MoeLayer> layer_;
+  std::unique_ptr<MoeLayer> overlap_layer_;
+  Model model_;  // layer_ alone, bound to capturer_ (--capture-modes)
+  std::unique_ptr<RoutedExpertsCapturer> capturer_;
+  int request_ = 0;            // capturer_'s current request "r<request_>"
+  int64_t request_rows_ = 0;   // rows it holds  // --shared-overlap both, shapes with a shared expert only
 };
 
 json shape_json(const ShapeSpec& s, int shape_index, uint32_t base_seed, double skew) {
@@ -757,6 +809,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
     if (!v.ok()) return v.status();
     variants.push_back(std::move(*v));
   }
+  if (opt.shared_overlap == "both") variants.push_back(Variant{"overlap", {}, VariantMode::kPlain, true});
   if (opt.capture_modes) {  // every case also timed with capture on and with replay (forced ids)
     variants.push_back(Variant{"capture", {}, VariantMode::kCapture});
     variants.push_back(Variant{"replay", {}, VariantMode::kReplay});
@@ -820,6 +873,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
               {"num_sets", opt.num_sets},
               {"skew", opt.skew},
               {"batch_invariant", opt.batch_invariant},
+              {"shared_overlap", opt.shared_overlap},
               {"variants", [&] {
                  json vs = json::array();
                  for (size_t v = 1; v < variants.size(); ++v) {

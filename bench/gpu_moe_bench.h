@@ -33,6 +33,9 @@ struct GpuBenchOptions {
   bool expert_bias = false;         // gate/up and down biases (gpt-oss style)
   int64_t shared_intermediate = 0;  // > 0: a shared expert of this width
   bool shared_gate = false;         // the shared expert's sigmoid gate (needs shared_intermediate)
+  // MoeConfig::shared_expert_overlap on shapes with a shared expert: "off", "on", or "both"
+  // (off is the default and a variant "overlap" with it on is timed interleaved, same process).
+  std::string shared_overlap = "off";
   // Also time every case with capture on and with replay, interleaved with the default (variants
   // "capture" and "replay"; their ratio to the default is the overhead).
   bool capture_modes = true;

@@ -87,15 +87,24 @@ struct CaptureSet {
   const RequestCapture* find(const std::string& request) const;
 };
 
+// What a capturer records beside the ids.
+struct CapturerOptions {
+  // The router's weights at the ids (what the routing method gives them), f32,
+  // in a second buffer of the ids' shape; the capture then carries
+  // RequestCapture::router_weights and CaptureInfo::router_weights_dtype = f32.
+  bool record_router_weights = false;
+};
+
 class RoutedExpertsCapturer {
  public:
   // A disabled capturer allocates nothing, ever (allocated_bytes() == 0): bind()
   // then clears every layer's capture target and the step calls do nothing.
   // An enabled one allocates its buffer [num_moe_layers, max_num_tokens, top_k]
-  // i16 on `device` here, once (plus pinned host staging for a CUDA device).
+  // i16 on `device` here, once, filled with the sentinel -1 (plus pinned host
+  // staging for a CUDA device, and the same again in f32 for router weights).
   static StatusOr<std::unique_ptr<RoutedExpertsCapturer>> create(int num_moe_layers, int64_t max_num_tokens,
                                                                  int top_k, Device device = Device::cpu(),
-                                                                 bool enabled = true);
+                                                                 bool enabled = true, CapturerOptions options = {});
   ~RoutedExpertsCapturer();
 
   bool enabled() const { return enabled_; }
@@ -107,6 +116,9 @@ class RoutedExpertsCapturer {
   const void* buffer_data() const;  // the device buffer; nullptr when disabled
   // Layer `layer`'s slice buffer[layer]: [max_num_tokens, top_k] i16 (empty view when disabled).
   TensorView layer_target(int layer) const;
+  bool records_router_weights() const { return enabled_ && options_.record_router_weights; }
+  // Its router weights slice: [max_num_tokens, top_k] f32 (empty view unless records_router_weights()).
+  TensorView layer_router_weights_target(int layer) const;
   bool bound() const { return bound_; }
   const CaptureInfo& info() const { return info_; }
 
@@ -116,19 +128,25 @@ class RoutedExpertsCapturer {
   // prompt_tokens (>= 0 when known) sets first_generated_token of its capture.
   Status add_request(const std::string& request, int64_t skip_prompt_tokens = 0, int64_t prompt_tokens = -1);
   // Checks the layout (known requests, each once, rows in [1, max_num_tokens]
-  // in total) and fills rows [0, M) of every layer with the sentinel -1.
+  // in total). Rows [0, M) of every layer then hold the sentinel -1: on the CPU
+  // begin_step fills them; on a CUDA device they already do (filled at create,
+  // put back by the previous step's end), so begin_step enqueues nothing.
+  // NOTE: a forward outside a step (a warm-up) leaves its ids in the buffer
+  // until a step's end moves those rows; unwritten rows of that step are then
+  // not detected.
   Status begin_step(const StepLayout& layout, Stream stream = nullptr);
   // Copies rows [0, M) of every layer to the host (asynchronously on a CUDA
   // device, then waits for them), checks that every row was written with an id
   // in [0, E), and appends each request's rows. On error nothing is appended.
   Status end_step(Stream stream = nullptr);
-  // end_step without waiting: on a CUDA device the rows' copy to pinned host
-  // memory is enqueued on `stream` with an event, and the check and append run
+  // end_step without waiting: on a CUDA device one kernel on `stream` moves the
+  // rows to mapped pinned host memory and puts the sentinel back in their place,
+  // then an event is recorded; the check and append run
   // at collect() — called by the next end_step_async (which then waits for the
   // previous step's copy, normally long done), by end_step, routed_experts,
   // finish_request and snapshot. An error of that step is returned by the call
   // that collects it, and nothing of that step is appended. On the CPU it is end_step.
-  // The next begin_step must be on the same stream (its sentinel fill is ordered after the copy).
+  // Forwards of the next step must be on the same stream (ordered after this step's move of the rows).
   Status end_step_async(Stream stream = nullptr);
   // Checks and appends the rows of a step ended with end_step_async (no-op when none is pending).
   Status collect();
@@ -150,6 +168,7 @@ class RoutedExpertsCapturer {
   Status collect_pending() const;
 
   bool enabled_ = false;
+  CapturerOptions options_;
   bool bound_ = false;
   int num_layers_ = 0;
   int64_t max_tokens_ = 0;

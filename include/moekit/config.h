@@ -138,6 +138,13 @@ struct MoeConfig {
   // batch: one GEMM path and one reduction order for every M (docs/batch_invariance.md).
   // Kernels that cannot honour it are rejected by supports().
   bool batch_invariant = false;
+  // How the kernel schedules the shared expert (a choice, not part of the math:
+  // the output bits are the same either way). true: on a side stream the CUDA
+  // kernel owns, forked from the caller's stream at the start of the forward
+  // and joined before the finalize, so it overlaps the routed experts; false:
+  // after the routed experts on the caller's stream. Needs a shared expert;
+  // the CPU backend has one stream and ignores it (docs/cuda_backend.md).
+  bool shared_expert_overlap = false;
 
   int top_k() const { return routing.top_k; }
   Status validate() const;

@@ -73,6 +73,9 @@ struct MoeRunArgs {
   // Modular kernels (routing done by the caller):
   TensorView topk_ids;      // [M, k] i32
   TensorView topk_weights;  // [M, k] f32
+  // Monolithic kernels with supports_router_weights_capture(), optional: [>= M, k] f32,
+  // rows [0, M) get the routing weights of the ids (capture of router weights).
+  TensorView router_weights_out;
 };
 
 // Caller-owned scratch memory on the kernel's device, >= workspace_size(M) bytes.
@@ -92,6 +95,8 @@ class MoeKernel {
   virtual bool is_monolithic() const = 0;
   // Monolithic kernels that write the selected ids into routing_replay_out.
   virtual bool supports_routing_replay_capture() const { return false; }
+  // Monolithic kernels that also write the routing weights into router_weights_out.
+  virtual bool supports_router_weights_capture() const { return false; }
   virtual Device device() const = 0;
 
   // Understands every weight layout this kernel prepares.

@@ -58,13 +58,19 @@ class MoeLayer {
 
   // Where forward() writes the selected ids: [>= max_num_tokens, k] i16 on the
   // layer's device, rows [0, M) per forward. An empty view turns capture off.
-  // Normally set by bind() (capture.h), which checks the kernel can write it.
-  Status set_capture_target(const TensorView& target);
+  // router_weights, optional (only with a target): [>= max_num_tokens, k] f32
+  // on the layer's device, gets the routing weights of those ids.
+  // Normally set by bind() (capture.h), which checks the kernel can write them.
+  Status set_capture_target(const TensorView& target, const TensorView& router_weights = {});
   const TensorView& capture_target() const { return capture_target_; }
+  const TensorView& router_weights_target() const { return router_weights_target_; }
 
   // ok, or why this layer's kernel cannot write the selected ids (a monolithic
   // kernel without routing_replay_out): what a capture target needs.
   Status capture_supported() const;
+  // ok, or why this layer cannot also hand out the routing weights (a
+  // monolithic kernel without router_weights_out).
+  Status router_weights_capture_supported() const;
 
   const MoeConfig& config() const { return config_; }
   const MoeKernel& kernel() const { return *kernel_; }
@@ -90,6 +96,7 @@ class MoeLayer {
   std::unique_ptr<Buffers> buffers_;
   TensorView score_bias_;      // [E] f32 on the layer's device (deepseek_v3 with a bias), else empty
   TensorView capture_target_;  // [>= max_num_tokens, k] i16, optional
+  TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
 };
 
 class Model {

@@ -63,12 +63,23 @@ Status bind(Model& model, RoutedExpertsCapturer& capturer) {
                              "); one capture describes one routing");
     }
   }
-  for (int l = 0; l < layers; ++l) MOEKIT_RETURN_IF_ERROR(model.layer(l).set_capture_target(capturer.layer_target(l)));
+  if (capturer.records_router_weights()) {
+    for (int l = 0; l < layers; ++l) {
+      if (Status s = model.layer(l).router_weights_capture_supported(); !s.ok()) {
+        return Unsupported("bind: " + layer_name(model, l) + ": " + s.message());
+      }
+    }
+  }
+  for (int l = 0; l < layers; ++l) {
+    MOEKIT_RETURN_IF_ERROR(
+        model.layer(l).set_capture_target(capturer.layer_target(l), capturer.layer_router_weights_target(l)));
+  }
 
   CaptureInfo info;
   info.routing = first.routing;
   info.num_experts = first.num_experts;
   info.model_layers = model.model_layer_indices();
+  if (capturer.records_router_weights()) info.router_weights_dtype = DType::kF32;
   // The producing backend/kernel ("cpu/CpuModular"); layers that differ are listed in layer order, once each.
   for (int l = 0; l < layers; ++l) {
     const MoeLayer& layer = model.layer(l);  // a layer built with create_with() has no backend name

@@ -9,6 +9,8 @@
 
 #ifdef MOEKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "capture/cuda/capture_rows_cuda.h"
 #endif
 
 namespace moekit {
@@ -31,11 +33,14 @@ struct RoutedExpertsCapturer::Request {
   int64_t prompt = -1;      // prompt length (first generated token), -1 when not known
   int64_t tokens_seen = 0;  // tokens of this request seen in steps so far (kept or not)
   std::vector<int16_t> ids;  // [kept tokens, num_moe_layers, top_k] i16
+  std::vector<float> weights;  // same shape, f32, iff the capturer records router weights
 };
 
 struct RoutedExpertsCapturer::Impl {
   DeviceBuffer buffer;   // [num_moe_layers, max_num_tokens, top_k] i16 on the capture device
   DeviceBuffer staging;  // same shape, pinned host; CUDA devices only (rows [0, M) per layer)
+  DeviceBuffer weights;          // [num_moe_layers, max_num_tokens, top_k] f32, iff record_router_weights
+  DeviceBuffer weights_staging;  // same shape, pinned host; CUDA devices only, iff record_router_weights
   std::map<std::string, Request> requests;
   std::vector<std::string> order;  // requests in the order they were added
   StepLayout step;                 // the step between begin_step and end_step
@@ -55,11 +60,36 @@ RoutedExpertsCapturer::Impl::~Impl() {
 
 namespace {
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+// The whole capture buffer set to the sentinel once, at create; afterwards each
+// step's end puts it back on the rows it moved (move_capture_rows_to_host).
+Status fill_sentinel(const DeviceBuffer& buffer, Device device) {
+  switch (device.type) {
+    case DeviceType::kCpu:
+      std::memset(buffer.data(), 0xff, buffer.bytes());  // 0xff bytes are int16 -1 (two's complement)
+      return Status::Ok();
+    case DeviceType::kCuda: {
+#ifdef MOEKIT_WITH_CUDA
+      int previous = 0;
+      cudaError_t err = cudaGetDevice(&previous);
+      if (err == cudaSuccess) err = cudaSetDevice(device.index);
+      if (err == cudaSuccess) err = cudaMemset(buffer.data(), 0xff, buffer.bytes());  // create only: synchronous
+      (void)cudaSetDevice(previous);
+      if (err != cudaSuccess) return Internal(std::string("capturer: sentinel fill failed: ") + cudaGetErrorString(err));
+      return Status::Ok();
+#else
+      return Unsupported("capturer: this build has no CUDA support");
+#endif
+    }
+  }
+  return Internal("capturer: unknown device type");
+}
 }  // namespace
 
 StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(int num_moe_layers,
                                                                                int64_t max_num_tokens, int top_k,
-                                                                               Device device, bool enabled) {
+                                                                               Device device, bool enabled,
+                                                                               CapturerOptions options) {
   if (num_moe_layers < 1) {
     return InvalidArgument("capturer: num_moe_layers must be >= 1, got " + std::to_string(num_moe_layers));
   }
@@ -69,6 +99,7 @@ StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(i
   if (top_k < 1) return InvalidArgument("capturer: top_k must be >= 1, got " + std::to_string(top_k));
   std::unique_ptr<RoutedExpertsCapturer> c(new RoutedExpertsCapturer());
   c->enabled_ = enabled;
+  c->options_ = options;
   c->num_layers_ = num_moe_layers;
   c->max_tokens_ = max_num_tokens;
   c->top_k_ = top_k;
@@ -77,8 +108,16 @@ StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(i
   if (!enabled) return c;  // NOTE: a disabled capturer must never allocate (tested).
   const size_t bytes = static_cast<size_t>(num_moe_layers) * max_num_tokens * top_k * sizeof(int16_t);
   MOEKIT_ASSIGN_OR_RETURN(c->impl_->buffer, DeviceBuffer::allocate(device, bytes));
+  MOEKIT_RETURN_IF_ERROR(fill_sentinel(c->impl_->buffer, device));
   if (device.type == DeviceType::kCuda) {
     MOEKIT_ASSIGN_OR_RETURN(c->impl_->staging, DeviceBuffer::allocate_pinned_host(bytes));
+  }
+  if (options.record_router_weights) {
+    const size_t weight_bytes = bytes / sizeof(int16_t) * sizeof(float);
+    MOEKIT_ASSIGN_OR_RETURN(c->impl_->weights, DeviceBuffer::allocate(device, weight_bytes));
+    if (device.type == DeviceType::kCuda) {
+      MOEKIT_ASSIGN_OR_RETURN(c->impl_->weights_staging, DeviceBuffer::allocate_pinned_host(weight_bytes));
+    }
   }
   return c;
 }
@@ -86,7 +125,7 @@ StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(i
 RoutedExpertsCapturer::~RoutedExpertsCapturer() = default;
 
 size_t RoutedExpertsCapturer::allocated_bytes() const {
-  return impl_->buffer.bytes() + impl_->staging.bytes();
+  return impl_->buffer.bytes() + impl_->staging.bytes() + impl_->weights.bytes() + impl_->weights_staging.bytes();
 }
 
 const void* RoutedExpertsCapturer::buffer_data() const { return impl_->buffer.data(); }
@@ -95,6 +134,13 @@ TensorView RoutedExpertsCapturer::layer_target(int layer) const {
   if (!enabled_ || layer < 0 || layer >= num_layers_) return {};
   auto* base = static_cast<int16_t*>(impl_->buffer.data());
   return TensorView::contiguous(base + static_cast<int64_t>(layer) * max_tokens_ * top_k_, DType::kI16,
+                                {max_tokens_, static_cast<int64_t>(top_k_)}, device_);
+}
+
+TensorView RoutedExpertsCapturer::layer_router_weights_target(int layer) const {
+  if (!records_router_weights() || layer < 0 || layer >= num_layers_) return {};
+  auto* base = static_cast<float*>(impl_->weights.data());
+  return TensorView::contiguous(base + static_cast<int64_t>(layer) * max_tokens_ * top_k_, DType::kF32,
                                 {max_tokens_, static_cast<int64_t>(top_k_)}, device_);
 }
 
@@ -146,28 +192,15 @@ Status RoutedExpertsCapturer::begin_step(const StepLayout& layout, Stream stream
     return InvalidArgument("capturer.begin_step: the step has " + std::to_string(m) + " rows; must be in [1, " +
                            std::to_string(max_tokens_) + "]");
   }
-  // Sentinel-fill rows [0, M) of every layer: a row the kernel leaves alone stays
-  // -1 and end_step reports it, instead of reading it as expert 0.
-  const size_t row_bytes = static_cast<size_t>(m) * top_k_ * sizeof(int16_t);
-  const size_t layer_bytes = static_cast<size_t>(max_tokens_) * top_k_ * sizeof(int16_t);
-  switch (device_.type) {
-    case DeviceType::kCpu:
-      for (int l = 0; l < num_layers_; ++l) {
-        // 0xff bytes are int16 -1 (two's complement).
-        std::memset(static_cast<char*>(impl_->buffer.data()) + l * layer_bytes, 0xff, row_bytes);
-      }
-      break;
-    case DeviceType::kCuda: {
-#ifdef MOEKIT_WITH_CUDA
-      const cudaError_t err = cudaMemset2DAsync(impl_->buffer.data(), layer_bytes, 0xff, row_bytes, num_layers_,
-                                                static_cast<cudaStream_t>(stream));
-      if (err != cudaSuccess) {
-        return Internal(std::string("capturer.begin_step: cudaMemset2DAsync failed: ") + cudaGetErrorString(err));
-      }
-      break;
-#else
-      return Unsupported("capturer: this build has no CUDA support");
-#endif
+  // Rows [0, M) of every layer hold the sentinel -1, so a row the kernel leaves
+  // alone is reported by end_step instead of being read as expert 0. On the CPU
+  // they are filled here; on a CUDA device the previous step's end put the
+  // sentinel back with its move of the rows, so no launch is spent here.
+  if (device_.type == DeviceType::kCpu) {
+    const size_t row_bytes = static_cast<size_t>(m) * top_k_ * sizeof(int16_t);
+    const size_t layer_bytes = static_cast<size_t>(max_tokens_) * top_k_ * sizeof(int16_t);
+    for (int l = 0; l < num_layers_; ++l) {
+      std::memset(static_cast<char*>(impl_->buffer.data()) + l * layer_bytes, 0xff, row_bytes);  // int16 -1
     }
   }
   impl_->step = layout;
@@ -197,17 +230,24 @@ Status RoutedExpertsCapturer::end_step_async(Stream stream) {
     case DeviceType::kCuda: {
 #ifdef MOEKIT_WITH_CUDA
       auto s = static_cast<cudaStream_t>(stream);
-      const int64_t m = impl_->step.num_rows();
-      const size_t row_bytes = static_cast<size_t>(m) * top_k_ * sizeof(int16_t);
-      const size_t layer_bytes = static_cast<size_t>(max_tokens_) * top_k_ * sizeof(int16_t);
+      // One kernel moves the rows into mapped pinned memory and re-arms the
+      // sentinel: one launch per step, no fill and no copy-engine transfer
+      // (a fixed cost far above their few bytes; docs/capture.md, "Cost").
+      capture_cuda::CaptureRowsArgs move;
+      move.num_layers = num_layers_;
+      move.layer_stride = max_tokens_ * top_k_;
+      move.row_elements = impl_->step.num_rows() * top_k_;
+      move.ids = static_cast<int16_t*>(impl_->buffer.data());
+      move.weights = static_cast<const float*>(impl_->weights.data());
       cudaError_t err = impl_->copied == nullptr
                             ? cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&impl_->copied),
                                                        cudaEventDisableTiming)
                             : cudaSuccess;
-      if (err == cudaSuccess) {
-        err = cudaMemcpy2DAsync(impl_->staging.data(), layer_bytes, impl_->buffer.data(), layer_bytes, row_bytes,
-                                num_layers_, cudaMemcpyDeviceToHost, s);
+      if (err == cudaSuccess) err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&move.host_ids), impl_->staging.data(), 0);
+      if (err == cudaSuccess && move.weights != nullptr) {
+        err = cudaHostGetDevicePointer(reinterpret_cast<void**>(&move.host_weights), impl_->weights_staging.data(), 0);
       }
+      if (err == cudaSuccess) err = capture_cuda::move_capture_rows_to_host(move, s);
       if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(impl_->copied), s);
       if (err != cudaSuccess) {
         impl_->has_pending = false;
@@ -234,6 +274,7 @@ Status RoutedExpertsCapturer::collect_pending() const {
   const int64_t k = top_k_;
   // host: rows [0, M) of layer l start at host + l * layer_stride (elements).
   const int16_t* host = static_cast<const int16_t*>(impl_->buffer.data());
+  const float* host_weights = static_cast<const float*>(impl_->weights.data());  // null unless recorded
   switch (device_.type) {
     case DeviceType::kCpu: break;
     case DeviceType::kCuda: {
@@ -243,6 +284,7 @@ Status RoutedExpertsCapturer::collect_pending() const {
         return Internal(std::string("capturer.end_step: copy to host failed: ") + cudaGetErrorString(err));
       }
       host = static_cast<const int16_t*>(impl_->staging.data());
+      host_weights = static_cast<const float*>(impl_->weights_staging.data());
       break;
 #else
       return Unsupported("capturer: this build has no CUDA support");
@@ -288,8 +330,9 @@ Status RoutedExpertsCapturer::collect_pending() const {
       const int64_t token = req.tokens_seen + r;
       if (token < req.skip) continue;
       for (int l = 0; l < num_layers_; ++l) {
-        const int16_t* src = host + l * layer_stride + (row0 + r) * k;
-        req.ids.insert(req.ids.end(), src, src + k);
+        const int64_t at = l * layer_stride + (row0 + r) * k;
+        req.ids.insert(req.ids.end(), host + at, host + at + k);
+        if (host_weights != nullptr) req.weights.insert(req.weights.end(), host_weights + at, host_weights + at + k);
       }
     }
     req.tokens_seen += s.num_rows;
@@ -300,7 +343,7 @@ Status RoutedExpertsCapturer::collect_pending() const {
 
 namespace {
 RequestCapture to_capture(const std::string& name, int64_t skip, int64_t prompt, const std::vector<int16_t>& ids,
-                          int layers, int k) {
+                          const std::vector<float>& weights, bool with_weights, int layers, int k) {
   RequestCapture rc;
   rc.request = name;
   rc.first_token = skip;
@@ -308,6 +351,10 @@ RequestCapture to_capture(const std::string& name, int64_t skip, int64_t prompt,
   const int64_t tokens = static_cast<int64_t>(ids.size()) / (static_cast<int64_t>(layers) * k);
   rc.ids = HostTensor(DType::kI16, {tokens, layers, k});
   std::copy(ids.begin(), ids.end(), rc.ids.data<int16_t>());
+  if (with_weights) {
+    rc.router_weights = HostTensor(DType::kF32, {tokens, layers, k});
+    std::copy(weights.begin(), weights.end(), rc.router_weights.data<float>());
+  }
   return rc;
 }
 }  // namespace
@@ -319,7 +366,7 @@ StatusOr<HostTensor> RoutedExpertsCapturer::routed_experts(const std::string& re
   if (it == impl_->requests.end()) {
     return NotFound("capturer.routed_experts: unknown request " + quoted(request));
   }
-  return to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_).ids;
+  return to_capture(request, it->second.skip, it->second.prompt, it->second.ids, {}, false, num_layers_, top_k_).ids;
 }
 
 StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string& request) {
@@ -330,7 +377,8 @@ StatusOr<RequestCapture> RoutedExpertsCapturer::finish_request(const std::string
   if (it == impl_->requests.end()) {
     return NotFound("capturer.finish_request: unknown request " + quoted(request));
   }
-  RequestCapture rc = to_capture(request, it->second.skip, it->second.prompt, it->second.ids, num_layers_, top_k_);
+  RequestCapture rc = to_capture(request, it->second.skip, it->second.prompt, it->second.ids, it->second.weights,
+                                 records_router_weights(), num_layers_, top_k_);
   impl_->requests.erase(it);
   impl_->order.erase(std::find(impl_->order.begin(), impl_->order.end(), request));
   return rc;
@@ -343,7 +391,8 @@ StatusOr<CaptureSet> RoutedExpertsCapturer::snapshot() const {
   set.info = info_;
   for (const std::string& name : impl_->order) {
     const Request& r = impl_->requests.at(name);
-    set.requests.push_back(to_capture(name, r.skip, r.prompt, r.ids, num_layers_, top_k_));
+    set.requests.push_back(
+        to_capture(name, r.skip, r.prompt, r.ids, r.weights, records_router_weights(), num_layers_, top_k_));
   }
   return set;
 }

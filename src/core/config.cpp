@@ -227,6 +227,9 @@ Status MoeConfig::validate() const {
   if (has_shared_gate && shared_intermediate == 0) {
     return InvalidArgument(field("has_shared_gate", "a shared-expert gate needs a shared expert (shared_intermediate > 0)"));
   }
+  if (shared_expert_overlap && shared_intermediate == 0) {
+    return InvalidArgument(field("shared_expert_overlap", "overlaps a shared expert; there is none (shared_intermediate = 0)"));
+  }
   // TODO(fp8): expert biases and shared experts in the fp8 schemes (their
   // weights would need scales of their own); refused rather than half-served.
   if (quant.is_fp8() && (has_expert_bias || shared_intermediate > 0)) {
@@ -253,7 +256,8 @@ std::string MoeConfig::to_string() const {
      << ", capture=" << (needs_capture ? "yes" : "no") << ", replay=" << (needs_replay ? "yes" : "no");
   if (has_expert_bias) os << ", expert_bias=yes";
   if (shared_intermediate > 0) {
-    os << ", shared_I=" << shared_intermediate << (has_shared_gate ? " (gated)" : "");
+    os << ", shared_I=" << shared_intermediate << (has_shared_gate ? " (gated)" : "")
+       << (shared_expert_overlap ? " (side stream)" : "");
   }
   if (batch_invariant) os << ", batch_invariant";
   os << "}";

@@ -23,16 +23,16 @@ struct MoeLayer::Buffers {
 
 namespace {
 
-// Copies the first `bytes` of one contiguous ids view into another on the same
-// device, on `stream` for a CUDA device (no host synchronization).
-Status copy_ids_rows(const TensorView& dst, const TensorView& src, size_t bytes, Stream stream) {
+// Copies the first `bytes` of one contiguous view (ids or weights) into another
+// on the same device, on `stream` for a CUDA device (no host synchronization).
+Status copy_rows(const TensorView& dst, const void* src, size_t bytes, Stream stream) {
   if (dst.device.type == DeviceType::kCpu) {
-    std::memcpy(dst.data, src.data, bytes);
+    std::memcpy(dst.data, src, bytes);
     return Status::Ok();
   }
 #ifdef MOEKIT_WITH_CUDA
   const cudaError_t err =
-      cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+      cudaMemcpyAsync(dst.data, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) return Internal(std::string("capture target: copy failed: ") + cudaGetErrorString(err));
   return Status::Ok();
 #else
@@ -141,9 +141,19 @@ Status MoeLayer::check_ids_target(const TensorView& target, const char* name) co
   return Status::Ok();
 }
 
-Status MoeLayer::set_capture_target(const TensorView& target) {
+Status MoeLayer::router_weights_capture_supported() const {
+  if (kernel_->is_monolithic() && !kernel_->supports_router_weights_capture()) {
+    return Unsupported(std::string("the monolithic kernel ") + kernel_->name() +
+                       " cannot write the routing weights (no router_weights_out support)");
+  }
+  return Status::Ok();
+}
+
+Status MoeLayer::set_capture_target(const TensorView& target, const TensorView& router_weights) {
   if (!target.defined()) {
+    if (router_weights.defined()) return InvalidArgument("capture router weights: given without an ids target");
     capture_target_ = {};
+    router_weights_target_ = {};
     return Status::Ok();
   }
   MOEKIT_RETURN_IF_ERROR(check_ids_target(target, "capture target"));
@@ -151,7 +161,15 @@ Status MoeLayer::set_capture_target(const TensorView& target) {
     return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
                            " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
   }
+  if (router_weights.defined()) {
+    if (Status s = router_weights_capture_supported(); !s.ok()) {
+      return Unsupported("capture router weights: " + s.message());
+    }
+    MOEKIT_RETURN_IF_ERROR(check_tensor(router_weights, "capture router weights", {DType::kF32},
+                                        {target.dim(0), config_.top_k()}, device()));
+  }
   capture_target_ = target;
+  router_weights_target_ = router_weights;
   return Status::Ok();
 }
 
@@ -235,6 +253,7 @@ Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
     run.forced_ids = forced;
     run.routing_replay_out = ids_target;
     run.expert_counts = args.expert_counts;
+    run.router_weights_out = router_weights_target_;
   } else if (config_.routing.method == RoutingMethod::kCustom) {
     run.topk_ids = args.topk_ids;
     run.topk_weights = args.topk_weights;
@@ -244,15 +263,21 @@ Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
       int16_t* dst = ids_target.ptr<int16_t>();
       for (int64_t i = 0; i < m * k; ++i) dst[i] = static_cast<int16_t>(ids[i]);
     }
+    if (router_weights_target_.defined()) {
+      MOEKIT_RETURN_IF_ERROR(copy_rows(router_weights_target_, args.topk_weights.data, m * k * sizeof(float), stream));
+    }
   } else {
     MOEKIT_RETURN_IF_ERROR(route_tokens(routed, m, stream));
     run.topk_ids = TensorView::contiguous(buffers_->topk_ids.data(), DType::kI32, {m, k}, device());
     run.topk_weights = TensorView::contiguous(buffers_->topk_weights.data(), DType::kF32, {m, k}, device());
+    if (router_weights_target_.defined()) {
+      MOEKIT_RETURN_IF_ERROR(copy_rows(router_weights_target_, run.topk_weights.data, m * k * sizeof(float), stream));
+    }
   }
   Workspace ws{buffers_->workspace.data(), buffers_->workspace.bytes()};
   MOEKIT_RETURN_IF_ERROR(kernel_->run(run, ws, stream));
   if (args.routing_replay_out.defined() && capture_target_.defined()) {
-    return copy_ids_rows(capture_target_, args.routing_replay_out, m * k * sizeof(int16_t), stream);
+    return copy_rows(capture_target_, args.routing_replay_out.data, m * k * sizeof(int16_t), stream);
   }
   return Status::Ok();
 }

@@ -1,7 +1,8 @@
 // Expert biases (gpt-oss), shared experts (DeepSeek-V3) and the shared-expert
 // gate (Qwen2-MoE) on the H200: Sm90Monolithic and Sm90Modular (routed by the
 // layer) agree bit for bit, both match the fp64 reference, and capture holds
-// the routed ids only.
+// the routed ids only. The shared expert on its side stream
+// (shared_expert_overlap) gives the same bits as in line, eager and in a CUDA graph.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,42 +71,55 @@ MoeConfig config_of(const ExtrasCase& c) {
   return cfg;
 }
 
+// One case's weights and inputs (host), with their fp64 values for the reference.
+struct ExtrasInputs {
+  moekit_ref::LayerExtras extras;
+  std::vector<double> w13_d, w2_d, hidden_d, logits_d;
+  HostTensor w13, w2, b13, b2, sw13, sw2, sg, hidden, logits;
+  MoeWeights weights;
+};
+
+void make_inputs(const ExtrasCase& c, uint64_t seed, ExtrasInputs* in) {
+  std::mt19937_64 rng(seed);
+  const int64_t n1 = c.act == Activation::kRelu2 ? c.I : 2 * c.I;
+  const int64_t n1s = c.act == Activation::kRelu2 ? c.shared_I : 2 * c.shared_I;
+  in->w13 = testing::random_tensor(rng, DType::kBF16, {c.E, n1, c.H}, 1.0 / std::sqrt(double(c.H)), &in->w13_d);
+  in->w2 = testing::random_tensor(rng, DType::kBF16, {c.E, c.H, c.I}, 1.0 / std::sqrt(double(c.I)), &in->w2_d);
+  MoeWeights& mw = in->weights;
+  mw = MoeWeights{in->w13.view(), in->w2.view(), {}};
+  if (c.bias) {
+    in->b13 = testing::random_tensor(rng, DType::kBF16, {c.E, n1}, 1.0, &in->extras.b13);
+    in->b2 = testing::random_tensor(rng, DType::kF32, {c.E, c.H}, 1.0, &in->extras.b2);
+    mw.w13_bias = in->b13.view();
+    mw.w2_bias = in->b2.view();
+  }
+  if (c.shared_I > 0) {
+    in->extras.shared_I = c.shared_I;
+    in->sw13 = testing::random_tensor(rng, DType::kBF16, {n1s, c.H}, 1.0 / std::sqrt(double(c.H)),
+                                      &in->extras.shared_w13);
+    in->sw2 = testing::random_tensor(rng, DType::kBF16, {c.H, c.shared_I}, 1.0 / std::sqrt(double(c.shared_I)),
+                                     &in->extras.shared_w2);
+    mw.shared_w13 = in->sw13.view();
+    mw.shared_w2 = in->sw2.view();
+    if (c.shared_gate) {
+      in->sg = testing::random_tensor(rng, DType::kBF16, {c.H}, 1.0 / std::sqrt(double(c.H)), &in->extras.shared_gate);
+      mw.shared_gate = in->sg.view();
+    }
+  }
+  in->hidden = testing::random_tensor(rng, DType::kBF16, {c.M, c.H}, 1.0, &in->hidden_d);
+  in->logits = testing::tie_free_logits(rng, DType::kF32, c.M, c.E, 1.0 / 32.0, &in->logits_d);
+}
+
 class CudaExtras : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaExtras, MonolithicEqualsModularAndMatchesReference) {
   MOEKIT_REQUIRE_SM90();
   const ExtrasCase& c = kCases[GetParam()];
   const MoeConfig cfg = config_of(c);
-  std::mt19937_64 rng(testing::seed_from({GetParam(), c.M, c.E, c.k, 42}));
-  const int64_t n1 = c.act == Activation::kRelu2 ? c.I : 2 * c.I;
-  const int64_t n1s = c.act == Activation::kRelu2 ? c.shared_I : 2 * c.shared_I;
-  moekit_ref::LayerExtras extras;
-  std::vector<double> w13_d, w2_d, hidden_d, logits_d;
-  HostTensor w13 = testing::random_tensor(rng, DType::kBF16, {c.E, n1, c.H}, 1.0 / std::sqrt(double(c.H)), &w13_d);
-  HostTensor w2 = testing::random_tensor(rng, DType::kBF16, {c.E, c.H, c.I}, 1.0 / std::sqrt(double(c.I)), &w2_d);
-  HostTensor b13, b2, sw13, sw2, sg;
-  MoeWeights mw{w13.view(), w2.view(), {}};
-  if (c.bias) {
-    b13 = testing::random_tensor(rng, DType::kBF16, {c.E, n1}, 1.0, &extras.b13);
-    b2 = testing::random_tensor(rng, DType::kF32, {c.E, c.H}, 1.0, &extras.b2);
-    mw.w13_bias = b13.view();
-    mw.w2_bias = b2.view();
-  }
-  if (c.shared_I > 0) {
-    extras.shared_I = c.shared_I;
-    sw13 = testing::random_tensor(rng, DType::kBF16, {n1s, c.H}, 1.0 / std::sqrt(double(c.H)), &extras.shared_w13);
-    sw2 = testing::random_tensor(rng, DType::kBF16, {c.H, c.shared_I}, 1.0 / std::sqrt(double(c.shared_I)),
-                                 &extras.shared_w2);
-    mw.shared_w13 = sw13.view();
-    mw.shared_w2 = sw2.view();
-    if (c.shared_gate) {
-      sg = testing::random_tensor(rng, DType::kBF16, {c.H}, 1.0 / std::sqrt(double(c.H)), &extras.shared_gate);
-      mw.shared_gate = sg.view();
-    }
-  }
-  HostTensor hidden = testing::random_tensor(rng, DType::kBF16, {c.M, c.H}, 1.0, &hidden_d);
-  HostTensor logits = testing::tie_free_logits(rng, DType::kF32, c.M, c.E, 1.0 / 32.0, &logits_d);
-  DeviceTensor hidden_dev(hidden), logits_dev(logits);
+  ExtrasInputs in;
+  make_inputs(c, testing::seed_from({GetParam(), c.M, c.E, c.k, 42}), &in);
+  const MoeWeights& mw = in.weights;
+  DeviceTensor hidden_dev(in.hidden), logits_dev(in.logits);
 
   std::vector<HostTensor> outs, captures;
   for (const char* cls : {"Sm90Monolithic", "Sm90Modular"}) {
@@ -126,16 +140,72 @@ TEST_P(CudaExtras, MonolithicEqualsModularAndMatchesReference) {
   }
   EXPECT_EQ(cuda_test::first_difference(outs[0], outs[1]), "") << "monolithic and modular differ";
 
-  const moekit_ref::RoutingResult rr = moekit_ref::route(testing::ref_routing(cfg.routing), logits_d, c.M, c.E);
+  const moekit_ref::RoutingResult rr = moekit_ref::route(testing::ref_routing(cfg.routing), in.logits_d, c.M, c.E);
   const std::vector<double> captured = testing::to_double(captures[0].view());
   for (int64_t i = 0; i < c.M * c.k; ++i) ASSERT_EQ(captured[i], rr.ids[i]) << "captured id " << i;
   const std::vector<double> ref =
-      moekit_ref::moe_layer(testing::ref_layer(cfg), hidden_d, c.M, w13_d, w2_d, rr.ids, rr.weights, c.k, extras);
+      moekit_ref::moe_layer(testing::ref_layer(cfg), in.hidden_d, c.M, in.w13_d, in.w2_d, rr.ids, rr.weights, c.k,
+                            in.extras);
   EXPECT_LE(testing::rel_l2_error(testing::to_double(outs[0].view()), ref), kBound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaExtras, ::testing::Range(0, int(std::size(kCases))),
                          [](const auto& info) { return std::string(kCases[info.param].name); });
+
+// The shared expert on the side stream gives the bits of the in-line one, for
+// both kernel classes, eager and replayed from a CUDA graph (fork and join are
+// event edges of the capture), twice in a row (the side stream's buffers reused).
+TEST_P(CudaExtras, SharedExpertOverlapEqualsInLine) {
+  MOEKIT_REQUIRE_SM90();
+  const ExtrasCase& c = kCases[GetParam()];
+  if (c.shared_I == 0) GTEST_SKIP() << c.name << " has no shared expert";
+  ExtrasInputs in;
+  make_inputs(c, testing::seed_from({GetParam(), c.M, c.E, c.k, 43}), &in);
+  DeviceTensor hidden_dev(in.hidden), logits_dev(in.logits);
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const char* cls : {"Sm90Monolithic", "Sm90Modular"}) {
+    std::vector<HostTensor> outs;  // [overlap off eager, on eager, on graph (first replay), on graph (second replay)]
+    for (bool overlap : {false, true}) {
+      MoeConfig cfg = config_of(c);
+      cfg.shared_expert_overlap = overlap;
+      auto layer = MoeLayer::create_with(cfg, in.weights, cuda_test::sm90_kernel_class(cls), Platform::probe());
+      ASSERT_TRUE(layer.ok()) << cls << ": " << layer.status().to_string();
+      DeviceTensor out(DType::kBF16, {c.M, c.H});
+      LayerForwardArgs a;
+      a.hidden = hidden_dev.view();
+      a.router_logits = logits_dev.view();
+      a.out = out.view();
+      out.poison();
+      const Status st = (*layer)->forward(a, stream);
+      ASSERT_TRUE(st.ok()) << cls << ": " << st.to_string();
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+      outs.push_back(out.download());
+      if (!overlap) continue;
+      cudaGraph_t graph = nullptr;
+      ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const Status cst = (*layer)->forward(a, stream);
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+      ASSERT_TRUE(cst.ok()) << cls << ": " << cst.to_string();
+      ASSERT_CUDA_OK(end);  // an unjoined side stream fails here
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 2; ++replay) {
+        out.poison();
+        ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+        ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+        outs.push_back(out.download());
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    ASSERT_EQ(outs.size(), 4u);
+    for (size_t i = 1; i < outs.size(); ++i) {
+      EXPECT_EQ(cuda_test::first_difference(outs[i], outs[0]), "") << cls << ": run " << i << " differs from in-line";
+    }
+  }
+  cudaStreamDestroy(stream);
+}
 
 // A shared intermediate the grouped GEMM cannot tile is refused by name.
 TEST(CudaExtras, SupportsNamesSharedAlignment) {

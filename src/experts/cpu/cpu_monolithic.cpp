@@ -1,5 +1,7 @@
 #include "experts/cpu/cpu_monolithic.h"
 
+#include <algorithm>
+
 #include "experts/cpu/cpu_kernel_checks.h"
 #include "moekit/routing.h"
 
@@ -76,6 +78,14 @@ Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*
   MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_logits, "router_logits", {config_.logits_dtype},
                                       {M, config_.num_experts}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_workspace(workspace, workspace_size(M)));
+  if (args.router_weights_out.defined()) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_weights_out, "router_weights_out", {DType::kF32},
+                                        {-1, config_.top_k()}, Device::cpu()));
+    if (args.router_weights_out.dim(0) < M) {
+      return InvalidArgument("router_weights_out: needs at least M = " + std::to_string(M) + " rows, got " +
+                             args.router_weights_out.shape_string());
+    }
+  }
 
   ScratchLayout layout(ScratchLayout::aligned(workspace.data));
   const Scratch s(config_, M, layout);
@@ -95,6 +105,9 @@ Status CpuMonolithic::run(const MoeRunArgs& args, Workspace workspace, Stream /*
   // user-visible has been touched.
   MOEKIT_RETURN_IF_ERROR(validate_routing_args(config_.routing, routing, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(route_cpu(config_.routing, routing));
+  if (args.router_weights_out.defined()) {
+    std::copy(s.topk_weights, s.topk_weights + M * k, args.router_weights_out.ptr<float>());
+  }
 
   run_stages(args, s.topk_ids, s.topk_weights, M, s.stages);
   return Status::Ok();

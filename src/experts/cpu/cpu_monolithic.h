@@ -21,6 +21,7 @@ class CpuMonolithic : public CpuKernel {
   const char* name() const override { return "CpuMonolithic"; }
   bool is_monolithic() const override { return true; }
   bool supports_routing_replay_capture() const override { return true; }
+  bool supports_router_weights_capture() const override { return true; }
 
   size_t workspace_size(int64_t num_tokens) const override;
   // w13 [E, 2I, H] ([E, I, H] for relu2), w2 [E, H, I], in the config's weight

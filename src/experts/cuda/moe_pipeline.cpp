@@ -170,8 +170,22 @@ Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const Exp
 
 }  // namespace
 
+Status fork_shared_expert(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream) {
+  if (!s.shared_overlap || s.shared_intermediate == 0 || run.num_tokens == 0) return Status::Ok();
+  if (run.shared_side == nullptr) return Internal("fork_shared_expert: shared_overlap without a side stream");
+  const SharedExpertSide& side = *run.shared_side;
+  MOEKIT_CUDA_CHECK(cudaEventRecord(side.fork, stream));
+  MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(side.stream, side.fork, 0));
+  MOEKIT_RETURN_IF_ERROR(run_shared_expert(s, run, experts_workspace_layout(s, run.num_tokens), side.stream));
+  MOEKIT_CUDA_CHECK(cudaEventRecord(side.join, side.stream));
+  return Status::Ok();
+}
+
 Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream) {
   const int64_t M = run.num_tokens;
+  if (s.shared_overlap && s.shared_intermediate > 0 && run.shared_side == nullptr) {
+    return Internal("run_experts: shared_overlap without a side stream");
+  }
   const ExpertsWorkspaceLayout l = experts_workspace_layout(s, M);
   char* ws = run.workspace;
   auto* group_start = reinterpret_cast<int32_t*>(ws + l.group_start);  // [E]
@@ -253,7 +267,11 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
     fa.w2_bias = run.w2_bias;
   }
   if (s.shared_intermediate > 0) {
-    MOEKIT_RETURN_IF_ERROR(run_shared_expert(s, run, l, stream));
+    if (s.shared_overlap) {
+      MOEKIT_CUDA_CHECK(cudaStreamWaitEvent(stream, run.shared_side->join, 0));  // forked by fork_shared_expert
+    } else {
+      MOEKIT_RETURN_IF_ERROR(run_shared_expert(s, run, l, stream));
+    }
     fa.shared_out = reinterpret_cast<const uint16_t*>(ws + l.shared_out);
     if (s.shared_gate) fa.shared_gate = reinterpret_cast<const float*>(ws + l.shared_gate);
   }

@@ -1,8 +1,9 @@
 // The expert stages shared by Sm90Modular and Sm90Monolithic (so the two give
 // bitwise-equal outputs for the same ids and weights): align by expert ->
 // grouped GEMM1 with the activation in its epilogue -> grouped GEMM2 ->
-// weighted top-k reduction. Everything is enqueued on one stream, in the
-// caller's workspace, with no allocation and no host synchronization.
+// weighted top-k reduction. Everything is enqueued on the caller's stream (the
+// shared expert optionally on a side stream, forked and joined by events), in
+// the caller's workspace, with no allocation and no host synchronization.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -29,6 +30,7 @@ struct ExpertsShape {
   int64_t shared_intermediate = 0;   // Is > 0: a shared expert, run as a one-group grouped GEMM pair
   bool shared_gate = false;          // shared output scaled by sigmoid(x . gate)
   bool batch_invariant = false;  // GEMM problems get it: one path for every M, no K slices
+  bool shared_overlap = false;   // the shared expert on a side stream (ExpertsRun::shared_side)
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
   int64_t shared_n1() const { return activation.gated() ? 2 * shared_intermediate : shared_intermediate; }
 };
@@ -76,6 +78,17 @@ struct ExpertsWorkspaceLayout : PairWorkspaceLayout {
 };
 ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
 
+// The shared expert's own stream and the two events that fork it from the
+// caller's stream and join it back. The kernel object creates them once, so a
+// forward allocates nothing, and event edges keep it capturable in a CUDA graph.
+// NOTE: the shared expert's buffers (shared_* in ExpertsWorkspaceLayout) are
+// disjoint from every buffer of the routed path, which runs at the same time.
+struct SharedExpertSide {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr;  // recorded on the caller's stream; the side stream waits for it
+  cudaEvent_t join = nullptr;  // recorded on the side stream; the finalize waits for it
+};
+
 // Device pointers of one forward.
 struct ExpertsRun {
   int64_t num_tokens = 0;              // M
@@ -93,7 +106,14 @@ struct ExpertsRun {
   const uint16_t* shared_w13 = nullptr;  // [N1s, H] bf16, prepared layout
   const uint16_t* shared_w2 = nullptr;   // [H, Is] bf16
   const float* shared_gate = nullptr;    // [H] f32
+  // iff s.shared_overlap: where fork_shared_expert put the shared expert; run_experts joins it.
+  const SharedExpertSide* shared_side = nullptr;
 };
+
+// s.shared_overlap: forks run.shared_side from `stream` and enqueues the shared
+// expert there. Call it first in the forward (before routing), then run_experts
+// on the same stream, which joins before the finalize. No-op otherwise or when M = 0.
+Status fork_shared_expert(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);
 
 Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);
 

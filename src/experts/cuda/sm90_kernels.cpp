@@ -51,6 +51,33 @@ class DeviceMemory {
   void* data_ = nullptr;
 };
 
+// The shared expert's side stream and its fork/join events
+// (shared_expert_overlap): created once with the kernel, destroyed with it.
+class OwnedSideStream {
+ public:
+  OwnedSideStream() = default;
+  ~OwnedSideStream() {
+    if (side_.join != nullptr) (void)cudaEventDestroy(side_.join);
+    if (side_.fork != nullptr) (void)cudaEventDestroy(side_.fork);
+    if (side_.stream != nullptr) (void)cudaStreamDestroy(side_.stream);  // pending work still completes
+  }
+  OwnedSideStream(const OwnedSideStream&) = delete;
+  OwnedSideStream& operator=(const OwnedSideStream&) = delete;
+  Status create() {
+    // Non-blocking: the side stream never waits on the legacy default stream
+    // behind the caller's back; the fork event is its only dependency.
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&side_.stream, cudaStreamNonBlocking));
+    MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&side_.fork, cudaEventDisableTiming));
+    MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&side_.join, cudaEventDisableTiming));
+    return Status::Ok();
+  }
+  // nullptr until create() succeeded.
+  const SharedExpertSide* get() const { return side_.join != nullptr ? &side_ : nullptr; }
+
+ private:
+  SharedExpertSide side_;
+};
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 ExpertsShape shape_of(const MoeConfig& c) {
@@ -64,6 +91,7 @@ ExpertsShape shape_of(const MoeConfig& c) {
   s.shared_intermediate = c.shared_intermediate;
   s.shared_gate = c.has_shared_gate;
   s.batch_invariant = c.batch_invariant;
+  s.shared_overlap = c.shared_expert_overlap && c.shared_intermediate > 0;
   return s;
 }
 
@@ -183,6 +211,9 @@ class Sm90Kernel : public MoeKernel {
   }
 
   Device device() const override { return Device::cuda(device_index_); }
+
+  // Once, at creation, on the kernel's device: the side stream when the config asks for it.
+  Status create_side_stream() { return shape_.shared_overlap ? side_.create() : Status::Ok(); }
 
   StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
                                      const TensorView& topk_ids) const override {
@@ -440,6 +471,13 @@ class Sm90Kernel : public MoeKernel {
     return run_experts(shape_, r, stream);
   }
 
+  // The first launch of a forward: with shared_expert_overlap, the shared
+  // expert forked onto the side stream, so it overlaps routing and the routed experts.
+  Status fork_shared(const MoeRunArgs& a, const Workspace& ws, int64_t M, cudaStream_t stream) const {
+    if (!shape_.shared_overlap || config_.quant.is_fp8()) return Status::Ok();
+    return fork_shared_expert(shape_, experts_run(a, ws, M), stream);
+  }
+
   ExpertsRun experts_run(const MoeRunArgs& a, const Workspace& ws, int64_t M) const {
     ExpertsRun r;
     r.num_tokens = M;
@@ -454,6 +492,7 @@ class Sm90Kernel : public MoeKernel {
     r.shared_w13 = shared_w13_.as<const uint16_t>();
     r.shared_w2 = shared_w2_.as<const uint16_t>();
     r.shared_gate = shared_gate_.as<const float>();
+    r.shared_side = side_.get();
     return r;
   }
 
@@ -471,6 +510,7 @@ class Sm90Kernel : public MoeKernel {
   DeviceMemory shared_w13_;   // [N1s, H] bf16, gate/up block-interleaved, iff a shared expert
   DeviceMemory shared_w2_;    // [H, Is] bf16
   DeviceMemory shared_gate_;  // [H] f32, iff has_shared_gate
+  OwnedSideStream side_;      // iff shape_.shared_overlap
   bool prepared_ = false;
 };
 
@@ -491,8 +531,9 @@ class Sm90Modular final : public Sm90Kernel {
       return InvalidArgument(
           "Sm90Modular: forced_ids/routing_replay_out belong to the router of a modular kernel, not to run()");
     }
-    return run_pipeline(a, ws, M, a.topk_ids.ptr<const int32_t>(), a.topk_weights.ptr<const float>(),
-                        static_cast<cudaStream_t>(stream));
+    const auto s = static_cast<cudaStream_t>(stream);
+    MOEKIT_RETURN_IF_ERROR(fork_shared(a, ws, M, s));
+    return run_pipeline(a, ws, M, a.topk_ids.ptr<const int32_t>(), a.topk_weights.ptr<const float>(), s);
   }
 };
 
@@ -502,6 +543,7 @@ class Sm90Monolithic final : public Sm90Kernel {
   const char* name() const override { return "Sm90Monolithic"; }
   bool is_monolithic() const override { return true; }
   bool supports_routing_replay_capture() const override { return true; }
+  bool supports_router_weights_capture() const override { return true; }
 
   Status run(const MoeRunArgs& a, Workspace ws, Stream stream) override {
     int64_t M = 0;
@@ -522,12 +564,20 @@ class Sm90Monolithic final : public Sm90Kernel {
     if (a.topk_ids.defined() || a.topk_weights.defined()) {
       return InvalidArgument("Sm90Monolithic: routes inside; topk_ids/topk_weights must not be given");
     }
+    if (a.router_weights_out.defined()) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_weights_out, "router_weights_out", {DType::kF32}, {-1, k}, dev));
+      if (a.router_weights_out.shape[0] < M) {
+        return InvalidArgument("router_weights_out: needs at least M = " + str(M) + " rows, got " +
+                               a.router_weights_out.shape_string());
+      }
+    }
     // NOTE: ids and weights lie at these offsets in the fp8 layout too (moe_pipeline_fp8.h).
     const ExpertsWorkspaceLayout l = experts_workspace_layout(shape_, M);
     char* base = static_cast<char*>(ws.data);
     auto* ids = reinterpret_cast<int32_t*>(base + l.topk_ids);         // [M, k] i32
     auto* weights = reinterpret_cast<float*>(base + l.topk_weights);  // [M, k] f32
     const auto s = static_cast<cudaStream_t>(stream);
+    MOEKIT_RETURN_IF_ERROR(fork_shared(a, ws, M, s));
 
     RoutingLaunch rl;
     rl.config = config_.routing;
@@ -542,6 +592,10 @@ class Sm90Monolithic final : public Sm90Kernel {
     rl.routing_replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
     rl.expert_counts = nullptr;  // counted by the align stage
     MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
+    if (a.router_weights_out.defined()) {  // capture of router weights: the routing's own output, copied
+      MOEKIT_CUDA_CHECK(cudaMemcpyAsync(a.router_weights_out.data, weights, static_cast<size_t>(M * k) * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, s));
+    }
 
     return run_pipeline(a, ws, M, ids, weights, s);
   }
@@ -556,7 +610,9 @@ StatusOr<std::unique_ptr<MoeKernel>> create(const MoeConfig& config, const Platf
   bool sm90 = false;
   for (const CudaDeviceInfo& d : platform.cuda_devices) sm90 |= d.index == current && d.cc_major == 9 && d.cc_minor == 0;
   if (!sm90) return Unsupported("the current CUDA device cuda:" + str(current) + " is not an sm_90 device");
-  return std::unique_ptr<MoeKernel>(new Kernel(config, current));
+  auto kernel = std::make_unique<Kernel>(config, current);
+  MOEKIT_RETURN_IF_ERROR(kernel->create_side_stream());
+  return std::unique_ptr<MoeKernel>(std::move(kernel));
 }
 
 }  // namespace
