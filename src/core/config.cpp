@@ -227,9 +227,6 @@ Status MoeConfig::validate() const {
   if (has_shared_gate && shared_intermediate == 0) {
     return InvalidArgument(field("has_shared_gate", "a shared-expert gate needs a shared expert (shared_intermediate > 0)"));
   }
-  if (shared_expert_overlap && shared_intermediate == 0) {
-    return InvalidArgument(field("shared_expert_overlap", "overlaps a shared expert; there is none (shared_intermediate = 0)"));
-  }
   // TODO(fp8): expert biases and shared experts in the fp8 schemes (their
   // weights would need scales of their own); refused rather than half-served.
   if (quant.is_fp8() && (has_expert_bias || shared_intermediate > 0)) {

@@ -102,9 +102,6 @@ MoeWeights device_weights(const Fp8Layer& l, std::vector<DeviceTensor>& keep) {
 
 class CudaFp8Grid : public ::testing::TestWithParam<Fp8Case> {};
 
-// The sm90 fp8 path is opt-in (sm90_kernels.cpp) until it passes here.
-const bool kFp8PathEnabled = (setenv("MOEKIT_SM90_FP8", "1", 1), true);
-
 TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   MOEKIT_REQUIRE_SM90();
   const Fp8Case c = GetParam();

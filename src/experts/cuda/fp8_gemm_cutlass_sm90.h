@@ -41,6 +41,10 @@ struct Fp8GemmLaunch {
   const int32_t* group_start = nullptr;  // [G] i32
   const int32_t* group_rows = nullptr;   // [G] i32, may be 0
   void* workspace = nullptr;             // >= fp8_cutlass_gemm_workspace_size(G) bytes, 256-byte aligned
+  // The tile: 64-row ping-pong tiles when groups average few rows, else
+  // 128-row cooperative ones; batch_invariant keeps the 128-row tile for every M.
+  int64_t mean_group_rows = 0;           // rows / G
+  bool batch_invariant = false;
 };
 
 // Whether this build has the kernel (CUTLASS headers found, MOEKIT_CUTLASS_KERNELS on).

@@ -137,6 +137,8 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g1.group_start = group_start;
     g1.group_rows = group_rows;
     g1.workspace = ws + l.gemm_tables;
+    g1.mean_group_rows = pairs / E;
+    g1.batch_invariant = s.batch_invariant;
     for (int64_t p = 0; p < parts; ++p) {
       g1.b = w.w13 + p * I * H;
       g1.b_scale = w.w13_gemm_scale + p * E * scale_blocks(H) * scale_blocks(I);

@@ -14,8 +14,6 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128.cu
-    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128c2.cu
-    ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m256n128.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m64n128.cu
   )
   if(MOEKIT_CUTLASS_INCLUDE AND MOEKIT_CUTLASS_KERNELS AND MOEKIT_CUTLASS_SOURCES)

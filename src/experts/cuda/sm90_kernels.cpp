@@ -137,12 +137,6 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
         return Support::no(std::string("quant ") + quant_method_name(c.quant.method) + ": needs f8_e4m3 weights, got " +
                            dtype_name(c.quant.weight_dtype));
       }
-      // TODO(fp8): enable by default once test_fp8_cuda passes on the H200 (its first run failed).
-      if (const char* on = std::getenv("MOEKIT_SM90_FP8"); on == nullptr || std::string(on) != "1") {
-        return Support::no(std::string("quant ") + quant_method_name(c.quant.method) +
-                           ": the sm90 fp8 path is experimental and not yet verified on an H200 (docs/fp8.md); "
-                           "MOEKIT_SM90_FP8=1 enables it");
-      }
       break;
   }
   if (!fp8 && c.quant.weight_dtype != DType::kBF16) {
