@@ -81,6 +81,18 @@ class ExpertParallelLayer {
   const std::vector<int64_t>& expert_load() const;
   int64_t computed_pairs() const;
   void reset_load();
+  // Benchmarks, GPU ranks only: with phase timing on, each eager forward
+  // records CUDA events around its phases (not inside a CUDA graph capture),
+  // and last_phase_times() reads them (waiting for that forward).
+  //   dispatch: replica choice, pack, all-to-all, unpack (after routing)
+  //   experts:  the modular kernel on the received rows
+  //   combine:  partials back to their source, summed
+  struct PhaseTimes {
+    double dispatch_us = 0, experts_us = 0, combine_us = 0;
+  };
+  Status set_phase_timing(bool on);
+  StatusOr<PhaseTimes> last_phase_times() const;
+
   // Collective: the group's expert_load summed over ranks ([E]), and every
   // rank's computed_pairs ([N]).
   StatusOr<std::vector<int64_t>> gather_expert_load();

@@ -292,6 +292,18 @@ StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_expert_load() {
   return sum;
 }
 
+Status ExpertParallelLayer::set_phase_timing(bool on) {
+  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
+  return state_->device->set_phase_timing(on);
+}
+
+StatusOr<ExpertParallelLayer::PhaseTimes> ExpertParallelLayer::last_phase_times() const {
+  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
+  PhaseTimes t;
+  MOEKIT_RETURN_IF_ERROR(state_->device->last_phase_times(&t.dispatch_us, &t.experts_us, &t.combine_us));
+  return t;
+}
+
 StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_computed_pairs() {
   std::vector<int64_t> all(comm_->size());
   if (state_->device != nullptr) MOEKIT_RETURN_IF_ERROR(state_->device->read_load(&expert_load_, &computed_pairs_));

@@ -30,6 +30,24 @@ struct EpLayerDevicePath::Impl {
   DeviceBuffer counts;        // [E] i32: this forward's tokens per logical expert
   DeviceBuffer load;          // [E] i64: counts summed since the last reset
   DeviceBuffer score_bias;    // [E] f32, deepseek_v3 with a bias only
+  // Phase timing (benchmarks): events before dispatch, after dispatch, after the experts, after combine.
+  cudaEvent_t phase[4] = {nullptr, nullptr, nullptr, nullptr};
+  bool phase_recorded = false;  // the last forward recorded them
+  ~Impl() {
+    for (cudaEvent_t e : phase) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  // Records phase event i on s when timing is on and s is not being captured.
+  Status mark(int i, cudaStream_t s) {
+    if (phase[0] == nullptr) return Status::Ok();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) return Status::Ok();
+    MOEKIT_CUDA_CHECK(cudaEventRecord(phase[i], s));
+    if (i == 3) phase_recorded = true;
+    return Status::Ok();
+  }
 };
 
 namespace {
@@ -173,7 +191,10 @@ Status EpLayerDevicePath::forward(const LayerForwardArgs& args, const TensorView
   }
 
   // 2. Dispatch: replica choice, pack, all-to-all, unpack.
+  im.phase_recorded = false;
+  MOEKIT_RETURN_IF_ERROR(im.mark(0, s));
   MOEKIT_ASSIGN_OR_RETURN(dispatch::EpExpertsInputs x, im.a2a->prepare(tokens, s));
+  MOEKIT_RETURN_IF_ERROR(im.mark(1, s));
   MOEKIT_RETURN_IF_ERROR(dispatch::cuda::ep_accumulate_load(ptr<const int32_t>(im.counts), ptr<int64_t>(im.load), E, s));
   if (m > 0 && args.expert_counts.defined()) {
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(args.expert_counts.data, im.counts.data(), E * sizeof(int32_t),
@@ -188,9 +209,11 @@ Status EpLayerDevicePath::forward(const LayerForwardArgs& args, const TensorView
   run.topk_weights = x.topk_weights;
   run.skip_negative_ids = true;
   MOEKIT_RETURN_IF_ERROR(im.experts->run(run, Workspace{im.workspace.data(), im.workspace.bytes()}, stream));
+  MOEKIT_RETURN_IF_ERROR(im.mark(2, s));
 
   // 4. Combine: partials back to their source, summed in rank order.
   MOEKIT_RETURN_IF_ERROR(im.a2a->finalize(tokens.topk_ids, m > 0 ? args.out.ptr<uint16_t>() : nullptr, s));
+  MOEKIT_RETURN_IF_ERROR(im.mark(3, s));
   if (m > 0 && args.routing_replay_out.defined() && capture_target.defined()) {
     MOEKIT_CUDA_CHECK(cudaMemcpyAsync(capture_target.data, args.routing_replay_out.data, m * k * sizeof(int16_t),
                                       cudaMemcpyDeviceToDevice, s));
@@ -217,6 +240,33 @@ Status EpLayerDevicePath::reset_load() {
 Status EpLayerDevicePath::update_weights(const eplb::SlotWeights& weights) {
   MOEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // no forward may still read the old weights
   return impl_->experts->prepare_weights(slot_views(weights));
+}
+
+Status EpLayerDevicePath::set_phase_timing(bool on) {
+  Impl& im = *impl_;
+  for (cudaEvent_t& e : im.phase) {
+    if (on && e == nullptr) MOEKIT_CUDA_CHECK(cudaEventCreate(&e));
+    if (!on && e != nullptr) {
+      MOEKIT_CUDA_CHECK(cudaEventDestroy(e));
+      e = nullptr;
+    }
+  }
+  im.phase_recorded = false;
+  return Status::Ok();
+}
+
+Status EpLayerDevicePath::last_phase_times(double* dispatch_us, double* experts_us, double* combine_us) const {
+  const Impl& im = *impl_;
+  if (!im.phase_recorded) {
+    return FailedPrecondition("phase times: none recorded (set_phase_timing(true), then an eager forward)");
+  }
+  MOEKIT_CUDA_CHECK(cudaEventSynchronize(im.phase[3]));
+  float ms[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) MOEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms[i], im.phase[i], im.phase[i + 1]));
+  *dispatch_us = 1000.0 * ms[0];
+  *experts_us = 1000.0 * ms[1];
+  *combine_us = 1000.0 * ms[2];
+  return Status::Ok();
 }
 
 const std::vector<CandidateReport>& EpLayerDevicePath::experts_report() const { return impl_->report; }
@@ -249,6 +299,12 @@ Status EpLayerDevicePath::read_load(std::vector<int64_t>*, int64_t*) const {
 }
 Status EpLayerDevicePath::reset_load() { return Unsupported("expert parallel on GPUs: this build has no CUDA support"); }
 Status EpLayerDevicePath::update_weights(const eplb::SlotWeights&) {
+  return Unsupported("expert parallel on GPUs: this build has no CUDA support");
+}
+Status EpLayerDevicePath::set_phase_timing(bool) {
+  return Unsupported("expert parallel on GPUs: this build has no CUDA support");
+}
+Status EpLayerDevicePath::last_phase_times(double*, double*, double*) const {
   return Unsupported("expert parallel on GPUs: this build has no CUDA support");
 }
 const std::vector<CandidateReport>& EpLayerDevicePath::experts_report() const { return impl_->report; }

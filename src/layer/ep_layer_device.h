@@ -49,6 +49,11 @@ class EpLayerDevicePath {
   // Re-prepares the experts from new slot weights (update_expert_weights).
   Status update_weights(const eplb::SlotWeights& weights);
 
+  // ExpertParallelLayer::set_phase_timing / last_phase_times: microseconds of
+  // dispatch, experts, combine of the last timed forward.
+  Status set_phase_timing(bool on);
+  Status last_phase_times(double* dispatch_us, double* experts_us, double* combine_us) const;
+
   // Why the modular kernel on the received rows was chosen (the oracle's report).
   const std::vector<CandidateReport>& experts_report() const;
 
