@@ -190,12 +190,12 @@ inline void expect_equals_single_gpu(const Inputs& in, const std::vector<RankRes
   ::testing::Test::RecordProperty("ep_vs_single_gpu_rel_l2_" + std::to_string(in.ranks), std::to_string(err));
 }
 
-// A placement from EPLB with two redundant slots per rank (a few hot experts get replicas).
+// A placement from EPLB with about two redundant slots per rank (a few hot experts get replicas).
 inline StatusOr<ExpertPlacement> eplb_placement(int ranks) {
   std::vector<int64_t> load(kE);
   for (int64_t e = 0; e < kE; ++e) load[e] = e % 7 == 0 ? 500 + e : 10 + e;
   EplbOptions opt;
-  opt.num_physical_slots = kE + 2 * ranks;
+  opt.num_physical_slots = (kE + 2 * ranks + ranks - 1) / ranks * ranks;  // a multiple of the ranks
   return plan_eplb(load, ranks, opt);
 }
 
