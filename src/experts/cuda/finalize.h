@@ -29,8 +29,8 @@ struct FinalizeArgs {
   const float* w2_bias = nullptr;        // [E, H] f32: each expert row gets + w2_bias[e] before weighting
   const uint16_t* shared_out = nullptr;  // [M, H] bf16 bits: the shared expert's output, added last
   const float* shared_gate = nullptr;    // [M] f32, optional with shared_out: its per-token scale
-  // A pair without a row contributes nothing (expert parallelism: computed on
-  // another rank) instead of making the token's row NaN.
+  // A negative id contributes nothing (expert parallelism: computed on another
+  // rank) instead of making the token's row NaN.
   bool skip_negative_ids = false;
 };
 

@@ -93,8 +93,8 @@ struct ExpertsRun {
   const uint16_t* shared_w13 = nullptr;  // [N1s, H] bf16, prepared layout
   const uint16_t* shared_w2 = nullptr;   // [H, Is] bf16
   const float* shared_gate = nullptr;    // [H] f32
-  // Expert parallelism (MoeRunArgs::skip_negative_ids): an id -1 contributes
-  // nothing instead of making the token's row NaN.
+  // Expert parallelism (MoeRunArgs::skip_negative_ids): a negative id
+  // contributes nothing instead of making the token's row NaN.
   bool skip_negative_ids = false;
 };
 
