@@ -12,7 +12,6 @@
 #include "moekit/comm.h"
 
 namespace moekit::bench {
-namespace {
 
 #define EPB_CUDA(stmt)                                                                      \
   do {                                                                                      \
@@ -20,8 +19,8 @@ namespace {
     if (e_ != cudaSuccess) return Internal(std::string(#stmt) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 
-// Median microseconds of `reps` all_to_all_v calls with every count at max_rows.
-StatusOr<double> time_all_to_all(Communicator& comm, cudaStream_t s, int64_t max_rows, size_t row_bytes, int reps) {
+StatusOr<double> time_all_to_all_us(Communicator& comm, void* stream, int64_t max_rows, size_t row_bytes, int reps) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int n = comm.size();
   const size_t bytes = static_cast<size_t>(n) * max_rows * row_bytes;
   void *send = nullptr, *recv = nullptr;
@@ -60,7 +59,6 @@ StatusOr<double> time_all_to_all(Communicator& comm, cudaStream_t s, int64_t max
   return us[us.size() / 2];
 }
 
-}  // namespace
 
 Status run_ep_comm_bench(const EpCommBenchOptions& o, std::ostream& log) {
   if (!nccl_built()) return Unsupported("bench --ep: this build has no NCCL (cmake/nccl.cmake)");
@@ -71,7 +69,6 @@ Status run_ep_comm_bench(const EpCommBenchOptions& o, std::ostream& log) {
                        std::to_string(devices));
   }
   const int n = o.ranks;
-  const int64_t slots_per_rank = (o.experts + n - 1) / n;
   MOEKIT_ASSIGN_OR_RETURN(CommUniqueId id, nccl_unique_id());
   // results[case][m] from rank 0
   std::vector<std::vector<double>> results(3, std::vector<double>(o.m_list.size(), 0.0));
@@ -86,10 +83,10 @@ Status run_ep_comm_bench(const EpCommBenchOptions& o, std::ostream& log) {
         for (size_t i = 0; i < o.m_list.size(); ++i) {
           const int64_t m = o.m_list[i];
           const int64_t raw_rows = (m * o.top_k + n - 1) / n;
-          const int64_t pair_rows = m * std::min<int64_t>(o.top_k, slots_per_rank);
-          MOEKIT_ASSIGN_OR_RETURN(double raw, time_all_to_all(*comm, s, raw_rows, o.hidden * 2, o.reps));
-          MOEKIT_ASSIGN_OR_RETURN(double disp, time_all_to_all(*comm, s, m, o.hidden * 2 + o.top_k * 4, o.reps));
-          MOEKIT_ASSIGN_OR_RETURN(double comb, time_all_to_all(*comm, s, pair_rows, o.hidden * 4, o.reps));
+          const size_t header = (8 * static_cast<size_t>(o.top_k) + 15) / 16 * 16;  // as EpDeviceShape::header_bytes
+          MOEKIT_ASSIGN_OR_RETURN(double raw, time_all_to_all_us(*comm, s, raw_rows, o.hidden * 2, o.reps));
+          MOEKIT_ASSIGN_OR_RETURN(double disp, time_all_to_all_us(*comm, s, m, header + o.hidden * 2, o.reps));
+          MOEKIT_ASSIGN_OR_RETURN(double comb, time_all_to_all_us(*comm, s, m, o.hidden * 2, o.reps));
           if (r == 0) {
             results[0][i] = raw;
             results[1][i] = disp;

@@ -9,6 +9,7 @@
 
 #ifdef MOEKIT_WITH_GPU_BENCH
 #include "ep_comm_bench.h"
+#include "ep_layer_bench.h"
 #include "gpu_bench_flags.h"
 #include "gpu_moe_bench.h"
 #endif
@@ -20,16 +21,22 @@ void add_bench_command(CLI::App& app) {
 #ifdef MOEKIT_WITH_GPU_BENCH
   auto opt = std::make_shared<bench::GpuBenchOptions>();
   auto ep = std::make_shared<int>(1);
+  auto collectives_only = std::make_shared<bool>(false);
   bench::add_gpu_bench_flags(cmd, opt.get());
-  // TODO(ep): time the whole EP layer once its device path exists; for now
-  // --ep times what moving its tokens over NCCL costs (bench/ep_comm_bench.h).
-  cmd->add_option("--ep", *ep, "GPUs: > 1 times the EP dispatch/combine all-to-alls over NCCL, one rank per GPU");
-  cmd->callback([opt, ep] {
+  // --ep: the collectives the EP layer issues (bench/ep_comm_bench.h), then the
+  // whole EP layer against one GPU (bench/ep_layer_bench.h).
+  cmd->add_option("--ep", *ep,
+                  "GPUs: > 1 times the EP all-to-alls over NCCL and the whole EP layer (one rank per GPU) against "
+                  "one GPU; --m sets the tokens per rank");
+  cmd->add_flag("--ep-collectives-only", *collectives_only, "with --ep: time only the all-to-alls");
+  cmd->callback([opt, ep, collectives_only] {
     if (*ep > 1) {
       bench::EpCommBenchOptions eo;
       eo.ranks = *ep;
       if (!opt->m_list.empty()) eo.m_list = opt->m_list;
-      const Status st = bench::run_ep_comm_bench(eo, std::cout);
+      eo.time_layer = !*collectives_only;
+      Status st = bench::run_ep_comm_bench(eo, std::cout);
+      if (st.ok() && eo.time_layer) st = bench::run_ep_layer_bench(eo, std::cout);
       finish(st.ok() ? kExitOk : report_error("bench", st));
       return;
     }

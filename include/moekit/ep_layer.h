@@ -5,10 +5,16 @@
 // and runs the modular kernel with an expert-parallel prepare/finalize:
 // dispatch -> the experts this rank holds -> combine -> weighted reduce.
 //
+// The communicator's device decides where it runs: host ranks (loopback) run
+// the CPU kernels; GPU ranks (NCCL, bf16) run everything on the device, on the
+// stream given to forward(), without host synchronization (graph-capturable).
+//
 // Every call marked "collective" must be made by every rank, in the same
-// order. A bad argument on one rank fails the call on every rank (that rank's
-// error names the problem; the others say which rank failed), and nothing is
-// written.
+// order. Host ranks: a bad argument on one rank fails the call on every rank
+// (that rank's error names the problem; the others say which rank failed),
+// and nothing is written. GPU ranks cannot agree without waiting on the host:
+// a rank whose arguments are bad takes part with no tokens and returns its
+// error; the others' forwards complete normally.
 #pragma once
 
 #include <cstdint>
@@ -51,10 +57,13 @@ class ExpertParallelLayer {
   ~ExpertParallelLayer();
 
   // This rank's tokens, as MoeLayer::forward takes them (hidden [M, H] with
-  // M <= max_num_tokens, which may differ between ranks). Collective.
-  Status forward(const LayerForwardArgs& args);
+  // M <= max_num_tokens, which may differ between ranks), on the
+  // communicator's device; forced_ids on the host. GPU ranks: enqueued on
+  // `stream` (host ranks ignore it). Collective.
+  Status forward(const LayerForwardArgs& args, Stream stream = nullptr);
 
-  // As MoeLayer::set_capture_target: [>= max_num_tokens, k] i16, logical ids.
+  // As MoeLayer::set_capture_target: [>= max_num_tokens, k] i16, logical ids,
+  // on the communicator's device.
   Status set_capture_target(const TensorView& target);
 
   const MoeConfig& config() const { return config_; }
@@ -67,10 +76,23 @@ class ExpertParallelLayer {
 
   // Load counters. expert_load: tokens this rank routed to each logical
   // expert since the last reset ([E]); computed_pairs: (token, slot) pairs
-  // this rank's experts computed since the last reset.
-  const std::vector<int64_t>& expert_load() const { return expert_load_; }
-  int64_t computed_pairs() const { return computed_pairs_; }
+  // this rank's experts computed since the last reset. GPU ranks count on the
+  // device: these read it (waiting for the forwards enqueued so far).
+  const std::vector<int64_t>& expert_load() const;
+  int64_t computed_pairs() const;
   void reset_load();
+  // Benchmarks, GPU ranks only: with phase timing on, each eager forward
+  // records CUDA events around its phases (not inside a CUDA graph capture),
+  // and last_phase_times() reads them (waiting for that forward).
+  //   dispatch: replica choice, pack, all-to-all, unpack (after routing)
+  //   experts:  the modular kernel on the received rows
+  //   combine:  partials back to their source, summed
+  struct PhaseTimes {
+    double dispatch_us = 0, experts_us = 0, combine_us = 0;
+  };
+  Status set_phase_timing(bool on);
+  StatusOr<PhaseTimes> last_phase_times() const;
+
   // Collective: the group's expert_load summed over ranks ([E]), and every
   // rank's computed_pairs ([N]).
   StatusOr<std::vector<int64_t>> gather_expert_load();
@@ -95,14 +117,15 @@ class ExpertParallelLayer {
                                                                     const ExpertPlacement* placement,
                                                                     const Platform& platform);
   Status validate(const LayerForwardArgs& args) const;
+  Status forward_on_host(const LayerForwardArgs& args);
 
   MoeConfig config_;
   Communicator* comm_ = nullptr;
   ExpertPlacement placement_;
   std::string dispatch_reason_;
   std::vector<CandidateReport> report_;
-  std::vector<int64_t> expert_load_;  // [E]
-  int64_t computed_pairs_ = 0;
+  mutable std::vector<int64_t> expert_load_;  // [E] (GPU ranks: refreshed from the device when read)
+  mutable int64_t computed_pairs_ = 0;
   TensorView capture_target_;
   std::unique_ptr<State> state_;
 };

@@ -76,6 +76,12 @@ struct MoeRunArgs {
   // Monolithic kernels with supports_router_weights_capture(), optional: [>= M, k] f32,
   // rows [0, M) get the routing weights of the ids (capture of router weights).
   TensorView router_weights_out;
+  // Modular kernels of an expert-parallel rank: a negative id means "this slot
+  // is computed on another rank" and contributes nothing (a row whose ids are
+  // all negative outputs 0). Off (the default), an id outside [0, E) is an
+  // error or, where only the device can see it, makes the token's row NaN.
+  // Served by the cuda_sm90 modular kernel (bf16); others refuse it.
+  bool skip_negative_ids = false;
 };
 
 // Caller-owned scratch memory on the kernel's device, >= workspace_size(M) bytes.

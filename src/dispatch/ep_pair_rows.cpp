@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/host_all_gather.h"
+
 namespace moekit::dispatch {
 
 int64_t EpShape::max_pairs(int ranks) const { return ranks * max_tokens * std::min(top_k, slots_per_rank); }
@@ -66,7 +68,7 @@ int64_t unpack_dispatch_row(const char* row, const EpShape& s, int64_t next, flo
 Status agree(Communicator& comm, const Status& local) {
   const int32_t mine = static_cast<int32_t>(local.code());
   std::vector<int32_t> all(comm.size());
-  MOEKIT_RETURN_IF_ERROR(comm.all_gather(&mine, all.data(), sizeof(int32_t)));
+  MOEKIT_RETURN_IF_ERROR(all_gather_host(comm, &mine, all.data(), sizeof(int32_t)));
   if (!local.ok()) return local;
   for (int r = 0; r < comm.size(); ++r) {
     if (all[r] != 0) {

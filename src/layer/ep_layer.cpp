@@ -1,6 +1,7 @@
 // ExpertParallelLayer: routing (logical ids) -> replica choice -> EP
 // prepare (dispatch) -> this rank's experts through the modular kernel ->
-// EP finalize (combine + slot-order reduce).
+// EP finalize (combine + slot-order reduce). Host ranks run it here; GPU
+// ranks run it through EpLayerDevicePath (ep_layer_device.h).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -8,7 +9,9 @@
 #include <vector>
 
 #include "dispatch/ep_prepare_finalize.h"
+#include "dispatch/host_all_gather.h"
 #include "eplb/slot_weights.h"
+#include "layer/ep_layer_device.h"
 #include "moekit/ep_layer.h"
 #include "moekit/routing.h"
 
@@ -27,6 +30,7 @@ struct ExpertParallelLayer::State {
   std::vector<int32_t> counts;                      // [E] this forward's tokens per logical expert
   std::vector<float> ones;                          // [max_pairs] the k = 1 weight of each pair
   std::vector<float> score_bias;                    // [E] deepseek_v3 bias, when given
+  std::unique_ptr<EpLayerDevicePath> device;        // GPU ranks: everything above but weights lives here
 };
 
 namespace {
@@ -64,7 +68,7 @@ Status check_same_on_every_rank(Communicator& comm, const std::string& mine, con
   std::vector<char> buf(kBytes, 0), all(kBytes * comm.size());
   std::memcpy(buf.data(), &hash, sizeof hash);
   std::memcpy(buf.data() + sizeof hash, mine.data(), std::min(mine.size(), kShown - 1));
-  MOEKIT_RETURN_IF_ERROR(comm.all_gather(buf.data(), all.data(), kBytes));
+  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(comm, buf.data(), all.data(), kBytes));
   for (int r = 1; r < comm.size(); ++r) {
     if (std::memcmp(all.data(), all.data() + r * kBytes, sizeof hash) != 0) {
       return InvalidArgument(std::string("expert parallel: ") + what + " differs between ranks: rank 0 has " +
@@ -129,13 +133,7 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                                                                                 Communicator& comm,
                                                                                 const ExpertPlacement* placement,
                                                                                 const Platform& platform) {
-  if (comm.device().type != DeviceType::kCpu) {
-    // Every rank of a group has the same kind of communicator, so every rank
-    // returns here; agree() below would hand host memory to a device one.
-    // TODO(ep): the device-side dispatch/combine kernels over NCCL.
-    return Unsupported(std::string("expert parallel: the ") + comm.name() + " communicator's device path (" +
-                       comm.device().to_string() + ") is not implemented yet; only host (loopback) ranks run");
-  }
+  const bool on_gpu = comm.device().type != DeviceType::kCpu;
   // Local checks first, then one agreement so that a rank with a bad config
   // does not leave the others waiting.
   const ParallelConfig& par = config.parallel;
@@ -173,6 +171,17 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   }
   StatusOr<EpDispatchChoice> choice = local.ok() ? choose_ep_dispatch(config) : StatusOr<EpDispatchChoice>(local);
   if (local.ok()) local = choice.status();
+  if (local.ok() && on_gpu && choice->kind == All2AllBackend::kAllgatherReducescatter) {
+    // TODO(ep): allgather + reduce-scatter on the device (decode sizes).
+    if (config.parallel.all2all == All2AllBackend::kAllgatherReducescatter) {
+      local = Unsupported("expert parallel on GPUs: only the all-to-all dispatch runs on the device; "
+                          "parallel.all2all = allgather_reducescatter asks for the other");
+    } else {
+      choice->kind = All2AllBackend::kNccl;
+      choice->reason = "all-to-all: the only dispatch the GPU path has (the oracle would otherwise pick " +
+                       choice->reason + ")";
+    }
+  }
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, local));
   MOEKIT_RETURN_IF_ERROR(check_same_on_every_rank(comm, group_fingerprint(config, chosen), "the layer config"));
 
@@ -188,7 +197,7 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   layer->state_ = std::make_unique<State>();
   State& st = *layer->state_;
   st.platform = platform;
-  StatusOr<Resolution> whole = select_backend_on(config, platform, DeviceType::kCpu);
+  StatusOr<Resolution> whole = select_backend_on(config, platform, comm.device().type);
   if (!whole.ok()) {
     built = whole.status();
   } else if (whole->kernel.monolithic) {
@@ -207,7 +216,22 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   const int64_t max_pairs = dispatch::EpShape{config.max_num_tokens, config.hidden, config.top_k(),
                                               chosen.slots_per_rank, config.quant.act_dtype}
                                 .max_pairs(comm.size());
-  if (built.ok()) {
+  if (built.ok() && config.routing.has_score_bias) {
+    built = check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32}, {config.num_experts}, Device::cpu());
+    if (built.ok()) st.score_bias.assign(weights.score_bias.ptr<const float>(),
+                                         weights.score_bias.ptr<const float>() + config.num_experts);
+  }
+  if (built.ok() && on_gpu) {
+    StatusOr<std::unique_ptr<EpLayerDevicePath>> d =
+        EpLayerDevicePath::create(config, st.weights, chosen, st.score_bias, comm, platform);
+    if (d.ok()) {
+      st.device = std::move(*d);
+      layer->report_ = std::move(whole->report);
+    } else {
+      built = d.status();
+    }
+  }
+  if (built.ok() && !on_gpu) {
     StatusOr<SlotKernel> k = make_slot_kernel(config, st.weights, max_pairs, platform);
     if (k.ok()) {
       st.experts = std::move(k->kernel);
@@ -217,18 +241,14 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
       built = k.status();
     }
   }
-  if (built.ok()) {
+  if (built.ok() && !on_gpu) {
     StatusOr<std::unique_ptr<dispatch::EpPrepareFinalize>> pf =
         make_prepare_finalize(comm, config, choice->kind, chosen.slots_per_rank);
     if (pf.ok()) st.pf = std::move(*pf); else built = pf.status();
   }
-  if (built.ok() && config.routing.has_score_bias) {
-    built = check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32}, {config.num_experts}, Device::cpu());
-    if (built.ok()) st.score_bias.assign(weights.score_bias.ptr<const float>(),
-                                         weights.score_bias.ptr<const float>() + config.num_experts);
-  }
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, built));
   st.replicas = chosen.replicas();
+  if (on_gpu) return layer;  // the routing buffers live on the device (EpLayerDevicePath)
   const int64_t rows = config.max_num_tokens * config.top_k();
   st.topk_ids.resize(rows);
   st.topk_weights.resize(rows);
@@ -238,27 +258,56 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   return layer;
 }
 
-const char* ExpertParallelLayer::dispatch_name() const { return state_->pf->name(); }
+const char* ExpertParallelLayer::dispatch_name() const {
+  return state_->device != nullptr ? "all_to_all" : state_->pf->name();
+}
+
+// GPU ranks: the counters live on the device. A failed read leaves the last
+// values (the CUDA error then fails the next forward).
+const std::vector<int64_t>& ExpertParallelLayer::expert_load() const {
+  if (state_->device != nullptr) (void)state_->device->read_load(&expert_load_, &computed_pairs_);
+  return expert_load_;
+}
+
+int64_t ExpertParallelLayer::computed_pairs() const {
+  if (state_->device != nullptr) (void)state_->device->read_load(&expert_load_, &computed_pairs_);
+  return computed_pairs_;
+}
 
 void ExpertParallelLayer::reset_load() {
   std::fill(expert_load_.begin(), expert_load_.end(), 0);
   computed_pairs_ = 0;
+  if (state_->device != nullptr) (void)state_->device->reset_load();
 }
 
 StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_expert_load() {
   const int n = comm_->size();
   const int64_t E = config_.num_experts;
   std::vector<int64_t> all(n * E), sum(E, 0);
-  MOEKIT_RETURN_IF_ERROR(comm_->all_gather(expert_load_.data(), all.data(), E * sizeof(int64_t)));
+  if (state_->device != nullptr) MOEKIT_RETURN_IF_ERROR(state_->device->read_load(&expert_load_, &computed_pairs_));
+  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, expert_load_.data(), all.data(), E * sizeof(int64_t)));
   for (int r = 0; r < n; ++r) {
     for (int64_t e = 0; e < E; ++e) sum[e] += all[r * E + e];
   }
   return sum;
 }
 
+Status ExpertParallelLayer::set_phase_timing(bool on) {
+  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
+  return state_->device->set_phase_timing(on);
+}
+
+StatusOr<ExpertParallelLayer::PhaseTimes> ExpertParallelLayer::last_phase_times() const {
+  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
+  PhaseTimes t;
+  MOEKIT_RETURN_IF_ERROR(state_->device->last_phase_times(&t.dispatch_us, &t.experts_us, &t.combine_us));
+  return t;
+}
+
 StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_computed_pairs() {
   std::vector<int64_t> all(comm_->size());
-  MOEKIT_RETURN_IF_ERROR(comm_->all_gather(&computed_pairs_, all.data(), sizeof(int64_t)));
+  if (state_->device != nullptr) MOEKIT_RETURN_IF_ERROR(state_->device->read_load(&expert_load_, &computed_pairs_));
+  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, &computed_pairs_, all.data(), sizeof(int64_t)));
   return all;
 }
 
@@ -267,7 +316,7 @@ Status ExpertParallelLayer::set_capture_target(const TensorView& target) {
     capture_target_ = {};
     return Status::Ok();
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, comm_->device()));
   if (target.dim(0) < config_.max_num_tokens) {
     return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
                            " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
@@ -277,7 +326,11 @@ Status ExpertParallelLayer::set_capture_target(const TensorView& target) {
 }
 
 Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
-  const Device cpu = Device::cpu();
+  // Tensors live on the communicator's device; forced ids on the host. What
+  // only the device can see (logits, caller ids on a GPU) follows the device
+  // rule of docs/routing.md instead: the token's output row is NaN.
+  const Device dev = comm_->device();
+  const bool on_host = dev.type == DeviceType::kCpu;
   const int64_t H = config_.hidden, E = config_.num_experts, k = config_.top_k();
   if (a.hidden.rank == 2 && a.hidden.dim(0) == 0) {
     // A rank with no tokens this step still takes part in the collectives.
@@ -286,18 +339,23 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
     }
     return Status::Ok();
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, cpu));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, dev));
   const int64_t m = a.hidden.dim(0);
   if (m < 1 || m > config_.max_num_tokens) {
     return InvalidArgument("hidden: " + std::to_string(m) + " tokens; must be in [1, max_num_tokens = " +
                            std::to_string(config_.max_num_tokens) + "]");
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.out, "out", {config_.quant.act_dtype}, {m, H}, cpu));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(a.out, "out", {config_.quant.act_dtype}, {m, H}, dev));
+  if (!on_host && (reinterpret_cast<uintptr_t>(a.hidden.data) % 16 != 0 ||
+                   reinterpret_cast<uintptr_t>(a.out.data) % 16 != 0)) {
+    return InvalidArgument("hidden/out: the GPU path reads and writes rows in 16-byte pieces; both must be "
+                           "16-byte aligned");
+  }
   if (a.expert_counts.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.expert_counts, "expert_counts", {DType::kI32}, {E}, cpu));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
   }
   if (a.routing_replay_out.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.routing_replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, cpu));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.routing_replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, dev));
     if (a.routing_replay_out.dim(0) < m) {
       return InvalidArgument("routing_replay_out: needs at least M = " + std::to_string(m) + " rows, got " +
                              a.routing_replay_out.shape_string());
@@ -305,23 +363,32 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
   }
   if (config_.routing.method == RoutingMethod::kCustom) {
     if (a.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_ids, "topk_ids", {DType::kI32}, {m, k}, cpu));
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_weights, "topk_weights", {DType::kF32}, {m, k}, cpu));
-    return check_forced_ids(a.topk_ids, E);
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_ids, "topk_ids", {DType::kI32}, {m, k}, dev));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_weights, "topk_weights", {DType::kF32}, {m, k}, dev));
+    return on_host ? check_forced_ids(a.topk_ids, E) : Status::Ok();
   }
   if (a.topk_ids.defined() || a.topk_weights.defined()) {
     return InvalidArgument("topk_ids/topk_weights: only custom routing takes them");
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, cpu));
-  MOEKIT_RETURN_IF_ERROR(check_logits_finite(a.router_logits));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, dev));
+  if (on_host) MOEKIT_RETURN_IF_ERROR(check_logits_finite(a.router_logits));
   if (a.forced_ids.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.forced_ids, "forced_ids", {DType::kI32}, {m, k}, cpu));
+    MOEKIT_RETURN_IF_ERROR(check_tensor(a.forced_ids, "forced_ids", {DType::kI32}, {m, k}, Device::cpu()));
     MOEKIT_RETURN_IF_ERROR(check_forced_ids(a.forced_ids, E));
   }
   return Status::Ok();
 }
 
-Status ExpertParallelLayer::forward(const LayerForwardArgs& args) {
+Status ExpertParallelLayer::forward(const LayerForwardArgs& args, Stream stream) {
+  if (state_->device != nullptr) {
+    // No agreement round on GPU ranks (it would wait on the host): a rank with
+    // bad arguments runs with no tokens so that no other rank is left waiting.
+    return state_->device->forward(args, capture_target_, validate(args), stream);
+  }
+  return forward_on_host(args);
+}
+
+Status ExpertParallelLayer::forward_on_host(const LayerForwardArgs& args) {
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, validate(args)));
   State& st = *state_;
   const int64_t m = args.hidden.dim(0), k = config_.top_k(), E = config_.num_experts;
@@ -385,6 +452,12 @@ Status ExpertParallelLayer::forward(const LayerForwardArgs& args) {
 
 Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   Status local = next.validate();
+  if (local.ok() && state_->device != nullptr) {
+    // TODO(ep): move slot weights between GPUs (move_slot_weights stages through host memory,
+    // which an NCCL communicator cannot send). Until then: create the layer again with the plan.
+    local = Unsupported("rebalance: not implemented for GPU ranks yet; create the layer again with the new "
+                        "placement (ExpertParallelLayer::create(config, weights, comm, &placement))");
+  }
   if (local.ok() && (next.num_logical != config_.num_experts || next.num_ranks != comm_->size())) {
     local = InvalidArgument("rebalance: the placement is for " + std::to_string(next.num_logical) + " experts on " +
                             std::to_string(next.num_ranks) + " ranks; the layer has " +
@@ -433,11 +506,15 @@ Status ExpertParallelLayer::update_expert_weights(int64_t logical, const TensorV
     std::memcpy(next.w13.data() + s * w.w13_bytes(), w13.data, w.w13_bytes());
     std::memcpy(next.w2.data() + s * w.w2_bytes(), w2.data, w.w2_bytes());
   }
-  MoeWeights mw;
-  mw.w13 = next.w13_view();
-  mw.w2 = next.w2_view();
   // The kernel keeps its own prepared copy: re-prepare it from every slot.
-  MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(mw));
+  if (st.device != nullptr) {
+    MOEKIT_RETURN_IF_ERROR(st.device->update_weights(next));
+  } else {
+    MoeWeights mw;
+    mw.w13 = next.w13_view();
+    mw.w2 = next.w2_view();
+    MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(mw));
+  }
   st.weights = std::move(next);
   return Status::Ok();
 }

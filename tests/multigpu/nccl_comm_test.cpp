@@ -9,55 +9,17 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
-#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "moekit/comm.h"
 #include "moekit/ep_layer.h"
+#include "multigpu/multigpu_test_util.h"
 
 namespace moekit {
 namespace {
 
-int cuda_devices() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-#define MOEKIT_REQUIRE_GPUS(n)                                                                        \
-  do {                                                                                                \
-    if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL";                                     \
-    if (cuda_devices() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices, found " << cuda_devices(); \
-  } while (0)
-
-#define CUDA_OK(stmt)                                                              \
-  do {                                                                             \
-    const cudaError_t e_ = (stmt);                                                 \
-    if (e_ != cudaSuccess) return Internal(#stmt + std::string(": ") + cudaGetErrorString(e_)); \
-  } while (0)
-
-std::vector<Status> run_gpu_ranks(int n, const std::function<Status(int, Communicator&, cudaStream_t)>& body) {
-  StatusOr<CommUniqueId> id = nccl_unique_id();
-  std::vector<Status> result(n, id.status());
-  if (!id.ok()) return result;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      result[r] = [&]() -> Status {
-        MOEKIT_ASSIGN_OR_RETURN(auto comm, create_nccl_communicator(*id, n, r, Device::cuda(r),
-                                                                    {std::chrono::milliseconds(60000)}));
-        cudaStream_t s = nullptr;
-        CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        Status st = body(r, *comm, s);
-        cudaStreamDestroy(s);
-        return st;
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return result;
-}
+using multigpu_test::run_gpu_ranks;
 
 template <typename T>
 struct DeviceVec {
@@ -187,9 +149,9 @@ TEST(NcclComm, NvlinkMulticastIsNotTurnedOn) {
   EXPECT_TRUE(nvls == nullptr || std::string(nvls) == "0") << "NCCL_NVLS_ENABLE=" << nvls;
 }
 
-// Until the device EP path exists, an EP layer over NCCL refuses clearly (and
-// without handing host memory to NCCL).
-TEST(NcclComm, AnEpLayerOnGpusSaysItsDevicePathIsMissing) {
+// A configuration the GPU path does not serve (f32 weights) is refused on
+// every rank with the reason, before any weights are read.
+TEST(NcclComm, AnEpLayerOnGpusRefusesWhatItsDevicePathDoesNotServe) {
   MOEKIT_REQUIRE_GPUS(2);
   auto st = run_gpu_ranks(2, [&](int r, Communicator& c, cudaStream_t) -> Status {
     MoeConfig cfg;
@@ -198,14 +160,15 @@ TEST(NcclComm, AnEpLayerOnGpusSaysItsDevicePathIsMissing) {
     cfg.intermediate = 32;
     cfg.max_num_tokens = 4;
     cfg.routing.top_k = 2;
+    cfg.quant.weight_dtype = cfg.quant.act_dtype = DType::kF32;
     cfg.parallel.ep_size = cfg.parallel.dp_size = 2;
     cfg.parallel.ep_rank = cfg.parallel.dp_rank = r;
     cfg.parallel.all2all = All2AllBackend::kNccl;
     return ExpertParallelLayer::create(cfg, MoeWeights{}, c).status();
   });
   for (const Status& s : st) {
-    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
-    EXPECT_NE(s.message().find("device path"), std::string::npos) << s.message();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("bf16"), std::string::npos) << s.to_string();
   }
 }
 

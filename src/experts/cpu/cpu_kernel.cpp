@@ -29,6 +29,10 @@ Status CpuKernel::check_servable(const Support& support) const {
 
 Status CpuKernel::check_run_inputs(const MoeRunArgs& args, int64_t* num_tokens) const {
   if (!experts_.prepared()) return FailedPrecondition(std::string(name()) + ": run() before prepare_weights()");
+  if (args.skip_negative_ids) {
+    // The host EP path hands the CPU kernels (token, slot) pairs, every id valid.
+    return InvalidArgument(std::string(name()) + ": skip_negative_ids is served by the cuda_sm90 modular kernel only");
+  }
   return check_hidden_and_out(config_, args, num_tokens);
 }
 

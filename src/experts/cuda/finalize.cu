@@ -25,6 +25,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
     const int32_t row = a.pair_row[t * a.top_k + j];
     const float w = a.topk_weights[t * a.top_k + j];
     if (row < 0) {
+      if (a.skip_negative_ids && a.topk_ids[t * a.top_k + j] < 0) continue;  // computed on another rank
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] = __int_as_float(0x7fc00000);  // NaN: invalid expert id
       continue;

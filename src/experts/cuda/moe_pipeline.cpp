@@ -262,6 +262,8 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   fa.pair_row = pair_row;
   fa.topk_weights = run.topk_weights;
   fa.out = run.out;
+  fa.skip_negative_ids = run.skip_negative_ids;
+  if (run.skip_negative_ids) fa.topk_ids = run.topk_ids;
   if (s.expert_bias) {
     fa.topk_ids = run.topk_ids;
     fa.w2_bias = run.w2_bias;

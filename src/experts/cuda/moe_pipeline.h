@@ -108,6 +108,9 @@ struct ExpertsRun {
   const float* shared_gate = nullptr;    // [H] f32
   // iff s.shared_overlap: where fork_shared_expert put the shared expert; run_experts joins it.
   const SharedExpertSide* shared_side = nullptr;
+  // Expert parallelism (MoeRunArgs::skip_negative_ids): a negative id
+  // contributes nothing instead of making the token's row NaN.
+  bool skip_negative_ids = false;
 };
 
 // s.shared_overlap: forks run.shared_side from `stream` and enqueues the shared

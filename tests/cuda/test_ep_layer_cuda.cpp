@@ -1,0 +1,170 @@
+// The GPU expert-parallel path on ONE GPU: N ranks as threads over a
+// device-loopback communicator (cuda/device_loopback_comm.h), so the device
+// dispatch, experts and combine run without NCCL or a second GPU; and the
+// sm90 modular kernel's skip_negative_ids on its own.
+//   - EP-N (N = 2, 3) on a small DeepSeek-like shape equals the single-GPU
+//     layer within the documented bound, ids identical, replay bitwise;
+//   - the same with an EPLB placement;
+//   - skip_negative_ids: a -1 slot adds nothing (bitwise as weight 0 on a real
+//     expert), a row of -1 gives 0; without the flag such a row stays NaN.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "cuda/device_loopback_comm.h"
+#include "cuda/ep_gpu_test_util.h"
+#include "experts/cuda/sm90_kernels.h"
+#include "moekit/kernel.h"
+
+namespace moekit {
+namespace {
+
+using namespace ep_gpu_test;
+using cuda_test::DeviceBytes;
+using cuda_test::DeviceTensor;
+
+// Rank r in its own thread on cuda:0 with a device-loopback communicator and its own stream.
+std::vector<Status> run_loopback_ranks(int n, const std::function<Status(int, Communicator&, cudaStream_t)>& body) {
+  auto group = cuda_test::make_device_loopback_group(n, 0);
+  std::vector<Status> result(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      result[r] = [&]() -> Status {
+        if (cudaSetDevice(0) != cudaSuccess) return Internal("cudaSetDevice(0)");
+        std::unique_ptr<Communicator> comm = cuda_test::make_device_loopback_rank(group, r);
+        cudaStream_t s = nullptr;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return Internal("stream");
+        Status st = body(r, *comm, s);
+        cudaStreamDestroy(s);
+        return st;
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return result;
+}
+
+class EpLayerOneGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(EpLayerOneGpu, EqualsTheSingleGpuLayerCapturesTheSameIdsAndReplaysBitwise) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = GetParam();
+  const Inputs in(n);
+  const Reference ref = single_gpu(in);
+  ASSERT_GT(ref.out.numel(), 0);
+  std::vector<RankResult> ep(n);
+  auto st = run_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
+    return capture_then_replay(r, c, s, in, nullptr, &ep[r]);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_equals_single_gpu(in, ep, ref);
+}
+
+TEST_P(EpLayerOneGpu, WithEplbReplicasTheSameHolds) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = GetParam();
+  const Inputs in(n);
+  const Reference ref = single_gpu(in);
+  ASSERT_GT(ref.out.numel(), 0);
+  StatusOr<ExpertPlacement> plan = eplb_placement(n);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  std::vector<RankResult> ep(n);
+  auto st = run_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
+    return capture_then_replay(r, c, s, in, &*plan, &ep[r]);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  expect_equals_single_gpu(in, ep, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EpLayerOneGpu, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& p) { return "ep" + std::to_string(p.param); });
+
+// The sm90 modular kernel with custom ids: E 16, k 4, batch-invariant so that
+// the extra GEMM rows of the comparison run cannot change other rows' bits.
+struct SkipCase {
+  static constexpr int64_t E = 16, k = 4, H = 128, I = 64, M = 24;
+  MoeConfig config() const {
+    MoeConfig c;
+    c.num_experts = E;
+    c.hidden = H;
+    c.intermediate = I;
+    c.max_num_tokens = M;
+    c.quant.weight_dtype = c.quant.act_dtype = DType::kBF16;
+    c.routing.method = RoutingMethod::kCustom;
+    c.routing.top_k = static_cast<int>(k);
+    c.batch_invariant = true;
+    return c;
+  }
+};
+
+StatusOr<std::unique_ptr<MoeKernel>> sm90_modular(const MoeConfig& c) {
+  for (const KernelClass& kc : cuda::sm90_backend().candidates) {
+    if (kc.name == "Sm90Modular") return kc.create(c, Platform::probe());
+  }
+  return NotFound("no Sm90Modular class");
+}
+
+TEST(SkipNegativeIds, ASkippedSlotAddsNothingAndARowOfSkipsIsZero) {
+  MOEKIT_REQUIRE_SM90();
+  SkipCase sc;
+  const int64_t E = SkipCase::E, k = SkipCase::k, H = SkipCase::H, I = SkipCase::I, M = SkipCase::M;
+  std::mt19937_64 rng(testing::seed_from({E, k, H, I, M, 77}));
+  HostTensor w13 = testing::random_tensor(rng, DType::kBF16, {E, 2 * I, H}, 1.0 / std::sqrt(double(H)));
+  HostTensor w2 = testing::random_tensor(rng, DType::kBF16, {E, H, I}, 1.0 / std::sqrt(double(I)));
+  HostTensor hidden = testing::random_tensor(rng, DType::kBF16, {M, H}, 1.0);
+  // Row t: experts (t + 3j) % E; slots j with (t + j) % 3 == 0 skipped; row 5 skips every slot.
+  HostTensor skip_ids(DType::kI32, {M, k}), zero_ids(DType::kI32, {M, k}), weights(DType::kF32, {M, k}),
+      zero_weights(DType::kF32, {M, k});
+  for (int64_t t = 0; t < M; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = static_cast<int32_t>((t + 3 * j) % E);
+      const bool skipped = t == 5 || (t + j) % 3 == 0;
+      const float w = 0.25f + 0.125f * static_cast<float>(j);
+      skip_ids.data<int32_t>()[t * k + j] = skipped ? -1 : e;
+      zero_ids.data<int32_t>()[t * k + j] = e;
+      weights.data<float>()[t * k + j] = w;
+      zero_weights.data<float>()[t * k + j] = skipped ? 0.0f : w;
+    }
+  }
+  ASSERT_CUDA_OK(cudaSetDevice(0));
+  auto kernel = sm90_modular(sc.config());
+  ASSERT_TRUE(kernel.ok()) << kernel.status().to_string();
+  ASSERT_TRUE((*kernel)->prepare_weights(MoeWeights{w13.view(), w2.view(), {}}).ok());
+  DeviceBytes ws((*kernel)->workspace_size(M));
+  DeviceTensor d_hidden(hidden), d_skip(skip_ids), d_zero(zero_ids), d_w(weights), d_zw(zero_weights);
+  DeviceTensor out_skip(DType::kBF16, {M, H}), out_zero(DType::kBF16, {M, H}), out_nan(DType::kBF16, {M, H});
+  auto run = [&](const DeviceTensor& ids, const DeviceTensor& w, const DeviceTensor& out, bool skip) {
+    MoeRunArgs a;
+    a.hidden = d_hidden.view();
+    a.out = out.view();
+    a.topk_ids = ids.view();
+    a.topk_weights = w.view();
+    a.skip_negative_ids = skip;
+    return (*kernel)->run(a, Workspace{ws.data(), ws.bytes()}, nullptr);
+  };
+  out_skip.poison();
+  ASSERT_TRUE(run(d_skip, d_w, out_skip, true).ok());
+  ASSERT_TRUE(run(d_zero, d_zw, out_zero, false).ok());
+  ASSERT_TRUE(run(d_skip, d_w, out_nan, false).ok());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const HostTensor skipped = out_skip.download(), zeroed = out_zero.download(), poisoned = out_nan.download();
+  EXPECT_EQ(cuda_test::first_difference(skipped, zeroed), "") << "a skipped slot must add exactly nothing";
+  for (int64_t h = 0; h < H; ++h) {
+    ASSERT_EQ(skipped.data<uint16_t>()[5 * H + h], 0) << "row 5 (every slot skipped) must be +0 at column " << h;
+    ASSERT_TRUE(std::isnan(bf16_bits_to_f32(poisoned.data<uint16_t>()[0 * H + h])))
+        << "without skip_negative_ids an id -1 keeps making its row NaN";
+  }
+}
+
+}  // namespace
+}  // namespace moekit
