@@ -116,7 +116,8 @@ Status run_run(const RunOptions& o) {
   }
   if (o.ep > 1) {
     if (o.no_capture) return InvalidArgument("--ep: the expert-parallel run always captures and replays");
-    return run_expert_parallel({o.spec, o.ep, o.eplb_redundant, o.num_requests, o.prompt_tokens, o.decode_tokens});
+    return run_expert_parallel(
+        {o.spec, o.ep, o.eplb_redundant, o.num_requests, o.prompt_tokens, o.decode_tokens, o.backend});
   }
   const SyntheticModelSpec& spec = o.spec;
   MoeConfig config = synthetic_config(spec, o.backend);
@@ -228,7 +229,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--capture", o->capture_path, "capture file to write (then replayed)")->capture_default_str();
   cmd->add_flag("--no-capture", o->no_capture, "run without capture (nothing allocated) and without the replay");
   cmd->add_option("--ep", o->ep,
-                  "expert-parallel ranks: > 1 runs N loopback ranks, rebalances with EPLB, captures and replays")
+                  "expert-parallel ranks: > 1 runs N ranks (N GPUs over NCCL when present, else loopback), rebalances with EPLB, captures and replays")
       ->check(integer_in(1, 64))
       ->capture_default_str();
   cmd->add_option("--eplb-redundant", o->eplb_redundant,

@@ -13,8 +13,10 @@
 
 #include "batch_schedule.h"
 #include "moekit/comm.h"
+#include "moekit/device_buffer.h"
 #include "moekit/ep_layer.h"
 #include "moekit/eplb.h"
+#include "moekit/platform.h"
 
 namespace moekit::tools {
 namespace {
@@ -53,10 +55,27 @@ struct PassResult {
 // One rank's state: its layers and step buffers.
 struct Rank {
   int rank = 0;
+  Device device = Device::cpu();  // the communicator's: a GPU rank's layer takes device tensors
   std::vector<std::unique_ptr<ExpertParallelLayer>> layers;
   std::vector<float> h;  // [max_rows, H] residual stream
   HostTensor x, logits, out, ids;
+  DeviceBuffer dx, dlogits, dout, dids;  // GPU ranks: the same four on the device
 };
+
+// The buffer a layer reads or writes: the host tensor, or its device twin on a GPU rank.
+void* layer_side(const Rank& me, const HostTensor& host, const DeviceBuffer& dev) {
+  return me.device.type == DeviceType::kCuda ? dev.data() : const_cast<void*>(host.view().data);
+}
+
+Status to_layer_side(const Rank& me, const HostTensor& host, const DeviceBuffer& dev, size_t bytes) {
+  if (me.device.type != DeviceType::kCuda || bytes == 0) return Status::Ok();
+  return DeviceBuffer::copy_bytes(dev.data(), me.device, host.view().data, Device::cpu(), bytes);
+}
+
+Status from_layer_side(const Rank& me, HostTensor& host, const DeviceBuffer& dev, size_t bytes) {
+  if (me.device.type != DeviceType::kCuda || bytes == 0) return Status::Ok();
+  return DeviceBuffer::copy_bytes(host.view().data, Device::cpu(), dev.data(), me.device, bytes);
+}
 
 // One pass over every step. `forced`: per (step, layer) ids to replay, or null.
 Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer>& model, const std::vector<Step>& steps,
@@ -74,14 +93,16 @@ Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer
     }
     for (int l = 0; l < L; ++l) {
       LayerForwardArgs a;
-      a.hidden = TensorView::contiguous(me.x.data<uint16_t>(), DType::kBF16, {m, H});
-      a.out = TensorView::contiguous(me.out.data<uint16_t>(), DType::kBF16, {m, H});
+      a.hidden = TensorView::contiguous(layer_side(me, me.x, me.dx), DType::kBF16, {m, H}, me.device);
+      a.out = TensorView::contiguous(layer_side(me, me.out, me.dout), DType::kBF16, {m, H}, me.device);
       HostTensor forced_i32;
       if (m > 0) {
         rmsnorm_to_bf16(me.h.data(), m, H, me.x.data<uint16_t>());
         router_logits(me.x.data<uint16_t>(), model[l].gate.data<float>(), m, E, H, me.logits.data<float>());
-        a.router_logits = TensorView::contiguous(me.logits.data<float>(), DType::kF32, {m, E});
-        a.routing_replay_out = TensorView::contiguous(me.ids.data<int16_t>(), DType::kI16, {m, k});
+        MOEKIT_RETURN_IF_ERROR(to_layer_side(me, me.x, me.dx, m * H * 2));
+        MOEKIT_RETURN_IF_ERROR(to_layer_side(me, me.logits, me.dlogits, m * E * 4));
+        a.router_logits = TensorView::contiguous(layer_side(me, me.logits, me.dlogits), DType::kF32, {m, E}, me.device);
+        a.routing_replay_out = TensorView::contiguous(layer_side(me, me.ids, me.dids), DType::kI16, {m, k}, me.device);
         if (forced != nullptr) {
           const std::vector<int16_t>& f = (*forced)[si * L + l];
           forced_i32 = HostTensor(DType::kI32, {m, k});
@@ -90,6 +111,8 @@ Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer
         }
       }
       MOEKIT_RETURN_IF_ERROR(me.layers[l]->forward(a));
+      MOEKIT_RETURN_IF_ERROR(from_layer_side(me, me.out, me.dout, m * H * 2));
+      MOEKIT_RETURN_IF_ERROR(from_layer_side(me, me.ids, me.dids, m * k * 2));
       const int16_t* ids = me.ids.data<int16_t>();
       result.captured.emplace_back(ids, ids + m * k);
       const uint16_t* out = me.out.data<uint16_t>();
@@ -126,7 +149,11 @@ Status run_expert_parallel(const EpRunOptions& o) {
                            std::to_string(spec.num_experts) + ")");
   }
   const int64_t per_rank = (spec.max_num_tokens + N - 1) / N;
-  MoeConfig config = synthetic_config(spec, "cpu");
+  // One GPU per rank over NCCL when the machine has them; else host ranks.
+  const Platform& platform = Platform::probe();
+  const bool on_gpus = o.backend != "cpu" && nccl_built() && platform.has_sm90() &&
+                       static_cast<int>(platform.cuda_devices.size()) >= N;
+  MoeConfig config = synthetic_config(spec, on_gpus ? "auto" : "cpu");
   config.max_num_tokens = per_rank;
   config.parallel.ep_size = config.parallel.dp_size = N;
   config.parallel.all2all = All2AllBackend::kAuto;
@@ -140,8 +167,8 @@ Status run_expert_parallel(const EpRunOptions& o) {
   const std::vector<Step> steps = schedule(requests, spec.max_num_tokens);
   int64_t total_tokens = 0;
   for (const Step& s : steps) total_tokens += s.num_tokens;
-  std::printf("moekit run --ep %d: synthetic MoE model, seed %" PRIu64 ", %d loopback ranks (threads, host memory)\n",
-              N, spec.seed, N);
+  std::printf("moekit run --ep %d: synthetic MoE model, seed %" PRIu64 ", %d %s\n", N, spec.seed, N,
+              on_gpus ? "GPU ranks (threads, one GPU each, NCCL)" : "loopback ranks (threads, host memory)");
   std::printf("config:   %d MoE layers, %s\n", spec.num_layers, config.to_string().c_str());
   std::printf("batch:    %d requests, %zu steps of <= %" PRId64 " tokens (<= %" PRId64 " per rank), %" PRId64
               " tokens\n",
@@ -154,14 +181,24 @@ Status run_expert_parallel(const EpRunOptions& o) {
   std::vector<Status> status(N);
   std::string dispatch, placement_after;
   std::mutex mu;
-  const CommUniqueId id = loopback_unique_id();
+  CommUniqueId id = loopback_unique_id();
+  if (on_gpus) {
+    MOEKIT_ASSIGN_OR_RETURN(id, nccl_unique_id());
+  }
   std::vector<std::thread> threads;
   for (int r = 0; r < N; ++r) {
     threads.emplace_back([&, r] {
       status[r] = [&]() -> Status {
-        MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, create_loopback_communicator(id, N, r));
         Rank me;
         me.rank = r;
+        std::unique_ptr<Communicator> comm;
+        if (on_gpus) {
+          me.device = Device::cuda(r);
+          MOEKIT_RETURN_IF_ERROR(set_current_cuda_device(r));
+          MOEKIT_ASSIGN_OR_RETURN(comm, create_nccl_communicator(id, N, r, me.device));
+        } else {
+          MOEKIT_ASSIGN_OR_RETURN(comm, create_loopback_communicator(id, N, r));
+        }
         MoeConfig rc = config;
         rc.parallel.ep_rank = rc.parallel.dp_rank = r;
         for (int l = 0; l < spec.num_layers; ++l) {
@@ -173,15 +210,26 @@ Status run_expert_parallel(const EpRunOptions& o) {
         me.logits = HostTensor(DType::kF32, {per_rank, spec.num_experts});
         me.out = HostTensor(DType::kBF16, {per_rank, spec.hidden});
         me.ids = HostTensor(DType::kI16, {per_rank, spec.top_k});
+        if (on_gpus) {
+          for (auto [buf, host] : {std::pair{&me.dx, &me.x}, std::pair{&me.dlogits, &me.logits},
+                                   std::pair{&me.dout, &me.out}, std::pair{&me.dids, &me.ids}}) {
+            MOEKIT_ASSIGN_OR_RETURN(*buf, DeviceBuffer::allocate(me.device, host->view().nbytes()));
+          }
+        }
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, before[r]));
-        // EPLB: plan every layer from the group's measured load, move the weights.
-        for (auto& layer : me.layers) {
-          MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> load, layer->gather_expert_load());
+        // EPLB: plan every layer from the group's measured load, move the weights
+        // (GPU ranks: a layer created on the plan; rebalance is host-only).
+        for (int l = 0; l < spec.num_layers; ++l) {
+          MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> load, me.layers[l]->gather_expert_load());
           EplbOptions opt;
           opt.num_physical_slots = slots;
           opt.num_groups = spec.num_groups;
           MOEKIT_ASSIGN_OR_RETURN(ExpertPlacement plan, plan_eplb(load, N, opt));
-          MOEKIT_RETURN_IF_ERROR(layer->rebalance(plan));
+          if (on_gpus) {
+            MOEKIT_ASSIGN_OR_RETURN(me.layers[l], ExpertParallelLayer::create(rc, model[l].weights(), *comm, &plan));
+          } else {
+            MOEKIT_RETURN_IF_ERROR(me.layers[l]->rebalance(plan));
+          }
         }
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, after[r]));
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, &after[r].captured, replayed[r]));

@@ -1,6 +1,7 @@
-// `moekit run --ep N`: the main job across N expert-parallel ranks (threads
-// over the loopback communicator; the NCCL path is not wired to the command
-// line yet). Each step's rows are split evenly over the ranks, as data-parallel
+// `moekit run --ep N`: the main job across N expert-parallel ranks, one
+// thread each: over NCCL on N GPUs when this machine has them (sm_90, a build
+// with NCCL, --backend not cpu), else over the loopback communicator on the
+// CPU. Each step's rows are split evenly over the ranks, as data-parallel
 // engine ranks hold them. The job runs three times: with the contiguous
 // placement (capturing), after EPLB rebalanced every layer from the measured
 // load (capturing again), and replaying the second capture; it reports the
@@ -8,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "moekit/status.h"
 #include "synthetic_model.h"
@@ -21,6 +23,7 @@ struct EpRunOptions {
   int num_requests = 8;
   int64_t prompt_tokens = 1024;
   int64_t decode_tokens = 16;
+  std::string backend = "auto";  // "cpu" keeps the ranks on the host (loopback)
 };
 
 Status run_expert_parallel(const EpRunOptions& options);

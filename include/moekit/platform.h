@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "moekit/status.h"
+
 namespace moekit {
 
 struct CudaDeviceInfo {
@@ -30,5 +32,9 @@ struct Platform {
   bool has_sm90() const;  // a device with compute capability 9.0 is present and sm_90a kernels are built
   std::string to_string() const;
 };
+
+// Makes CUDA device `index` current on the calling thread (one thread per
+// GPU, as expert-parallel ranks run). Unsupported in a build without CUDA.
+Status set_current_cuda_device(int index);
 
 }  // namespace moekit

@@ -1,6 +1,8 @@
 #include "moekit/platform.h"
 
+#include <algorithm>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #ifdef MOEKIT_WITH_CUDA
@@ -68,6 +70,17 @@ std::string Platform::to_string() const {
        << " SMs)";
   }
   return os.str();
+}
+
+Status set_current_cuda_device(int index) {
+#ifdef MOEKIT_WITH_CUDA
+  if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess) {
+    return Internal("cudaSetDevice(" + std::to_string(index) + "): " + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+#else
+  return Unsupported("set_current_cuda_device(" + std::to_string(index) + "): this build has no CUDA");
+#endif
 }
 
 }  // namespace moekit
