@@ -253,23 +253,37 @@ Status run_expert_parallel(const EpRunOptions& o) {
   print_rank_load("after", after[0].computed_pairs);
   std::printf("eplb:     %" PRId64 " physical slots for %" PRId64 " experts; layer 0 after: %s\n", slots,
               spec.num_experts, placement_after.c_str());
-  bool same_out = true, same_ids = true, replay_out = true, replay_ids = true;
+  bool same_out = true, same_ids = true, replay_out = true, replay_ids = true, first_layer_ids = true;
+  int64_t ids_equal = 0, ids_total = 0;
   uint64_t digest = 0xcbf29ce484222325ull;
+  const size_t L = static_cast<size_t>(spec.num_layers);
   for (int r = 0; r < N; ++r) {
     same_out &= before[r].step_digests == after[r].step_digests;
     same_ids &= before[r].captured == after[r].captured;
     replay_out &= replayed[r].step_digests == after[r].step_digests;
     replay_ids &= replayed[r].captured == after[r].captured;
+    for (size_t i = 0; i < after[r].captured.size(); ++i) {
+      const std::vector<int16_t>& a = before[r].captured[i];
+      const std::vector<int16_t>& b = after[r].captured[i];
+      if (i % L == 0) first_layer_ids &= a == b;
+      for (size_t j = 0; j < std::min(a.size(), b.size()); ++j) ids_equal += a[j] == b[j];
+      ids_total += static_cast<int64_t>(b.size());
+    }
     for (uint64_t d : after[r].step_digests) digest = fnv1a(digest, &d, sizeof d);
   }
   std::printf("output digest: %016" PRIx64 " (over ranks and steps)\n", digest);
-  std::printf("eplb:     outputs %s, captured logical ids %s\n",
+  std::printf("eplb:     outputs %s, captured logical ids %s (%.4f of them equal)\n",
               same_out ? "bit for bit equal to the contiguous placement's" : "DIFFER from the contiguous placement's",
-              same_ids ? "identical" : "DIFFER");
+              same_ids ? "identical" : "DIFFER", ids_total > 0 ? static_cast<double>(ids_equal) / ids_total : 1.0);
   if (!replay_out || !replay_ids) return DataLoss("replay through EP differs from the run it replays");
   std::printf("replay:   %zu steps with the captured experts forced in every layer: outputs matched bit for bit\n",
               steps.size());
-  if (!same_ids) return DataLoss("EPLB changed the captured logical ids");
+  // Host ranks reduce every pair in slot order: EPLB leaves the bits alone.
+  // GPU ranks sum per-rank partials rounded to bf16, so a new placement moves
+  // outputs within the EP bound (docs/expert_parallel.md) and later layers'
+  // routing may follow; the first layer's input does not depend on it.
+  if (!on_gpus && !same_ids) return DataLoss("EPLB changed the captured logical ids");
+  if (on_gpus && !first_layer_ids) return DataLoss("EPLB changed the first layer's captured logical ids");
   return Status::Ok();
 }
 
