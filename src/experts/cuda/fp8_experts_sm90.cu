@@ -55,20 +55,24 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-// The group (expert) of permuted row r, or -1 when r lies in none.
-__device__ int group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
-  for (int64_t g = 0; g < E; ++g) {
-    if (r >= start[g] && r < static_cast<int64_t>(start[g]) + rows[g]) return static_cast<int>(g);
+// The group (expert) of permuted row r, or -1 when r lies in none; found by
+// thread 0 and handed to the whole block (every thread must call it).
+__device__ int block_group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
+  __shared__ int group;
+  if (threadIdx.x == 0) {
+    group = -1;
+    for (int64_t g = 0; g < E && group < 0; ++g) {
+      if (r >= start[g] && r < static_cast<int64_t>(start[g]) + rows[g]) group = static_cast<int>(g);
+    }
   }
-  return -1;
+  __syncthreads();
+  return group;
 }
 
 // amax over the rows inside groups (max is order-free: any reduction order gives the same value).
 __global__ void amax_kernel(Fp8QuantizeArgs a, float* amax) {
-  __shared__ int group;
   const int64_t r = blockIdx.x;
-  if (threadIdx.x == 0) group = group_of(r, a.group_start, a.group_rows, a.num_experts);
-  __syncthreads();
+  const int group = block_group_of(r, a.group_start, a.group_rows, a.num_experts);
   if (group < 0) return;
   const int64_t src_row = a.row_index ? a.row_index[r] : r;
   float m = 0.0f;
@@ -79,10 +83,8 @@ __global__ void amax_kernel(Fp8QuantizeArgs a, float* amax) {
 }
 
 __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
-  __shared__ int group;
   const int64_t r = blockIdx.x;
-  if (threadIdx.x == 0) group = group_of(r, a.group_start, a.group_rows, a.num_experts);
-  __syncthreads();
+  const int group = block_group_of(r, a.group_start, a.group_rows, a.num_experts);
   if (group < 0) return;
   const int64_t src_row = a.row_index ? a.row_index[r] : r;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -202,10 +204,8 @@ __global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* ac
 
 __global__ void activation_kernel(ActivationConfig cfg, const float* h, int64_t rows, int64_t I, float* out,
                                   const int32_t* gs, const int32_t* gr, int64_t E) {
-  __shared__ int group;
   const int64_t r = blockIdx.x;
-  if (threadIdx.x == 0) group = group_of(r, gs, gr, E);
-  __syncthreads();
+  const int group = block_group_of(r, gs, gr, E);
   if (group < 0) return;
   const ActivationParams p{cfg.kind, cfg.swiglu_limit, cfg.swiglu_alpha};
   const bool gated = cfg.kind != Activation::kRelu2;

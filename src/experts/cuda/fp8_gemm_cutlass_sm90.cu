@@ -23,13 +23,6 @@ namespace {
 // clusters and 256x128 were slower everywhere and were dropped).
 constexpr int64_t kSmallGroupRows = 128;
 
-bool small_tile(const Fp8GemmLaunch& p) {
-  // NOTE: MOEKIT_SM90_FP8_TILE=m128n128|m64n128 overrides the choice, for comparisons.
-  if (const char* v = std::getenv("MOEKIT_SM90_FP8_TILE"); v != nullptr) return std::strcmp(v, "m64n128") == 0;
-  // Batch-invariant: one tile for every M.
-  return !p.batch_invariant && p.mean_group_rows <= kSmallGroupRows;
-}
-
 }  // namespace
 
 bool fp8_cutlass_gemm_built() { return true; }
@@ -39,11 +32,16 @@ size_t fp8_cutlass_gemm_workspace_size(int64_t num_groups) {
 }
 
 Status fp8_cutlass_gemm(const Fp8GemmLaunch& launch, cudaStream_t stream) {
-  if (const char* v = std::getenv("MOEKIT_SM90_FP8_TILE");
-      v != nullptr && std::strcmp(v, "m128n128") != 0 && std::strcmp(v, "m64n128") != 0) {
-    return InvalidArgument(std::string("MOEKIT_SM90_FP8_TILE=") + v + ": expected m128n128 or m64n128");
+  // Batch-invariant: one tile for every M.
+  bool small = !launch.batch_invariant && launch.mean_group_rows <= kSmallGroupRows;
+  // NOTE: MOEKIT_SM90_FP8_TILE=m128n128|m64n128 overrides the choice, for comparisons.
+  if (const char* v = std::getenv("MOEKIT_SM90_FP8_TILE"); v != nullptr) {
+    if (std::strcmp(v, "m128n128") != 0 && std::strcmp(v, "m64n128") != 0) {
+      return InvalidArgument(std::string("MOEKIT_SM90_FP8_TILE=") + v + ": expected m128n128 or m64n128");
+    }
+    small = std::strcmp(v, "m64n128") == 0;
   }
-  return small_tile(launch) ? fp8_sm90::m64n128_gemm(launch, stream) : fp8_sm90::m128n128_gemm(launch, stream);
+  return small ? fp8_sm90::m64n128_gemm(launch, stream) : fp8_sm90::m128n128_gemm(launch, stream);
 }
 
 }  // namespace moekit::cuda

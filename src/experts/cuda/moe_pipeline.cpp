@@ -43,6 +43,19 @@ PairWorkspaceLayout take_pair_workspace(size_t* cursor, const ExpertsShape& s, i
   return l;
 }
 
+Status align_pairs(const ExpertsShape& s, const PairWorkspaceLayout& l, char* workspace, int64_t num_tokens,
+                   const int32_t* topk_ids, int32_t* expert_counts, cudaStream_t stream) {
+  AlignArgs aa;
+  aa.topk_ids = topk_ids;
+  aa.group_start = reinterpret_cast<int32_t*>(workspace + l.group_start);
+  aa.group_rows = reinterpret_cast<int32_t*>(workspace + l.group_rows);
+  aa.pair_row = reinterpret_cast<int32_t*>(workspace + l.pair_row);
+  aa.row_token = reinterpret_cast<int32_t*>(workspace + l.row_token);
+  aa.expert_counts = expert_counts;
+  aa.workspace = workspace + l.align_scratch;
+  return align_by_expert(AlignProblem{num_tokens, s.top_k, s.num_experts}, aa, stream);
+}
+
 GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   GroupedGemmProblem p;
   p.num_groups = s.num_experts;
@@ -195,15 +208,7 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   auto* inter = reinterpret_cast<uint16_t*>(ws + l.intermediate);      // [M·k, I] bf16
   auto* y = reinterpret_cast<uint16_t*>(ws + l.expert_out);            // [M·k, H] bf16
 
-  AlignArgs aa;
-  aa.topk_ids = run.topk_ids;
-  aa.group_start = group_start;
-  aa.group_rows = group_rows;
-  aa.pair_row = pair_row;
-  aa.row_token = row_token;
-  aa.expert_counts = run.expert_counts;
-  aa.workspace = ws + l.align_scratch;
-  MOEKIT_RETURN_IF_ERROR(align_by_expert(AlignProblem{M, s.top_k, s.num_experts}, aa, stream));
+  MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
   if (M == 0) return Status::Ok();
 
   GroupedGemmArgs g1;

@@ -58,6 +58,10 @@ struct PairWorkspaceLayout {
 };
 // Lays those buffers out from *cursor on.
 PairWorkspaceLayout take_pair_workspace(size_t* cursor, const ExpertsShape& s, int64_t num_tokens);
+// The first stage of both pipelines: the M·k (token, slot) pairs of topk_ids
+// grouped by expert into the buffers of `l` (align.h); expert_counts optional.
+Status align_pairs(const ExpertsShape& s, const PairWorkspaceLayout& l, char* workspace, int64_t num_tokens,
+                   const int32_t* topk_ids, int32_t* expert_counts, cudaStream_t stream);
 
 // Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
 struct ExpertsWorkspaceLayout : PairWorkspaceLayout {

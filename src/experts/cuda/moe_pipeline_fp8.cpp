@@ -7,7 +7,6 @@
 #include <cstring>
 #include <string>
 
-#include "experts/cuda/align.h"
 #include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 
@@ -32,15 +31,6 @@ bool cuda_core_forced() {
 }
 
 }  // namespace
-
-Status fp8_tensor_core_shape(const ExpertsShape& s) {
-  if (!fp8_cutlass_gemm_built()) return Unsupported("this build has no CUTLASS kernels");
-  if (s.hidden % 16 != 0 || s.intermediate % 16 != 0) {
-    return Unsupported("H=" + std::to_string(s.hidden) + " and I=" + std::to_string(s.intermediate) +
-                       " must be multiples of 16 (16-byte e4m3 rows)");
-  }
-  return Status::Ok();
-}
 
 int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s) {
   return (s.activation.gated() ? 2 : 1) * s.num_experts * scale_blocks(s.hidden) * scale_blocks(s.intermediate);
@@ -88,15 +78,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
   auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H]
 
-  AlignArgs aa;
-  aa.topk_ids = run.topk_ids;
-  aa.group_start = group_start;
-  aa.group_rows = group_rows;
-  aa.pair_row = pair_row;
-  aa.row_token = row_token;
-  aa.expert_counts = run.expert_counts;
-  aa.workspace = ws + l.align_scratch;
-  MOEKIT_RETURN_IF_ERROR(align_by_expert(AlignProblem{M, s.top_k, E}, aa, stream));
+  MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
   if (M == 0) return Status::Ok();
 
   // NOTE: quantized at the same two points as the cpu backend (cpu_experts.cpp).

@@ -53,13 +53,12 @@ struct Fp8ExpertWeights {
   const float* a13_scale = nullptr;   // [E], static act scales only
   const float* a2_scale = nullptr;
   // The weight scales as the tensor-core GEMM reads them (fp8_expand_weight_scales),
-  // or null where it cannot serve the shape (fp8_tensor_core_shape).
+  // or null in a build without it (fp8_cutlass_gemm_built; sm90's H and I, multiples
+  // of 16, are what its TMA rows need).
   const float* w13_gemm_scale = nullptr;  // [parts (gate, up), E, ceil(H/128), ceil(I/128)]
   const float* w2_gemm_scale = nullptr;   // [E, ceil(I/128), ceil(H/128)]
 };
 
-// ok, or why the tensor-core GEMMs cannot serve the shape (then CUDA cores do).
-Status fp8_tensor_core_shape(const ExpertsShape& s);
 // Floats of Fp8ExpertWeights::w13_gemm_scale.
 int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s);
 

@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/fp8_experts.h"
+#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/moe_pipeline.h"
 #include "experts/cuda/moe_pipeline_fp8.h"
@@ -414,7 +415,7 @@ class Sm90Kernel : public MoeKernel {
     MOEKIT_CUDA_CHECK(cudaMemcpy(w2_.as<void>(), w.w2.data, w.w2.nbytes(), cudaMemcpyDefault));
     w13_gemm_scale_.reset();
     w2_gemm_scale_.reset();
-    if (fp8_tensor_core_shape(shape_).ok()) {
+    if (fp8_cutlass_gemm_built()) {
       const int64_t parts = shape_.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape_) / parts;
       const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
       MOEKIT_RETURN_IF_ERROR(w13_gemm_scale_.allocate(sizeof(float) * parts * part_count));
@@ -504,7 +505,7 @@ class Sm90Kernel : public MoeKernel {
   DeviceMemory bias_;  // [E] f32, deepseek_v3 e_score_correction_bias (monolithic routing), optional
   // fp8 schemes only (w13_/w2_ then hold e4m3 bytes in the checkpoint layout):
   DeviceMemory w13_scale_, w2_scale_;  // MoeWeights layouts (kernel.h), f32
-  DeviceMemory w13_gemm_scale_, w2_gemm_scale_;  // Fp8ExpertWeights layouts, iff fp8_tensor_core_shape
+  DeviceMemory w13_gemm_scale_, w2_gemm_scale_;  // Fp8ExpertWeights layouts, iff fp8_cutlass_gemm_built
   DeviceMemory a13_scale_, a2_scale_;  // [E] f32, static activation scales, optional
   DeviceMemory w13_bias_;     // [E, N1] f32, prepared column order, iff has_expert_bias
   DeviceMemory w2_bias_;      // [E, H] f32, iff has_expert_bias
