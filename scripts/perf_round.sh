@@ -10,7 +10,8 @@
 # Environment:
 #   BUILD_DIR    build folder (default build-gpu)
 #   SKEW         skew of the second table (default 1.0; 0 skips it)
-#   PEERS        peers to run, space-separated: "torch triton" (default "triton")
+#   PEERS        peers to run, space-separated: "torch triton vllm" (default "triton"; vllm: .peer/)
+#   PEER_BUDGET_S  seconds the vllm peer may spend per table (default 300)
 #   PEER_ARGS    extra arguments for the peers (e.g. --tune)
 #   NCU_CASES    "shape:M ..." cases whose kernels ncu times one forward of (default none)
 #   AB_RUNS      extra benchmark runs comparing forced paths in one process, one per line:
@@ -57,8 +58,22 @@ run_bench() {  # tag, extra args...
 run_bench balanced ${BALANCED_M:+--m $BALANCED_M}
 [ "$skew" != "0" ] && run_bench skewed --skew "$skew"
 
-# ---- peers on the same data
+# ---- peers on the same data. "vllm": the vLLM Triton harness, when a copy of it
+# sits in .peer/ (git-ignored; its README says how it gets there).
 for peer in $peers; do
+  if [ "$peer" = vllm ]; then
+    [ -f "$root/.peer/run_peers.py" ] || { echo "[perf] no .peer/run_peers.py"; continue; }
+    for tag in balanced skewed; do
+      [ -f "$out/moekit_$tag.json" ] || continue
+      left=$(( ${PEER_BUDGET_S:-300} ))
+      # shellcheck disable=SC2086
+      (cd "$root/.peer" && PYTHONUNBUFFERED=1 timeout $(( left + 60 )) python3 run_peers.py \
+        --moekit-json "$out/moekit_$tag.json" --project-bench "$root/bench" --out "$out/vllm_$tag.json" \
+        --budget-s "$left" ${PEER_ARGS:-}) >"$out/vllm_$tag.log" 2>&1
+      echo "[perf] peer vllm $tag rc=$? ($(( $(date +%s) - t0 ))s)"
+    done
+    continue
+  fi
   script="$root/bench/peer_$peer.py"
   [ -f "$script" ] || { echo "[perf] no $script"; continue; }
   for tag in balanced skewed; do
@@ -85,9 +100,10 @@ done <<< "${AB_RUNS:-}"
 if [ -n "${NCU_CASES:-}" ] && command -v ncu >/dev/null; then
   for c in $NCU_CASES; do
     shape="${c%%:*}"; m="${c##*:}"
-    ncu --clock-control none --kernel-name regex:'align|finalize|gather|activation|prefix|setup|streaming|routing|device_kernel|moe_' \
+    # shellcheck disable=SC2086
+    ncu --clock-control none --kernel-name regex:'align|finalize|gather|activation|prefix|setup|streaming|routing|device_kernel|moe_|quant|amax' \
       --launch-count 12 --csv --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
-      "$bench" --shapes "$shapes" --only "$shape" --m "$m" --sets 1 --seconds 0 --min-reps 1 --read-gib 4 --matmul-n 2048 \
+      "$bench" --shapes "$shapes" --only "$shape" --m "$m" --sets 1 --seconds 0 --min-reps 1 --read-gib 4 --matmul-n 2048 ${BENCH_ARGS:-} \
       >"$out/ncu_${shape}_m$m.csv" 2>"$out/ncu_${shape}_m$m.err"
     echo "[perf] ncu $shape M=$m rc=$?"
   done
@@ -109,7 +125,7 @@ for r in rows[1:]:
     k.setdefault(key, {})[r[idx["Metric Name"]]] = r[idx["Metric Value"]]
 seen = 0
 for (i, name), m in k.items():
-    if seen >= 8: break
+    if seen >= 14: break
     seen += 1
     t = float(m.get("gpu__time_duration.sum", "0").replace(",", "")) / 1000.0
     print(f"   {name:<40} {t:9.1f} {m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed','-'):>6} "
@@ -122,6 +138,6 @@ for tag in balanced skewed; do
   [ -f "$out/moekit_$tag.log" ] || continue
   echo "-- moekit $tag"; grep -E '^(ceilings|shape|\S+ +[0-9]+ )' "$out/moekit_$tag.log" | tail -n 30
   for peer in $peers; do
-    [ -f "$out/${peer}_$tag.log" ] && { echo "-- $peer $tag"; grep -vE '^  ' "$out/${peer}_$tag.log" | tail -n 32; }
+    [ -f "$out/${peer}_$tag.log" ] && { echo "-- $peer $tag"; grep -vE '^  ' "$out/${peer}_$tag.log" | tail -n 36; }
   done
 done

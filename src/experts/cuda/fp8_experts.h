@@ -49,6 +49,11 @@ struct Fp8QuantizeArgs {
   const int32_t* group_start = nullptr;  // [E]
   const int32_t* group_rows = nullptr;   // [E]
   int64_t num_experts = 0;
+  // Set: src is GEMM1's f32 output [*, n1] (ld = n1) and column c's value is
+  // the activation of its gate/up pair (the cpu backend's activations.h), so
+  // the activation is never stored in f32.
+  bool activation = false;
+  ActivationConfig act;
 };
 Status fp8_quantize_rows(const Fp8QuantizeArgs& args, const Fp8ActQuant& quant, cudaStream_t stream);
 
@@ -81,16 +86,19 @@ Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_
 Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
                               cudaStream_t stream);
 
-// act [rows, I] f32 = activation of h [rows, n1] f32 (row layouts as the cpu
-// backend's activations.h), for every row inside a group.
-Status fp8_activation(const ActivationConfig& act, const float* h, int64_t rows, int64_t intermediate, float* out,
-                      const int32_t* group_start, const int32_t* group_rows, int64_t num_experts,
-                      cudaStream_t stream);
-
 // out[t, :] = bf16(sum_j w[t, j] * y[pair_row[t, j], :]), j ascending, fp32
-// (a pair without a row makes the token's row NaN). y [rows, H] f32.
-Status fp8_finalize(const float* y, const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
-                    int64_t top_k, int64_t hidden, uint16_t* out, cudaStream_t stream);
+// (a pair without a row makes the token's row NaN). y [rows, H] f32, or the
+// k_splits partial sums of it split_stride floats apart (added first, in order).
+struct Fp8FinalizeArgs {
+  const float* y = nullptr;
+  int64_t k_splits = 1;
+  int64_t split_stride = 0;
+  const int32_t* pair_row = nullptr;
+  const float* topk_weights = nullptr;
+  int64_t num_tokens = 0, top_k = 0, hidden = 0;
+  uint16_t* out = nullptr;
+};
+Status fp8_finalize(const Fp8FinalizeArgs& args, cudaStream_t stream);
 
 }  // namespace moekit::cuda
 

@@ -47,6 +47,19 @@ __device__ __forceinline__ float* scale_slot(const Fp8QuantizeArgs& a, int g, in
 __device__ __forceinline__ float load(const void* src, bool bf16, int64_t i) {
   return bf16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[i]) : static_cast<const float*>(src)[i];
 }
+// Column c of source row `src_row`: the stored value, or the activation of GEMM1's outputs.
+__device__ __forceinline__ float source_value(const Fp8QuantizeArgs& a, int64_t src_row, int64_t c) {
+  if (!a.activation) return load(a.src, a.src_bf16, src_row * a.ld + c);
+  const float* row = static_cast<const float*>(a.src) + src_row * a.ld;
+  const ActivationParams p{a.act.kind, a.act.swiglu_limit, a.act.swiglu_alpha};
+  switch (a.act.kind) {
+    case Activation::kSiluGated:
+    case Activation::kGeluGated: return gated_activation(p, row[c], row[a.cols + c]);
+    case Activation::kSwigluOai: return gated_activation(p, row[2 * c], row[2 * c + 1]);
+    case Activation::kRelu2: return plain_activation(p, row[c]);
+  }
+  return row[c];
+}
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -56,14 +69,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 // The group (expert) of permuted row r, or -1 when r lies in none; found by
-// thread 0 and handed to the whole block (every thread must call it).
+// thread 0 and handed to the whole block (every thread must call it). Starts
+// ascend with g (an empty group starts where the next one does), so the last
+// group starting at or before r is the only one that can hold it.
 __device__ int block_group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
   __shared__ int group;
   if (threadIdx.x == 0) {
-    group = -1;
-    for (int64_t g = 0; g < E && group < 0; ++g) {
-      if (r >= start[g] && r < static_cast<int64_t>(start[g]) + rows[g]) group = static_cast<int>(g);
+    int64_t lo = 0, hi = E;  // the answer lies in [lo, hi) once start[lo] <= r
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (start[mid] <= r) lo = mid; else hi = mid;
     }
+    group = E > 0 && r >= start[lo] && r < static_cast<int64_t>(start[lo]) + rows[lo] ? static_cast<int>(lo) : -1;
   }
   __syncthreads();
   return group;
@@ -76,7 +93,7 @@ __global__ void amax_kernel(Fp8QuantizeArgs a, float* amax) {
   if (group < 0) return;
   const int64_t src_row = a.row_index ? a.row_index[r] : r;
   float m = 0.0f;
-  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) m = fmaxf(m, fabsf(load(a.src, a.src_bf16, src_row * a.ld + c)));
+  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) m = fmaxf(m, fabsf(source_value(a, src_row, c)));
   m = warp_max(m);
   // Non-negative floats order as their bit patterns.
   if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
@@ -96,7 +113,7 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t c = c0 + lane * 4 + i;
-        v[i] = c < a.cols ? load(a.src, a.src_bf16, src_row * a.ld + c) : 0.0f;
+        v[i] = c < a.cols ? source_value(a, src_row, c) : 0.0f;
         if (c < a.cols) m = fmaxf(m, fabsf(v[i]));
       }
       const float scale = act_scale_of(warp_max(m));
@@ -111,7 +128,7 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
   }
   const float scale = q.act_scale == ActScale::kStatic ? q.static_scale[group] : act_scale_of(*q.amax);
   for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-    store_quantized(a, r, c, load(a.src, a.src_bf16, src_row * a.ld + c), scale);
+    store_quantized(a, r, c, source_value(a, src_row, c), scale);
   }
   if (a.dst_q) {
     for (int64_t kb = threadIdx.x; kb * kBlock < a.cols; kb += blockDim.x) *scale_slot(a, group, r, kb) = scale;
@@ -202,34 +219,21 @@ __global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* ac
   if (lane == 0) *count = total;
 }
 
-__global__ void activation_kernel(ActivationConfig cfg, const float* h, int64_t rows, int64_t I, float* out,
-                                  const int32_t* gs, const int32_t* gr, int64_t E) {
-  const int64_t r = blockIdx.x;
-  const int group = block_group_of(r, gs, gr, E);
-  if (group < 0) return;
-  const ActivationParams p{cfg.kind, cfg.swiglu_limit, cfg.swiglu_alpha};
-  const bool gated = cfg.kind != Activation::kRelu2;
-  const float* row = h + r * (gated ? 2 * I : I);
-  for (int64_t i = threadIdx.x; i < I; i += blockDim.x) {
-    float v;
-    switch (cfg.kind) {
-      case Activation::kSiluGated:
-      case Activation::kGeluGated: v = gated_activation(p, row[i], row[I + i]); break;
-      case Activation::kSwigluOai: v = gated_activation(p, row[2 * i], row[2 * i + 1]); break;
-      case Activation::kRelu2: v = plain_activation(p, row[i]); break;
-    }
-    out[r * I + i] = v;
-  }
-}
-
-__global__ void finalize_kernel(const float* y, const int32_t* pair_row, const float* wts, int64_t k, int64_t H,
-                                uint16_t* out) {
-  const int64_t t = blockIdx.x;
+__global__ void finalize_kernel(Fp8FinalizeArgs a) {
+  const int64_t t = blockIdx.x, k = a.top_k, H = a.hidden;
+  uint16_t* const out = a.out;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t row = pair_row[t * k + j];
-      acc = row < 0 ? __int_as_float(0x7fc00000) : fmaf(wts[t * k + j], y[static_cast<int64_t>(row) * H + h], acc);
+      const int32_t row = a.pair_row[t * k + j];
+      if (row < 0) {
+        acc = __int_as_float(0x7fc00000);
+        continue;
+      }
+      const float* y = a.y + static_cast<int64_t>(row) * H + h;
+      float v = y[0];
+      for (int64_t s = 1; s < a.k_splits; ++s) v += y[s * a.split_stride];
+      acc = fmaf(a.topk_weights[t * k + j], v, acc);
     }
     const __nv_bfloat16 b = __float2bfloat16_rn(acc);
     out[t * H + h] = *reinterpret_cast<const uint16_t*>(&b);
@@ -279,21 +283,10 @@ Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, in
   return Status::Ok();
 }
 
-Status fp8_activation(const ActivationConfig& act, const float* h, int64_t rows, int64_t intermediate, float* out,
-                      const int32_t* group_start, const int32_t* group_rows, int64_t num_experts,
-                      cudaStream_t stream) {
-  if (rows == 0) return Status::Ok();
-  activation_kernel<<<static_cast<unsigned>(rows), kWarps * 32, 0, stream>>>(act, h, rows, intermediate, out,
-                                                                             group_start, group_rows, num_experts);
-  MOEKIT_CUDA_CHECK_LAUNCH("fp8_activation");
-  return Status::Ok();
-}
-
-Status fp8_finalize(const float* y, const int32_t* pair_row, const float* topk_weights, int64_t num_tokens,
-                    int64_t top_k, int64_t hidden, uint16_t* out, cudaStream_t stream) {
-  if (num_tokens == 0) return Status::Ok();
-  finalize_kernel<<<static_cast<unsigned>(num_tokens), kWarps * 32, 0, stream>>>(y, pair_row, topk_weights, top_k,
-                                                                                 hidden, out);
+Status fp8_finalize(const Fp8FinalizeArgs& a, cudaStream_t stream) {
+  if (a.num_tokens == 0) return Status::Ok();
+  if (a.k_splits < 1) return InvalidArgument("fp8_finalize: k_splits must be at least 1");
+  finalize_kernel<<<static_cast<unsigned>(a.num_tokens), kWarps * 32, 0, stream>>>(a);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_finalize");
   return Status::Ok();
 }

@@ -117,41 +117,22 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return row * Tr::kRowBytes + ((chunk ^ (row & 7)) << 4);
 }
 
-__device__ __forceinline__ void store_out(void* c, bool f32, int64_t i, float v) {
-  if (f32) {
-    static_cast<float*>(c)[i] = v;
-  } else {
-    static_cast<__nv_bfloat16*>(c)[i] = __float2bfloat16_rn(v);
-  }
-}
-
-}  // namespace detail
-
-template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const StreamParams p) {
-  using namespace detail;
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* w_smem = smem;                                // (kStages, kRows, kBlockK) bf16
-  uint8_t* x_smem = smem + Tr::kStages * Tr::kWStageBytes;  // (kStages, kTokens, kBlockK) bf16
-  __shared__ int32_t scan[Tr::kThreads];                 // non-empty groups per thread's range
-  __shared__ int32_t token_src[Tr::kTokens];             // A row of each token of the tile, -1 = none
+// The j-th group g (ascending) of [0, num_groups) with taken(g), or -1 when
+// there are fewer; every thread of the block calls it and gets the answer.
+// Each thread counts a contiguous range of groups, a block scan places them.
+template <int kThreads, class Taken>
+__device__ __forceinline__ int nth_taken_group(int j, int num_groups, Taken taken) {
+  __shared__ int32_t scan[kThreads];
   __shared__ int32_t s_group;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int split = blockIdx.x % p.k_splits;
-  const int j = blockIdx.x / p.k_splits / p.n_slabs;
-  const int slab = blockIdx.x / p.k_splits % p.n_slabs;
-
-  // ---- Which group: the j-th non-empty one.
-  const int per = (p.num_groups + Tr::kThreads - 1) / Tr::kThreads;
-  const int g_begin = min(p.num_groups, tid * per), g_end = min(p.num_groups, g_begin + per);
+  const int tid = threadIdx.x;
+  const int per = (num_groups + kThreads - 1) / kThreads;
+  const int g_begin = min(num_groups, tid * per), g_end = min(num_groups, g_begin + per);
   int count = 0;
-  auto taken = [&](int g) { return p.group_rows[g] > 0 && p.group_rows[g] <= p.max_group_rows; };
   for (int g = g_begin; g < g_end; ++g) count += taken(g) ? 1 : 0;
   if (tid == 0) s_group = -1;
   scan[tid] = count;
   __syncthreads();
-  for (int off = 1; off < Tr::kThreads; off <<= 1) {  // inclusive scan
+  for (int off = 1; off < kThreads; off <<= 1) {  // inclusive scan
     const int v = tid >= off ? scan[tid - off] : 0;
     __syncthreads();
     scan[tid] += v;
@@ -168,7 +149,35 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
     }
   }
   __syncthreads();
-  const int g = s_group;
+  return s_group;
+}
+
+__device__ __forceinline__ void store_out(void* c, bool f32, int64_t i, float v) {
+  if (f32) {
+    static_cast<float*>(c)[i] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(c)[i] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace detail
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const StreamParams p) {
+  using namespace detail;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* w_smem = smem;                                // (kStages, kRows, kBlockK) bf16
+  uint8_t* x_smem = smem + Tr::kStages * Tr::kWStageBytes;  // (kStages, kTokens, kBlockK) bf16
+  __shared__ int32_t token_src[Tr::kTokens];             // A row of each token of the tile, -1 = none
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = blockIdx.x % p.k_splits;
+  const int j = blockIdx.x / p.k_splits / p.n_slabs;
+  const int slab = blockIdx.x / p.k_splits % p.n_slabs;
+
+  // ---- Which group: the j-th non-empty one.
+  auto taken = [&](int g) { return p.group_rows[g] > 0 && p.group_rows[g] <= p.max_group_rows; };
+  const int g = nth_taken_group<Tr::kThreads>(j, p.num_groups, taken);
   if (g < 0) return;  // more blocks than non-empty groups: nothing to do
 
   const int rows = p.group_rows[g];

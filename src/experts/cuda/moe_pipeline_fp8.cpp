@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <string_view>
 
+#include "experts/cuda/fp8_decode_sm90.h"
 #include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 
@@ -25,12 +28,60 @@ namespace {
 
 int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-bool cuda_core_forced() {
-  const char* v = std::getenv("MOEKIT_SM90_FP8_GEMM");
-  return v != nullptr && std::strcmp(v, "cuda_core") == 0;
+enum class Fp8Gemms : uint8_t { kStreaming, kTensorCores, kCudaCores };
+
+// MOEKIT_SM90_FP8_GEMM: cuda_core | cutlass | streaming forces a GEMM path (for
+// comparisons); MOEKIT_SM90_FP8_STREAM names the streaming instance. Read at
+// every forward (not cached), so that one process can compare them.
+const char* env(const char* name) { return std::getenv(name); }
+bool env_is(const char* name, const char* value) {
+  const char* v = env(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// GEMM2 may cut K into slices only up to this many routed rows, as the bf16
+// pipeline: the f32 partials need at most kMaxFp8StreamKSplits x this many rows of H.
+constexpr int64_t kSplitMaxRows = 128;
+
+size_t expert_out_rows(int64_t pairs) {
+  return static_cast<size_t>(std::max(pairs, kMaxFp8StreamKSplits * std::min(pairs, kSplitMaxRows)));
+}
+
+// Mean rows per non-empty expert up to which streaming the weights beats the
+// tensor-core grouped GEMM, and the token tile for each range.
+// TODO(perf): measured thresholds (bench --variant MOEKIT_SM90_FP8_STREAM=...).
+constexpr int64_t kStreamingMaxRowsPerGroup = 64;
+
+std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t pairs) {
+  if (s.batch_invariant) return std::nullopt;  // one path for every M: the tensor-core GEMM
+  if (const char* forced = env("MOEKIT_SM90_FP8_STREAM")) {
+    if (std::strcmp(forced, "off") == 0) return std::nullopt;
+    if (const auto v = parse_fp8_stream_variant(forced)) return v;
+  }
+  const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
+  const int64_t rows = (pairs + groups - 1) / groups;
+  if (rows > kStreamingMaxRowsPerGroup && !env_is("MOEKIT_SM90_FP8_GEMM", "streaming")) return std::nullopt;
+  if (rows <= 16) return Fp8StreamVariant::kW1T16S4;
+  if (rows <= 32) return Fp8StreamVariant::kW1T32S4;
+  return Fp8StreamVariant::kW1T64S3;
+}
+
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 0;
+  }
+  return sms;
 }
 
 }  // namespace
+
+const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights) {
+  if (env_is("MOEKIT_SM90_FP8_GEMM", "cuda_core")) return "cuda_core";
+  if (!env_is("MOEKIT_SM90_FP8_GEMM", "cutlass") && streaming_variant(s, num_tokens * s.top_k)) return "streaming";
+  return tensor_core_weights ? "cutlass" : "cuda_core";
+}
 
 int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s) {
   return (s.activation.gated() ? 2 : 1) * s.num_experts * scale_blocks(s.hidden) * scale_blocks(s.intermediate);
@@ -55,7 +106,7 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   c = std::max(c, q);
   l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
   l.act_quant = take_workspace(&c, pairs * I * sizeof(float));
-  l.expert_out = take_workspace(&c, pairs * H * sizeof(float));
+  l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
   l.gemm_tables = take_workspace(&c, fp8_cutlass_gemm_workspace_size(s.num_experts));
   l.total = c;
   return l;
@@ -76,7 +127,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   auto* x_q = reinterpret_cast<float*>(ws + l.x_quant);                // [M·k, H]
   auto* h = reinterpret_cast<float*>(ws + l.gemm1_out);                // [M·k, n1]
   auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
-  auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H]
+  auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H] (or its K slices)
 
   MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
   if (M == 0) return Status::Ok();
@@ -92,19 +143,77 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   q1.group_start = group_start;
   q1.group_rows = group_rows;
   q1.num_experts = E;
-  Fp8QuantizeArgs q2 = q1;
-  q2.src = act;
+  Fp8QuantizeArgs q2 = q1;  // GEMM2's input: GEMM1's output, activated on the way (or the streaming epilogue's)
+  q2.src = h;
   q2.src_bf16 = false;
-  q2.ld = I;
+  q2.ld = n1;
   q2.row_index = nullptr;
   q2.cols = I;
+  q2.activation = true;
+  q2.act = s.activation;
   const Fp8ActQuant quant1{w.quant.method, w.quant.act_scale, w.a13_scale, amax};
   const Fp8ActQuant quant2{w.quant.method, w.quant.act_scale, w.a2_scale, amax + 1};
+  Fp8FinalizeArgs fa;
+  fa.y = y;
+  fa.pair_row = pair_row;
+  fa.topk_weights = run.topk_weights;
+  fa.num_tokens = M;
+  fa.top_k = s.top_k;
+  fa.hidden = H;
+  fa.out = run.out;
 
-  if (w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr && !cuda_core_forced()) {
+  const bool tensor_cores = w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
+  const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);
+  if (path != "cuda_core") {
     q1.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
     q1.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+    q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
+    q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
     MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q1, quant1, stream));
+  }
+  if (path == "streaming") {
+    const Fp8StreamVariant v = *streaming_variant(s, pairs);
+    Fp8StreamGemm g1;
+    g1.method = w.quant.method;
+    g1.num_groups = E;
+    g1.n = n1;
+    g1.k = H;
+    g1.parts = s.activation.gated() ? 2 : 1;
+    g1.max_rows = pairs;
+    g1.activation = true;  // writes the f32 activation: q2 then reads it as it is
+    g1.act = s.activation;
+    g1.a = q1.dst_q;
+    g1.a_scale = q1.dst_scale;
+    g1.b = w.w13;
+    g1.b_scale = w.w13_scale;
+    g1.c = act;
+    g1.group_start = group_start;
+    g1.group_rows = group_rows;
+    MOEKIT_RETURN_IF_ERROR(fp8_streaming_gemm(g1, v, stream));
+    q2.src = act;
+    q2.ld = I;
+    q2.activation = false;
+    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
+    Fp8StreamGemm g2 = g1;
+    g2.n = H;
+    g2.k = I;
+    g2.parts = 1;
+    g2.activation = false;
+    g2.a = q2.dst_q;
+    g2.a_scale = q2.dst_scale;
+    g2.b = w.w2;
+    g2.b_scale = w.w2_scale;
+    g2.c = y;
+    if (pairs <= kSplitMaxRows) {
+      g2.k_splits = fp8_streaming_k_splits(g2, v, sm_count());
+      g2.c_split_stride = pairs * H;
+    }
+    MOEKIT_RETURN_IF_ERROR(fp8_streaming_gemm(g2, v, stream));
+    fa.k_splits = g2.k_splits;
+    fa.split_stride = g2.c_split_stride;
+    return fp8_finalize(fa, stream);
+  }
+  if (path == "cutlass") {
     // GEMM1 per row part of W13 (gate, up), each with its own scales, so that
     // no 128-row scale block straddles the two whatever I is.
     const int64_t parts = s.activation.gated() ? 2 : 1;
@@ -127,9 +236,6 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
       g1.d = h + p * I;
       MOEKIT_RETURN_IF_ERROR(fp8_cutlass_gemm(g1, stream));
     }
-    MOEKIT_RETURN_IF_ERROR(fp8_activation(s.activation, h, pairs, I, act, group_start, group_rows, E, stream));
-    q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
-    q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
     MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
     Fp8GemmLaunch g2 = g1;
     g2.n = static_cast<int>(H);
@@ -142,7 +248,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g2.d = y;
     g2.ldd = static_cast<int>(H);
     MOEKIT_RETURN_IF_ERROR(fp8_cutlass_gemm(g2, stream));
-    return fp8_finalize(y, pair_row, run.topk_weights, M, s.top_k, H, run.out, stream);
+    return fp8_finalize(fa, stream);
   }
 
   q1.dst = x_q;
@@ -164,8 +270,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   g1.group_start = group_start;
   g1.group_rows = group_rows;
   MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g1, stream));
-  MOEKIT_RETURN_IF_ERROR(fp8_activation(s.activation, h, pairs, I, act, group_start, group_rows, E, stream));
-  q2.dst = act;  // in place: each row is read fully before it is written (one CTA per row)
+  q2.dst = act;
   MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
   Fp8GemmArgs g2 = g1;
   g2.n = H;
@@ -176,7 +281,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   g2.w_scale = w.w2_scale;
   g2.c = y;
   MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g2, stream));
-  return fp8_finalize(y, pair_row, run.topk_weights, M, s.top_k, H, run.out, stream);
+  return fp8_finalize(fa, stream);
 }
 
 }  // namespace moekit::cuda

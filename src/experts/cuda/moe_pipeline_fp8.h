@@ -4,9 +4,10 @@
 // input -> fp8 grouped GEMM2 -> weighted top-k reduction (fp8_experts.h). One
 // stream, the caller's workspace, no allocation, no host synchronization.
 //
-// The GEMMs run on tensor cores (fp8_gemm_cutlass_sm90.h) when the weights
-// were prepared for it (Fp8ExpertWeights::w13_gemm_scale), else on CUDA cores.
-// MOEKIT_SM90_FP8_GEMM=cuda_core forces the CUDA-core GEMMs (for comparisons).
+// The GEMMs stream the weights (fp8_decode_sm90.h) while experts get few rows,
+// else run on tensor cores (fp8_gemm_cutlass_sm90.h) when the weights were
+// prepared for it (Fp8ExpertWeights::w13_gemm_scale), else on CUDA cores.
+// MOEKIT_SM90_FP8_GEMM=cuda_core|cutlass|streaming forces a path (for comparisons).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -71,6 +72,11 @@ struct Fp8ExpertsRun {
   int32_t* expert_counts = nullptr;     // [E] i32, optional
   char* workspace = nullptr;            // >= fp8_workspace_layout(s, M).total bytes
 };
+
+// The GEMM path a forward of M tokens takes: "streaming" (fp8_decode_sm90.h,
+// few rows per expert), "cutlass" (the tensor-core grouped GEMM; needs the
+// weights prepared for it) or "cuda_core".
+const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights);
 
 Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const Fp8ExpertsRun& run,
                        cudaStream_t stream);

@@ -1,0 +1,76 @@
+// Weight-streaming grouped GEMM on e4m3 operands for decode-size groups (a few
+// to ~64 rows per expert): the fp8 twin of moe_decode_sm90.h, behind the fp8
+// pipeline (moe_pipeline_fp8.h).
+//
+// Per group g with rows, for each row r and output column n:
+//   C[r, n] = sum over K blocks kb of  sa(r, kb) * sw_g(n, kb) * sum_{c in kb} A[r, c] * W_g[n, c]
+// the same blockwise math as the tensor-core GEMM (fp8_gemm_cutlass_sm90.h),
+// on the weights in their checkpoint layout (no re-layout) with the scales of
+// MoeWeights (kernel.h). GEMM1 applies the activation in its epilogue (gate and
+// up rows of one intermediate column land in one thread), so it writes the
+// f32 activation GEMM2's quantizer reads, with no [rows, 2I] f32 round trip.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// Instances: warps per CTA (32 weight rows each) x token tile x pipeline
+// stages; each stage is one 128-deep K block (one scale block).
+enum class Fp8StreamVariant : uint8_t {
+  kW1T16S4,  // 1 warp, 16-token tile, 4 stages (24 KB)
+  kW1T16S8,  // 1 warp, 16-token tile, 8 stages (48 KB): long K, few CTAs
+  kW1T32S4,  // 1 warp, 32-token tile, 4 stages (32 KB)
+  kW1T64S3,  // 1 warp, 64-token tile, 3 stages (36 KB)
+  kW2T64S4,  // 2 warps, 64-token tile, 4 stages (64 KB)
+};
+inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
+    Fp8StreamVariant::kW1T16S4, Fp8StreamVariant::kW1T16S8, Fp8StreamVariant::kW1T32S4,
+    Fp8StreamVariant::kW1T64S3, Fp8StreamVariant::kW2T64S4,
+};
+const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t16_s4", ...
+std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name);
+int fp8_stream_variant_tokens(Fp8StreamVariant v);
+
+struct Fp8StreamGemm {
+  QuantMethod method = QuantMethod::kFp8Block128;
+  int64_t num_groups = 0;        // G
+  int64_t n = 0;                 // weight rows N (gated GEMM1: 2I)
+  int64_t k = 0;                 // K, a multiple of 16
+  int64_t parts = 1;             // row parts of W (gate, up) for the scale layout
+  int64_t max_rows = 0;          // routed rows: at most min(G, max_rows) groups have rows
+  // GEMM1's epilogue: the activation (gated kinds pair gate and up rows and write N/2 columns).
+  bool activation = false;
+  ActivationConfig act;
+  const uint8_t* a = nullptr;        // [rows, K] e4m3, group g's rows from group_start[g]
+  const float* a_scale = nullptr;    // Fp8GemmLaunch::a_scale layout
+  const uint8_t* b = nullptr;        // [G, N, K] e4m3, checkpoint layout
+  const float* b_scale = nullptr;    // MoeWeights layout (block-128 or per-tensor, kernel.h)
+  float* c = nullptr;                // [rows, n_out] f32; with K slices, k_splits slices c_split_stride apart
+  int64_t k_splits = 1;              // > 1: each slice writes its partial sum (no epilogue)
+  int64_t c_split_stride = 0;        // floats
+  const int32_t* group_start = nullptr;  // [G]
+  const int32_t* group_rows = nullptr;   // [G]
+  int64_t n_out() const { return activation && act.gated() ? n / 2 : n; }
+};
+
+// K slices that keep the SMs streaming for few CTAs (1: none), on K-block
+// boundaries, at least 4 K blocks each, at most kMaxFp8StreamKSplits.
+inline constexpr int64_t kMaxFp8StreamKSplits = 8;
+int64_t fp8_streaming_k_splits(const Fp8StreamGemm& g, Fp8StreamVariant v, int sm_count);
+
+// Enqueues the GEMM; every row of every group is written (columns [0, n_out)).
+Status fp8_streaming_gemm(const Fp8StreamGemm& g, Fp8StreamVariant v, cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA
