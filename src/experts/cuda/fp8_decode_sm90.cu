@@ -47,7 +47,9 @@ struct Fp8StreamTraits {
   static constexpr int kRowBytes = kBlockK;
   static constexpr int kWStageBytes = kRows * kRowBytes;
   static constexpr int kXStageBytes = kTokens * kRowBytes;
-  static constexpr int kSmemBytes = kStages * (kWStageBytes + kXStageBytes);
+  // Each stage's scales ride in the pipeline too: one per weight row, one per token.
+  static constexpr int kScaleStageBytes = (kRows + kTokens) * 4;
+  static constexpr int kSmemBytes = kStages * (kWStageBytes + kXStageBytes + kScaleStageBytes);
   // Each thread loads one fixed chunk column of its rows (tid % kChunks).
   static constexpr int kRowsPerPass = kThreads / kChunks;
   static constexpr int kWLoads = kRows / kRowsPerPass;
@@ -76,6 +78,11 @@ struct Fp8StreamParams {
   bool activation, gated, interleaved;  // interleaved: swiglu_oai's gate 2i, up 2i + 1
   ActivationParams act;
 };
+
+// 4-byte async copy global -> shared; src_bytes == 0 writes zeros.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
@@ -112,6 +119,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* w_smem = smem;
   uint8_t* x_smem = smem + Tr::kStages * Tr::kWStageBytes;
+  // (kStages, kRows + kTokens) f32: the weight rows' scales, then the tokens'.
+  float* s_smem = reinterpret_cast<float*>(x_smem + Tr::kStages * Tr::kXStageBytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x % p.k_splits;
@@ -136,16 +145,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
     const int n = weight_row<Tr>(p, slab, tid / Tr::kChunks + i * Tr::kRowsPerPass);
     w_src[i] = n >= 0 ? w_group + static_cast<int64_t>(n) * p.k + my_chunk * 16 : nullptr;
   }
-  // The weight scales of this thread's MMA rows (mt, +8), K block 0; rows past N take row 0's.
-  const float* w_scale[2][2];
+  // The scales of slab row `tid` (kRows == kThreads), K block 0; a row past N takes row 0's.
+  static_assert(Tr::kRows == Tr::kThreads, "one weight row's scale per thread");
   const int scale_step = p.block_scales ? 1 : 0;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = weight_row<Tr>(p, slab, warp * 32 + mt * 16 + (lane >> 2) + 8 * h);
-      w_scale[mt][h] = weight_scale_row(p, g, n >= 0 ? n : 0);
-    }
+  const int my_row = weight_row<Tr>(p, slab, tid);
+  const float* const w_scale = weight_scale_row(p, g, my_row >= 0 ? my_row : 0);
+  const uint32_t s_base = smem_addr(s_smem);
 
   for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
     const int tokens = min(Tr::kTokens, rows - t0);
@@ -169,6 +174,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
         cp_async_16(xs + swz<Tr>(r, my_chunk), ok ? a_tile + static_cast<int64_t>(r) * p.k + k0 + my_chunk * 16 : p.a,
                     ok ? 16 : 0);
       }
+      const int kb = kt_begin + kt;
+      const uint32_t ss = s_base + stage * Tr::kScaleStageBytes;
+      cp_async_4(ss + tid * 4, w_scale + kb * scale_step, 4);
+      for (int t = tid; t < Tr::kTokens; t += Tr::kThreads) {  // a token past the tile gets scale 0
+        const bool ok = t < tokens;
+        cp_async_4(ss + (Tr::kRows + t) * 4, ok ? sa_tile + static_cast<int64_t>(kb) * rows + t : p.a_scale,
+                   ok ? 4 : 0);
+      }
     };
 
     float acc[2][Tr::kTokenTiles][4];
@@ -191,20 +204,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
       if (next < k_tiles) load_stage(next % Tr::kStages, next);
       cp_async_commit();
 
-      // This K block's scales, loaded before the MMAs so their latency overlaps them.
-      const int kb = kt_begin + kt;
+      // This K block's scales, landed with its stage.
+      const int stage = kt % Tr::kStages;
+      const float* const ss = s_smem + stage * (Tr::kRows + Tr::kTokens);
       float sw[2][2], sa[Tr::kTokenTiles][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) sw[mt][h] = __ldg(w_scale[mt][h] + kb * scale_step);
+        for (int h = 0; h < 2; ++h) sw[mt][h] = ss[warp * 32 + mt * 16 + (lane >> 2) + 8 * h];
 #pragma unroll
       for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = nt * 8 + 2 * (lane & 3) + e;
-          sa[nt][e] = nt < used_tiles && tok < tokens ? __ldg(sa_tile + static_cast<int64_t>(kb) * rows + tok) : 0.0f;
-        }
+        for (int e = 0; e < 2; ++e) sa[nt][e] = ss[Tr::kRows + nt * 8 + 2 * (lane & 3) + e];
 
       float part[2][Tr::kTokenTiles][4];
 #pragma unroll
@@ -214,7 +225,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
 #pragma unroll
           for (int i = 0; i < 4; ++i) part[mt][nt][i] = 0.0f;
 
-      const int stage = kt % Tr::kStages;
       const uint32_t ws = w_base + stage * Tr::kWStageBytes;
       const uint32_t xs = x_base + stage * Tr::kXStageBytes;
 #pragma unroll

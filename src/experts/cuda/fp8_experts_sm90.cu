@@ -4,6 +4,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -30,35 +31,10 @@ __device__ __forceinline__ float e4m3_value(__nv_fp8_storage_t q) {
 __device__ __forceinline__ __nv_fp8_storage_t quantize(float x, float scale) {
   return __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
 }
-// Value v at column c of row r: as an e4m3 byte (the tensor-core path) or as its f32 value.
-__device__ __forceinline__ void store_quantized(const Fp8QuantizeArgs& a, int64_t r, int64_t c, float v, float scale) {
-  const __nv_fp8_storage_t q = quantize(v, scale);
-  if (a.dst_q) {
-    a.dst_q[r * a.cols + c] = q;
-  } else {
-    a.dst[r * a.cols + c] = __fmul_rn(e4m3_value(q), scale);
-  }
-}
 // The scale of (row r of group g, column block kb) where Fp8GemmLaunch::a_scale reads it.
 __device__ __forceinline__ float* scale_slot(const Fp8QuantizeArgs& a, int g, int64_t r, int64_t kb) {
   const int64_t start = a.group_start[g], k_blocks = (a.cols + kBlock - 1) / kBlock;
   return a.dst_scale + start * k_blocks + kb * a.group_rows[g] + (r - start);
-}
-__device__ __forceinline__ float load(const void* src, bool bf16, int64_t i) {
-  return bf16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(src)[i]) : static_cast<const float*>(src)[i];
-}
-// Column c of source row `src_row`: the stored value, or the activation of GEMM1's outputs.
-__device__ __forceinline__ float source_value(const Fp8QuantizeArgs& a, int64_t src_row, int64_t c) {
-  if (!a.activation) return load(a.src, a.src_bf16, src_row * a.ld + c);
-  const float* row = static_cast<const float*>(a.src) + src_row * a.ld;
-  const ActivationParams p{a.act.kind, a.act.swiglu_limit, a.act.swiglu_alpha};
-  switch (a.act.kind) {
-    case Activation::kSiluGated:
-    case Activation::kGeluGated: return gated_activation(p, row[c], row[a.cols + c]);
-    case Activation::kSwigluOai: return gated_activation(p, row[2 * c], row[2 * c + 1]);
-    case Activation::kRelu2: return plain_activation(p, row[c]);
-  }
-  return row[c];
 }
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -68,71 +44,151 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-// The group (expert) of permuted row r, or -1 when r lies in none; found by
-// thread 0 and handed to the whole block (every thread must call it). Starts
+// The group (expert) of permuted row r, or -1 when r lies in none. Starts
 // ascend with g (an empty group starts where the next one does), so the last
-// group starting at or before r is the only one that can hold it.
-__device__ int block_group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
-  __shared__ int group;
-  if (threadIdx.x == 0) {
-    int64_t lo = 0, hi = E;  // the answer lies in [lo, hi) once start[lo] <= r
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (start[mid] <= r) lo = mid; else hi = mid;
-    }
-    group = E > 0 && r >= start[lo] && r < static_cast<int64_t>(start[lo]) + rows[lo] ? static_cast<int>(lo) : -1;
+// group starting at or before r is the only one that can hold it. Every lane
+// of a warp may ask for the same row: the loads are broadcasts.
+__device__ __forceinline__ int group_of(int64_t r, const int32_t* start, const int32_t* rows, int64_t E) {
+  if (E <= 0) return -1;
+  int64_t lo = 0, hi = E;  // the answer lies in [lo, hi) once start[lo] <= r
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (start[mid] <= r) lo = mid; else hi = mid;
   }
-  __syncthreads();
-  return group;
+  return r >= start[lo] && r < static_cast<int64_t>(start[lo]) + rows[lo] ? static_cast<int>(lo) : -1;
 }
 
-// amax over the rows inside groups (max is order-free: any reduction order gives the same value).
-__global__ void amax_kernel(Fp8QuantizeArgs a, float* amax) {
-  const int64_t r = blockIdx.x;
-  const int group = block_group_of(r, a.group_start, a.group_rows, a.num_experts);
-  if (group < 0) return;
-  const int64_t src_row = a.row_index ? a.row_index[r] : r;
-  float m = 0.0f;
-  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) m = fmaxf(m, fabsf(source_value(a, src_row, c)));
-  m = warp_max(m);
-  // Non-negative floats order as their bit patterns.
-  if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+// Quantizer work: one warp per (row, 128-column block); lane l takes the 4
+// consecutive columns 4l.. of the block (cols is a multiple of 16, so the
+// four are in or out together), with one vector load when `vector` says the
+// source allows it (16-byte aligned f32 rows, 8-byte aligned bf16 rows).
+constexpr int kQuantWarps = 8;
+constexpr int kLaneCols = 4;
+static_assert(32 * kLaneCols == kBlock, "a warp covers one 128-column block");
+
+struct QuantItem {
+  int64_t r = 0, kb = 0, c = 0;  // permuted row, column block, the lane's first column
+  int group = -1;
+  int64_t src_row = 0;
+};
+__device__ __forceinline__ QuantItem quant_item(const Fp8QuantizeArgs& a, int64_t item) {
+  QuantItem it;
+  const int64_t k_blocks = (a.cols + kBlock - 1) / kBlock;
+  if (item >= a.rows * k_blocks) return it;
+  it.r = item / k_blocks;
+  it.kb = item % k_blocks;
+  it.c = it.kb * kBlock + (threadIdx.x % 32) * kLaneCols;
+  it.group = group_of(it.r, a.group_start, a.group_rows, a.num_experts);
+  it.src_row = a.row_index ? a.row_index[it.r] : it.r;
+  return it;
 }
 
-__global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q) {
-  const int64_t r = blockIdx.x;
-  const int group = block_group_of(r, a.group_start, a.group_rows, a.num_experts);
-  if (group < 0) return;
-  const int64_t src_row = a.row_index ? a.row_index[r] : r;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (q.method == QuantMethod::kFp8Block128) {
-    // One warp per 128-column group, 4 values per lane.
-    for (int64_t c0 = static_cast<int64_t>(warp) * kBlock; c0 < a.cols; c0 += kWarps * kBlock) {
-      float v[4];
-      float m = 0.0f;
+__device__ __forceinline__ void load4_f32(const float* p, bool vector, float (&v)[4]) {
+  if (vector) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t c = c0 + lane * 4 + i;
-        v[i] = c < a.cols ? source_value(a, src_row, c) : 0.0f;
-        if (c < a.cols) m = fmaxf(m, fabsf(v[i]));
-      }
-      const float scale = act_scale_of(warp_max(m));
+    for (int i = 0; i < 4; ++i) v[i] = p[i];
+  }
+}
+// Columns c..c+3 of source row src_row: the stored values, or the activation of GEMM1's outputs.
+__device__ __forceinline__ void source_values(const Fp8QuantizeArgs& a, bool vector, int64_t src_row, int64_t c,
+                                              float (&v)[4]) {
+  if (!a.activation) {
+    if (a.src_bf16) {
+      const auto* p = reinterpret_cast<const __nv_bfloat16*>(a.src) + src_row * a.ld + c;
+      if (vector) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&x.x);
+        const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&x.y);
+        v[0] = __low2float(lo), v[1] = __high2float(lo), v[2] = __low2float(hi), v[3] = __high2float(hi);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t c = c0 + lane * 4 + i;
-        if (c < a.cols) store_quantized(a, r, c, v[i], scale);
+        for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(p[i]);
       }
-      if (a.dst_q && lane == 0) *scale_slot(a, group, r, c0 / kBlock) = scale;
+    } else {
+      load4_f32(static_cast<const float*>(a.src) + src_row * a.ld + c, vector, v);
     }
     return;
   }
-  const float scale = q.act_scale == ActScale::kStatic ? q.static_scale[group] : act_scale_of(*q.amax);
-  for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x) {
-    store_quantized(a, r, c, source_value(a, src_row, c), scale);
+  const float* row = static_cast<const float*>(a.src) + src_row * a.ld;
+  const ActivationParams p{a.act.kind, a.act.swiglu_limit, a.act.swiglu_alpha};
+  float x[4], y[4];
+  switch (a.act.kind) {
+    case Activation::kSiluGated:
+    case Activation::kGeluGated:  // gate c.., up I + c..
+      load4_f32(row + c, vector, x);
+      load4_f32(row + a.cols + c, vector, y);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = gated_activation(p, x[i], y[i]);
+      return;
+    case Activation::kSwigluOai:  // gate 2c, up 2c + 1, interleaved
+      load4_f32(row + 2 * c, vector, x);
+      load4_f32(row + 2 * c + 4, vector, y);
+      v[0] = gated_activation(p, x[0], x[1]), v[1] = gated_activation(p, x[2], x[3]);
+      v[2] = gated_activation(p, y[0], y[1]), v[3] = gated_activation(p, y[2], y[3]);
+      return;
+    case Activation::kRelu2:
+      load4_f32(row + c, vector, x);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = plain_activation(p, x[i]);
+      return;
   }
-  if (a.dst_q) {
-    for (int64_t kb = threadIdx.x; kb * kBlock < a.cols; kb += blockDim.x) *scale_slot(a, group, r, kb) = scale;
+}
+
+// amax over the rows inside groups (max is order-free: any reduction order
+// gives the same value). A grid-stride loop with one atomic per block: the
+// atomics to one address serialize.
+__global__ void amax_kernel(Fp8QuantizeArgs a, bool vector, float* amax) {
+  __shared__ float block_max[kQuantWarps];
+  const int64_t items = a.rows * ((a.cols + kBlock - 1) / kBlock);
+  float m = 0.0f;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32; item < items;
+       item += static_cast<int64_t>(gridDim.x) * kQuantWarps) {
+    const QuantItem it = quant_item(a, item);
+    if (it.group < 0 || it.c >= a.cols) continue;
+    float v[4];
+    source_values(a, vector, it.src_row, it.c, v);
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
   }
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0) block_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kQuantWarps; ++w) m = fmaxf(m, block_max[w]);
+    // Non-negative floats order as their bit patterns.
+    atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+  }
+}
+
+__global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q, bool vector) {
+  const QuantItem it = quant_item(a, static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32);
+  if (it.group < 0) return;  // warp-uniform
+  const bool in = it.c < a.cols;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (in) source_values(a, vector, it.src_row, it.c, v);
+  float scale;
+  if (q.method == QuantMethod::kFp8Block128) {
+    const float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    scale = act_scale_of(warp_max(m));  // every lane takes part
+  } else {
+    scale = q.act_scale == ActScale::kStatic ? q.static_scale[it.group] : act_scale_of(*q.amax);
+  }
+  if (in) {
+    __nv_fp8_storage_t b[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = quantize(v[i], scale);
+    const int64_t at = it.r * a.cols + it.c;
+    if (a.dst_q) {
+      *reinterpret_cast<uint32_t*>(a.dst_q + at) =
+          uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
+    } else {
+      *reinterpret_cast<float4*>(a.dst + at) = make_float4(__fmul_rn(e4m3_value(b[0]), scale), __fmul_rn(e4m3_value(b[1]), scale),
+                                                     __fmul_rn(e4m3_value(b[2]), scale), __fmul_rn(e4m3_value(b[3]), scale));
+    }
+  }
+  if (a.dst_q && threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, it.kb) = scale;
 }
 
 // out[g][kb][nb] = the scale of block (nb, kb) of part `part` of W_g (per-tensor: the part's scale).
@@ -219,24 +275,38 @@ __global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* ac
   if (lane == 0) *count = total;
 }
 
+// One thread per 4 consecutive columns of one token (H is a multiple of 16):
+// the token's k rows (and their K slices) are read as float4.
+constexpr int kFinalizeCols = 4 * 32 * kWarps;
 __global__ void finalize_kernel(Fp8FinalizeArgs a) {
-  const int64_t t = blockIdx.x, k = a.top_k, H = a.hidden;
-  uint16_t* const out = a.out;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t row = a.pair_row[t * k + j];
-      if (row < 0) {
-        acc = __int_as_float(0x7fc00000);
-        continue;
-      }
-      const float* y = a.y + static_cast<int64_t>(row) * H + h;
-      float v = y[0];
-      for (int64_t s = 1; s < a.k_splits; ++s) v += y[s * a.split_stride];
-      acc = fmaf(a.topk_weights[t * k + j], v, acc);
+  const int64_t col_blocks = (a.hidden + kFinalizeCols - 1) / kFinalizeCols;
+  const int64_t t = blockIdx.x / col_blocks, k = a.top_k, H = a.hidden;
+  const int64_t h = (blockIdx.x % col_blocks) * kFinalizeCols + threadIdx.x * 4;
+  if (h >= H) return;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t row = a.pair_row[t * k + j];
+    if (row < 0) {
+      for (float& x : acc) x = __int_as_float(0x7fc00000);
+      continue;
     }
-    const __nv_bfloat16 b = __float2bfloat16_rn(acc);
-    out[t * H + h] = *reinterpret_cast<const uint16_t*>(&b);
+    const float* y = a.y + static_cast<int64_t>(row) * H + h;
+    float4 v = *reinterpret_cast<const float4*>(y);
+    for (int64_t s = 1; s < a.k_splits; ++s) {
+      const float4 u = *reinterpret_cast<const float4*>(y + s * a.split_stride);
+      v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    const float w = a.topk_weights[t * k + j];
+    acc[0] = fmaf(w, v.x, acc[0]), acc[1] = fmaf(w, v.y, acc[1]);
+    acc[2] = fmaf(w, v.z, acc[2]), acc[3] = fmaf(w, v.w, acc[3]);
+  }
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[0], acc[1]), hi = __floats2bfloat162_rn(acc[2], acc[3]);
+  uint16_t* const out = a.out + t * H + h;
+  if (reinterpret_cast<uintptr_t>(a.out) % 8 == 0) {  // a caller's tensor may be a misaligned view
+    *reinterpret_cast<uint2*>(out) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  } else {
+    const __nv_bfloat16 b[4] = {__low2bfloat16(lo), __high2bfloat16(lo), __low2bfloat16(hi), __high2bfloat16(hi)};
+    for (int i = 0; i < 4; ++i) out[i] = *reinterpret_cast<const uint16_t*>(&b[i]);
   }
 }
 
@@ -244,13 +314,22 @@ __global__ void finalize_kernel(Fp8FinalizeArgs a) {
 
 Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStream_t stream) {
   if (a.rows == 0) return Status::Ok();
+  const int64_t items = a.rows * ((a.cols + kBlock - 1) / kBlock);
+  // Vector loads need 16-byte aligned f32 rows (8-byte bf16 rows): the workspace's are; a caller's tensor may not be.
+  const size_t row_bytes = static_cast<size_t>(a.ld) * (a.src_bf16 && !a.activation ? 2 : 4);
+  const size_t need = a.src_bf16 && !a.activation ? 8 : 16;
+  const bool vector = reinterpret_cast<uintptr_t>(a.src) % need == 0 && row_bytes % need == 0;
   const bool dynamic_tensor = q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kDynamic;
   if (dynamic_tensor) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(q.amax, 0, sizeof(float), stream));
-    amax_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, 0, stream>>>(a, q.amax);
+    constexpr int64_t kAmaxBlocks = 1024;
+    const int64_t blocks = std::min(kAmaxBlocks, (items + kQuantWarps - 1) / kQuantWarps);
+    amax_kernel<<<static_cast<unsigned>(blocks), kQuantWarps * 32, 0, stream>>>(a, vector, q.amax);
     MOEKIT_CUDA_CHECK_LAUNCH("fp8_amax");
   }
-  quantize_kernel<<<static_cast<unsigned>(a.rows), kWarps * 32, 0, stream>>>(a, q);
+  if ((items + kQuantWarps - 1) / kQuantWarps > INT32_MAX) return InvalidArgument("fp8_quantize_rows: too many rows");
+  quantize_kernel<<<static_cast<unsigned>((items + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0, stream>>>(
+      a, q, vector);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_quantize");
   return Status::Ok();
 }
@@ -286,7 +365,10 @@ Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, in
 Status fp8_finalize(const Fp8FinalizeArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return Status::Ok();
   if (a.k_splits < 1) return InvalidArgument("fp8_finalize: k_splits must be at least 1");
-  finalize_kernel<<<static_cast<unsigned>(a.num_tokens), kWarps * 32, 0, stream>>>(a);
+  if (a.hidden % 4 != 0) return InvalidArgument("fp8_finalize: H must be a multiple of 4");
+  const int64_t blocks = a.num_tokens * ((a.hidden + kFinalizeCols - 1) / kFinalizeCols);
+  if (blocks > INT32_MAX) return InvalidArgument("fp8_finalize: too many tokens");
+  finalize_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(a);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_finalize");
   return Status::Ok();
 }
