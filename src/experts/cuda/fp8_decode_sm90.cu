@@ -23,7 +23,7 @@
 
 #include <algorithm>
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include "core/cuda_check.h"
 #include "experts/cuda/activation.cuh"
@@ -34,7 +34,7 @@ namespace {
 
 constexpr int kScaleBlock = static_cast<int>(kFp8BlockSize);
 
-template <int kWarps_, int kTokenTiles_, int kStages_>
+template <int kWarps_, int kTokenTiles_, int kStages_, int kBlocksPerStage_>
 struct Fp8StreamTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
@@ -42,18 +42,22 @@ struct Fp8StreamTraits {
   static constexpr int kTokenTiles = kTokenTiles_;
   static constexpr int kTokens = 8 * kTokenTiles;
   static constexpr int kStages = kStages_;
-  static constexpr int kBlockK = kScaleBlock;  // e4m3: bytes = elements; one scale block per stage
+  // K per stage: whole scale blocks (e4m3: bytes = elements). Longer runs per
+  // weight row per stage keep DRAM reads in long bursts and halve the barriers.
+  static constexpr int kBlocksPerStage = kBlocksPerStage_;
+  static constexpr int kBlockK = kScaleBlock * kBlocksPerStage;
   static constexpr int kChunks = kBlockK / 16;
   static constexpr int kRowBytes = kBlockK;
   static constexpr int kWStageBytes = kRows * kRowBytes;
   static constexpr int kXStageBytes = kTokens * kRowBytes;
-  // Each stage's scales ride in the pipeline too: one per weight row, one per token.
-  static constexpr int kScaleStageBytes = (kRows + kTokens) * 4;
+  // Each stage's scales ride in the pipeline too: per scale block, one per weight row, one per token.
+  static constexpr int kScaleStride = kRows + kTokens;
+  static constexpr int kScaleStageBytes = kBlocksPerStage * kScaleStride * 4;
   static constexpr int kSmemBytes = kStages * (kWStageBytes + kXStageBytes + kScaleStageBytes);
   // Each thread loads one fixed chunk column of its rows (tid % kChunks).
   static constexpr int kRowsPerPass = kThreads / kChunks;
   static constexpr int kWLoads = kRows / kRowsPerPass;
-  static_assert(kChunks == 8 && kThreads % kChunks == 0, "eight 16-byte chunks per row per stage");
+  static_assert(kChunks % 8 == 0 && kThreads % kChunks == 0, "whole 8-chunk swizzle groups per row");
   static_assert(kTokenTiles == 1 || kTokenTiles % 2 == 0, "token tiles are loaded in pairs (ldmatrix.x4)");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(kSmemBytes <= 200 * 1024, "stages must fit the shared memory of an SM");
@@ -119,7 +123,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* w_smem = smem;
   uint8_t* x_smem = smem + Tr::kStages * Tr::kWStageBytes;
-  // (kStages, kRows + kTokens) f32: the weight rows' scales, then the tokens'.
+  // (kStages, kBlocksPerStage, kRows + kTokens) f32: the weight rows' scales, then the tokens'.
   float* s_smem = reinterpret_cast<float*>(x_smem + Tr::kStages * Tr::kXStageBytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -131,8 +135,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
 
   const int rows = p.group_rows[g];
   const int row0 = p.group_start[g];
-  const int kt_begin = static_cast<int>(static_cast<int64_t>(p.k_blocks) * split / p.k_splits);
-  const int k_tiles = static_cast<int>(static_cast<int64_t>(p.k_blocks) * (split + 1) / p.k_splits) - kt_begin;
+  const int all_k_tiles = (p.k_blocks + Tr::kBlocksPerStage - 1) / Tr::kBlocksPerStage;
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(all_k_tiles) * split / p.k_splits);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (split + 1) / p.k_splits) - kt_begin;
   float* const c_out = p.c + split * p.c_split_stride;
   const uint32_t w_base = smem_addr(w_smem), x_base = smem_addr(x_smem);
   const uint8_t* const w_group = p.b + static_cast<int64_t>(g) * p.n * p.k;
@@ -174,13 +179,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
         cp_async_16(xs + swz<Tr>(r, my_chunk), ok ? a_tile + static_cast<int64_t>(r) * p.k + k0 + my_chunk * 16 : p.a,
                     ok ? 16 : 0);
       }
-      const int kb = kt_begin + kt;
-      const uint32_t ss = s_base + stage * Tr::kScaleStageBytes;
-      cp_async_4(ss + tid * 4, w_scale + kb * scale_step, 4);
-      for (int t = tid; t < Tr::kTokens; t += Tr::kThreads) {  // a token past the tile gets scale 0
-        const bool ok = t < tokens;
-        cp_async_4(ss + (Tr::kRows + t) * 4, ok ? sa_tile + static_cast<int64_t>(kb) * rows + t : p.a_scale,
-                   ok ? 4 : 0);
+#pragma unroll
+      for (int b = 0; b < Tr::kBlocksPerStage; ++b) {  // a block past K, a token past the tile: scale 0
+        const int kb = (kt_begin + kt) * Tr::kBlocksPerStage + b;
+        const uint32_t ss = s_base + (stage * Tr::kBlocksPerStage + b) * Tr::kScaleStride * 4;
+        const bool kb_in = kb < p.k_blocks;
+        cp_async_4(ss + tid * 4, kb_in ? w_scale + kb * scale_step : p.b_scale, kb_in ? 4 : 0);
+        for (int t = tid; t < Tr::kTokens; t += Tr::kThreads) {
+          const bool ok = kb_in && t < tokens;
+          cp_async_4(ss + (Tr::kRows + t) * 4, ok ? sa_tile + static_cast<int64_t>(kb) * rows + t : p.a_scale,
+                     ok ? 4 : 0);
+        }
       }
     };
 
@@ -204,65 +213,68 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
       if (next < k_tiles) load_stage(next % Tr::kStages, next);
       cp_async_commit();
 
-      // This K block's scales, landed with its stage.
       const int stage = kt % Tr::kStages;
-      const float* const ss = s_smem + stage * (Tr::kRows + Tr::kTokens);
-      float sw[2][2], sa[Tr::kTokenTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) sw[mt][h] = ss[warp * 32 + mt * 16 + (lane >> 2) + 8 * h];
-#pragma unroll
-      for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) sa[nt][e] = ss[Tr::kRows + nt * 8 + 2 * (lane & 3) + e];
-
-      float part[2][Tr::kTokenTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part[mt][nt][i] = 0.0f;
-
       const uint32_t ws = w_base + stage * Tr::kWStageBytes;
       const uint32_t xs = x_base + stage * Tr::kXStageBytes;
 #pragma unroll
-      for (int kk = 0; kk < Tr::kBlockK / 32; ++kk) {
-        uint32_t a[2][4];
+      for (int b = 0; b < Tr::kBlocksPerStage; ++b) {
+        // This scale block's scales, landed with its stage.
+        const float* const ss = s_smem + (stage * Tr::kBlocksPerStage + b) * Tr::kScaleStride;
+        float sw[2][2], sa[Tr::kTokenTiles][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int r = warp * 32 + mt * 16 + (lane & 15);
-          ldmatrix_x4(ws + swz<Tr>(r, kk * 2 + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
-        }
-        uint32_t b[Tr::kTokenTiles][2];
-        if constexpr (Tr::kTokenTiles == 1) {
-          ldmatrix_x2(xs + swz<Tr>(lane & 7, kk * 2 + ((lane >> 3) & 1)), b[0][0], b[0][1]);
-        } else {
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int np = 0; np < Tr::kTokenTiles / 2; ++np) {
-            if (2 * np >= used_tiles) break;
-            // A pair's second tile may be unused: its rows are stale and its results never stored.
-            const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-            ldmatrix_x4(xs + swz<Tr>(r, kk * 2 + ((lane >> 3) & 1)), b[2 * np][0], b[2 * np][1], b[2 * np + 1][0],
-                        b[2 * np + 1][1]);
+          for (int h = 0; h < 2; ++h) sw[mt][h] = ss[warp * 32 + mt * 16 + (lane >> 2) + 8 * h];
+#pragma unroll
+        for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) sa[nt][e] = ss[Tr::kRows + nt * 8 + 2 * (lane & 3) + e];
+
+        float part[2][Tr::kTokenTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[mt][nt][i] = 0.0f;
+#pragma unroll
+        for (int kq = 0; kq < kScaleBlock / 32; ++kq) {
+          const int kk = b * (kScaleBlock / 32) + kq;  // 32-byte step within the stage
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const int r = warp * 32 + mt * 16 + (lane & 15);
+            ldmatrix_x4(ws + swz<Tr>(r, kk * 2 + (lane >> 4)), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
           }
+          uint32_t bf[Tr::kTokenTiles][2];
+          if constexpr (Tr::kTokenTiles == 1) {
+            ldmatrix_x2(xs + swz<Tr>(lane & 7, kk * 2 + ((lane >> 3) & 1)), bf[0][0], bf[0][1]);
+          } else {
+#pragma unroll
+            for (int np = 0; np < Tr::kTokenTiles / 2; ++np) {
+              if (2 * np >= used_tiles) break;
+              // A pair's second tile may be unused: its rows are stale and its results never stored.
+              const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+              ldmatrix_x4(xs + swz<Tr>(r, kk * 2 + ((lane >> 3) & 1)), bf[2 * np][0], bf[2 * np][1],
+                          bf[2 * np + 1][0], bf[2 * np + 1][1]);
+            }
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
+              if (nt < used_tiles) mma_e4m3_16832(part[mt][nt], a[mt], bf[nt]);
+            }
         }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
-            if (nt < used_tiles) mma_e4m3_16832(part[mt][nt], a[mt], b[nt]);
-          }
+          for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              acc[mt][nt][i] = fmaf(part[mt][nt][i], sa[nt][i & 1] * sw[mt][i >> 1], acc[mt][nt][i]);
+            }
       }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            acc[mt][nt][i] = fmaf(part[mt][nt][i], sa[nt][i & 1] * sw[mt][i >> 1], acc[mt][nt][i]);
-          }
     }
     cp_async_wait<0>();
 
@@ -304,21 +316,23 @@ cudaError_t launch(const Fp8StreamParams& p, int max_nonempty_groups, cudaStream
   return cudaGetLastError();
 }
 
-//                                   warps  n8 token tiles  stages
-using W1T16S4 = Fp8StreamTraits<1, 2, 4>;
-using W1T16S8 = Fp8StreamTraits<1, 2, 8>;
-using W1T32S4 = Fp8StreamTraits<1, 4, 4>;
-using W1T64S3 = Fp8StreamTraits<1, 8, 3>;
-using W2T64S4 = Fp8StreamTraits<2, 8, 4>;
+//                                   warps  n8 token tiles  stages  scale blocks per stage   smem per CTA
+using W1T16S4 = Fp8StreamTraits<1, 2, 4, 1>;      // 4 x (4 + 2) KB
+using W1T16K256S2 = Fp8StreamTraits<1, 2, 2, 2>;  // 2 x (8 + 4) KB
+using W1T16K256S3 = Fp8StreamTraits<1, 2, 3, 2>;  // 3 x (8 + 4) KB
+using W1T16K256S4 = Fp8StreamTraits<1, 2, 4, 2>;  // 4 x (8 + 4) KB
+using W2T16K256S3 = Fp8StreamTraits<2, 2, 3, 2>;  // 3 x (16 + 4) KB
+using W1T32K256S2 = Fp8StreamTraits<1, 4, 2, 2>;  // 2 x (8 + 8) KB
 
 template <class F>
 auto with_traits(Fp8StreamVariant v, F&& f) {
   switch (v) {
     case Fp8StreamVariant::kW1T16S4: return f(W1T16S4{});
-    case Fp8StreamVariant::kW1T16S8: return f(W1T16S8{});
-    case Fp8StreamVariant::kW1T32S4: return f(W1T32S4{});
-    case Fp8StreamVariant::kW1T64S3: return f(W1T64S3{});
-    case Fp8StreamVariant::kW2T64S4: return f(W2T64S4{});
+    case Fp8StreamVariant::kW1T16K256S2: return f(W1T16K256S2{});
+    case Fp8StreamVariant::kW1T16K256S3: return f(W1T16K256S3{});
+    case Fp8StreamVariant::kW1T16K256S4: return f(W1T16K256S4{});
+    case Fp8StreamVariant::kW2T16K256S3: return f(W2T16K256S3{});
+    case Fp8StreamVariant::kW1T32K256S2: return f(W1T32K256S2{});
   }
   return f(W1T16S4{});
 }
@@ -333,10 +347,11 @@ int64_t slabs_of(const Fp8StreamGemm& g, int warps) {
 const char* fp8_stream_variant_name(Fp8StreamVariant v) {
   switch (v) {
     case Fp8StreamVariant::kW1T16S4: return "w1_t16_s4";
-    case Fp8StreamVariant::kW1T16S8: return "w1_t16_s8";
-    case Fp8StreamVariant::kW1T32S4: return "w1_t32_s4";
-    case Fp8StreamVariant::kW1T64S3: return "w1_t64_s3";
-    case Fp8StreamVariant::kW2T64S4: return "w2_t64_s4";
+    case Fp8StreamVariant::kW1T16K256S2: return "w1_t16_k256_s2";
+    case Fp8StreamVariant::kW1T16K256S3: return "w1_t16_k256_s3";
+    case Fp8StreamVariant::kW1T16K256S4: return "w1_t16_k256_s4";
+    case Fp8StreamVariant::kW2T16K256S3: return "w2_t16_k256_s3";
+    case Fp8StreamVariant::kW1T32K256S2: return "w1_t32_k256_s2";
   }
   return "?";
 }
@@ -348,21 +363,18 @@ std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name) 
   return std::nullopt;
 }
 
-int fp8_stream_variant_tokens(Fp8StreamVariant v) {
-  return with_traits(v, [](auto t) { return decltype(t)::kTokens; });
-}
-
 int64_t fp8_streaming_k_splits(const Fp8StreamGemm& g, Fp8StreamVariant v, int sm_count) {
   if (g.activation || g.max_rows == 0) return 1;
   constexpr int64_t kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 16, kMinKBlocksPerSplit = 4;
-  const auto [smem, warps] = with_traits(v, [](auto t) {
-    return std::pair<int64_t, int64_t>{decltype(t)::kSmemBytes, decltype(t)::kWarps};
+  const auto [smem, warps, per_stage] = with_traits(v, [](auto t) {
+    using Tr = decltype(t);
+    return std::tuple<int64_t, int64_t, int64_t>{Tr::kSmemBytes, Tr::kWarps, Tr::kBlocksPerStage};
   });
   const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (smem + 1024), 1, kMaxCtasPerSm);
   const int64_t slots = sm_count * per_sm;
   const int64_t ctas = std::min(g.num_groups, g.max_rows) * slabs_of(g, static_cast<int>(warps));
   const int64_t want = (4 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
-  const int64_t by_k = (g.k + kScaleBlock - 1) / kScaleBlock / kMinKBlocksPerSplit;
+  const int64_t by_k = (g.k + kScaleBlock * per_stage - 1) / (kScaleBlock * per_stage) * per_stage / kMinKBlocksPerSplit;
   return std::clamp<int64_t>(std::min(want, by_k), 1, kMaxFp8StreamKSplits);
 }
 
@@ -377,8 +389,9 @@ Status fp8_streaming_gemm(const Fp8StreamGemm& g, Fp8StreamVariant v, cudaStream
     return InvalidArgument("fp8 streaming GEMM: " + std::to_string(g.k_splits) + " K slices (at most " +
                            std::to_string(kMaxFp8StreamKSplits) + ", none with an epilogue)");
   }
-  if (g.k_splits > (g.k + kScaleBlock - 1) / kScaleBlock) {
-    return InvalidArgument("fp8 streaming GEMM: more K slices than K blocks");
+  const int64_t stage_k = kScaleBlock * with_traits(v, [](auto t) { return decltype(t)::kBlocksPerStage; });
+  if (g.k_splits > (g.k + stage_k - 1) / stage_k) {
+    return InvalidArgument("fp8 streaming GEMM: more K slices than pipeline stages over K");
   }
   if (g.n > INT32_MAX / 2 || g.k > INT32_MAX / 2 || g.num_groups > INT32_MAX) {
     return InvalidArgument("fp8 streaming GEMM: sizes exceed int32 indexing");

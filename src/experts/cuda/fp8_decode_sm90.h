@@ -24,22 +24,22 @@
 
 namespace moekit::cuda {
 
-// Instances: warps per CTA (32 weight rows each) x token tile x pipeline
-// stages; each stage is one 128-deep K block (one scale block).
+// Instances: warps per CTA (32 weight rows each) x token tile x K per stage
+// (whole 128-deep scale blocks) x pipeline stages.
 enum class Fp8StreamVariant : uint8_t {
-  kW1T16S4,  // 1 warp, 16-token tile, 4 stages (24 KB)
-  kW1T16S8,  // 1 warp, 16-token tile, 8 stages (48 KB): long K, few CTAs
-  kW1T32S4,  // 1 warp, 32-token tile, 4 stages (32 KB)
-  kW1T64S3,  // 1 warp, 64-token tile, 3 stages (36 KB)
-  kW2T64S4,  // 2 warps, 64-token tile, 4 stages (64 KB)
+  kW1T16S4,      // 1 warp, 16-token tile, K 128, 4 stages (24 KB)
+  kW1T16K256S2,  // 1 warp, 16-token tile, K 256, 2 stages (24 KB)
+  kW1T16K256S3,  // 1 warp, 16-token tile, K 256, 3 stages (36 KB)
+  kW1T16K256S4,  // 1 warp, 16-token tile, K 256, 4 stages (48 KB)
+  kW2T16K256S3,  // 2 warps (64 rows share the token tile), K 256, 3 stages (60 KB)
+  kW1T32K256S2,  // 1 warp, 32-token tile, K 256, 2 stages (32 KB)
 };
 inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
-    Fp8StreamVariant::kW1T16S4, Fp8StreamVariant::kW1T16S8, Fp8StreamVariant::kW1T32S4,
-    Fp8StreamVariant::kW1T64S3, Fp8StreamVariant::kW2T64S4,
+    Fp8StreamVariant::kW1T16S4,     Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T16K256S3,
+    Fp8StreamVariant::kW1T16K256S4, Fp8StreamVariant::kW2T16K256S3, Fp8StreamVariant::kW1T32K256S2,
 };
 const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t16_s4", ...
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name);
-int fp8_stream_variant_tokens(Fp8StreamVariant v);
 
 struct Fp8StreamGemm {
   QuantMethod method = QuantMethod::kFp8Block128;
@@ -63,7 +63,7 @@ struct Fp8StreamGemm {
   int64_t n_out() const { return activation && act.gated() ? n / 2 : n; }
 };
 
-// K slices that keep the SMs streaming for few CTAs (1: none), on K-block
+// K slices that keep the SMs streaming for few CTAs (1: none), on stage
 // boundaries, at least 4 K blocks each, at most kMaxFp8StreamKSplits.
 inline constexpr int64_t kMaxFp8StreamKSplits = 8;
 int64_t fp8_streaming_k_splits(const Fp8StreamGemm& g, Fp8StreamVariant v, int sm_count);

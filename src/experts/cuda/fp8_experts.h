@@ -77,7 +77,8 @@ Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
 
 // The weight scales of MoeWeights (kernel.h) of one row part of W [E, N, K]
 // (`parts` parts of N/parts rows: gate, up) as Fp8GemmLaunch::b_scale reads
-// them: out [E, ceil(K/128), ceil(N/parts/128)].
+// them: out [E, ceil(K/128), ceil(N/parts/128)]; part = -1: all parts as one
+// matrix, out [E, ceil(K/128), N/128] (N/parts a multiple of 128).
 Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
                                 int64_t parts, int64_t part, float* out, cudaStream_t stream);
 

@@ -58,30 +58,38 @@ __device__ __forceinline__ int group_of(int64_t r, const int32_t* start, const i
   return r >= start[lo] && r < static_cast<int64_t>(start[lo]) + rows[lo] ? static_cast<int>(lo) : -1;
 }
 
-// Quantizer work: one warp per (row, 128-column block); lane l takes the 4
-// consecutive columns 4l.. of the block (cols is a multiple of 16, so the
-// four are in or out together), with one vector load when `vector` says the
-// source allows it (16-byte aligned f32 rows, 8-byte aligned bf16 rows).
+// Quantizer work: one warp per (row, run of up to kBlocksPerItem 128-column
+// blocks); lane l takes the 4 consecutive columns 4l.. of each block (cols is
+// a multiple of 16, so the four are in or out together), with one vector load
+// when `vector` says the source allows it (16-byte aligned f32 rows, 8-byte
+// aligned bf16 rows). A run's loads are issued together, its row's group
+// looked up once.
 constexpr int kQuantWarps = 8;
 constexpr int kLaneCols = 4;
+constexpr int kBlocksPerItem = 4;
 static_assert(32 * kLaneCols == kBlock, "a warp covers one 128-column block");
 
 struct QuantItem {
-  int64_t r = 0, kb = 0, c = 0;  // permuted row, column block, the lane's first column
+  int64_t r = 0, kb0 = 0;  // permuted row, first column block of the run
   int group = -1;
   int64_t src_row = 0;
 };
+__device__ __forceinline__ int64_t quant_items(const Fp8QuantizeArgs& a) {
+  const int64_t k_blocks = (a.cols + kBlock - 1) / kBlock;
+  return a.rows * ((k_blocks + kBlocksPerItem - 1) / kBlocksPerItem);
+}
 __device__ __forceinline__ QuantItem quant_item(const Fp8QuantizeArgs& a, int64_t item) {
   QuantItem it;
   const int64_t k_blocks = (a.cols + kBlock - 1) / kBlock;
-  if (item >= a.rows * k_blocks) return it;
-  it.r = item / k_blocks;
-  it.kb = item % k_blocks;
-  it.c = it.kb * kBlock + (threadIdx.x % 32) * kLaneCols;
+  const int64_t runs = (k_blocks + kBlocksPerItem - 1) / kBlocksPerItem;
+  if (item >= a.rows * runs) return it;
+  it.r = item / runs;
+  it.kb0 = item % runs * kBlocksPerItem;
   it.group = group_of(it.r, a.group_start, a.group_rows, a.num_experts);
   it.src_row = a.row_index ? a.row_index[it.r] : it.r;
   return it;
 }
+__device__ __forceinline__ int64_t lane_col(int64_t kb) { return kb * kBlock + (threadIdx.x % 32) * kLaneCols; }
 
 __device__ __forceinline__ void load4_f32(const float* p, bool vector, float (&v)[4]) {
   if (vector) {
@@ -142,15 +150,21 @@ __device__ __forceinline__ void source_values(const Fp8QuantizeArgs& a, bool vec
 // atomics to one address serialize.
 __global__ void amax_kernel(Fp8QuantizeArgs a, bool vector, float* amax) {
   __shared__ float block_max[kQuantWarps];
-  const int64_t items = a.rows * ((a.cols + kBlock - 1) / kBlock);
+  const int64_t items = quant_items(a);
   float m = 0.0f;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32; item < items;
        item += static_cast<int64_t>(gridDim.x) * kQuantWarps) {
     const QuantItem it = quant_item(a, item);
-    if (it.group < 0 || it.c >= a.cols) continue;
-    float v[4];
-    source_values(a, vector, it.src_row, it.c, v);
-    m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    if (it.group < 0) continue;
+    float v[kBlocksPerItem][4] = {};
+#pragma unroll
+    for (int u = 0; u < kBlocksPerItem; ++u) {
+      if (lane_col(it.kb0 + u) < a.cols) source_values(a, vector, it.src_row, lane_col(it.kb0 + u), v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kBlocksPerItem; ++u)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m = fmaxf(m, fabsf(v[u][i]));
   }
   m = warp_max(m);
   if (threadIdx.x % 32 == 0) block_max[threadIdx.x / 32] = m;
@@ -165,42 +179,56 @@ __global__ void amax_kernel(Fp8QuantizeArgs a, bool vector, float* amax) {
 __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q, bool vector) {
   const QuantItem it = quant_item(a, static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32);
   if (it.group < 0) return;  // warp-uniform
-  const bool in = it.c < a.cols;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (in) source_values(a, vector, it.src_row, it.c, v);
-  float scale;
-  if (q.method == QuantMethod::kFp8Block128) {
-    const float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    scale = act_scale_of(warp_max(m));  // every lane takes part
-  } else {
-    scale = q.act_scale == ActScale::kStatic ? q.static_scale[it.group] : act_scale_of(*q.amax);
-  }
-  if (in) {
-    __nv_fp8_storage_t b[4];
+  const int64_t k_blocks = (a.cols + kBlock - 1) / kBlock;
+  float v[kBlocksPerItem][4] = {};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) b[i] = quantize(v[i], scale);
-    const int64_t at = it.r * a.cols + it.c;
-    if (a.dst_q) {
-      *reinterpret_cast<uint32_t*>(a.dst_q + at) =
-          uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
-    } else {
-      *reinterpret_cast<float4*>(a.dst + at) = make_float4(__fmul_rn(e4m3_value(b[0]), scale), __fmul_rn(e4m3_value(b[1]), scale),
-                                                     __fmul_rn(e4m3_value(b[2]), scale), __fmul_rn(e4m3_value(b[3]), scale));
-    }
+  for (int u = 0; u < kBlocksPerItem; ++u) {  // every load of the run first
+    if (lane_col(it.kb0 + u) < a.cols) source_values(a, vector, it.src_row, lane_col(it.kb0 + u), v[u]);
   }
-  if (a.dst_q && threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, it.kb) = scale;
+  const float tensor_scale = q.method == QuantMethod::kFp8Block128 ? 0.0f
+                             : q.act_scale == ActScale::kStatic    ? q.static_scale[it.group]
+                                                                   : act_scale_of(*q.amax);
+#pragma unroll
+  for (int u = 0; u < kBlocksPerItem; ++u) {
+    const int64_t kb = it.kb0 + u;
+    if (kb >= k_blocks) break;  // warp-uniform
+    float scale = tensor_scale;
+    if (q.method == QuantMethod::kFp8Block128) {
+      const float m = fmaxf(fmaxf(fabsf(v[u][0]), fabsf(v[u][1])), fmaxf(fabsf(v[u][2]), fabsf(v[u][3])));
+      scale = act_scale_of(warp_max(m));  // every lane takes part
+    }
+    const int64_t c = lane_col(kb);
+    if (c < a.cols) {
+      __nv_fp8_storage_t b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[i] = quantize(v[u][i], scale);
+      const int64_t at = it.r * a.cols + c;
+      if (a.dst_q) {
+        *reinterpret_cast<uint32_t*>(a.dst_q + at) =
+            uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
+      } else {
+        *reinterpret_cast<float4*>(a.dst + at) =
+            make_float4(__fmul_rn(e4m3_value(b[0]), scale), __fmul_rn(e4m3_value(b[1]), scale),
+                        __fmul_rn(e4m3_value(b[2]), scale), __fmul_rn(e4m3_value(b[3]), scale));
+      }
+    }
+    if (a.dst_q && threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, kb) = scale;
+  }
 }
 
-// out[g][kb][nb] = the scale of block (nb, kb) of part `part` of W_g (per-tensor: the part's scale).
+// out[g][kb][nb] = the scale of block (nb, kb) of part `part` of W_g (per-tensor:
+// the part's scale); part < 0: the blocks of every part in turn (part_rows a
+// multiple of 128, so no block straddles two parts).
 __global__ void expand_scales_kernel(QuantMethod method, const float* w_scale, int64_t part_rows, int64_t k,
                                      int64_t parts, int64_t part, float* out) {
   const int64_t g = blockIdx.x;
-  const int64_t n_blocks = (part_rows + kBlock - 1) / kBlock, k_blocks = (k + kBlock - 1) / kBlock;
+  const int64_t part_blocks = (part_rows + kBlock - 1) / kBlock, k_blocks = (k + kBlock - 1) / kBlock;
+  const int64_t n_blocks = part < 0 ? parts * part_blocks : part_blocks;
   for (int64_t i = threadIdx.x; i < n_blocks * k_blocks; i += blockDim.x) {
     const int64_t kb = i / n_blocks, nb = i % n_blocks;
-    const float s = method == QuantMethod::kFp8Block128
-                        ? w_scale[((g * parts + part) * n_blocks + nb) * k_blocks + kb]
-                        : w_scale[g * parts + part];
+    const int64_t p = part < 0 ? nb / part_blocks : part, pb = part < 0 ? nb % part_blocks : nb;
+    const float s = method == QuantMethod::kFp8Block128 ? w_scale[((g * parts + p) * part_blocks + pb) * k_blocks + kb]
+                                                        : w_scale[g * parts + p];
     out[(g * k_blocks + kb) * n_blocks + nb] = s;
   }
 }
@@ -314,7 +342,8 @@ __global__ void finalize_kernel(Fp8FinalizeArgs a) {
 
 Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStream_t stream) {
   if (a.rows == 0) return Status::Ok();
-  const int64_t items = a.rows * ((a.cols + kBlock - 1) / kBlock);
+  const int64_t k_blocks = (a.cols + kBlock - 1) / kBlock;
+  const int64_t items = a.rows * ((k_blocks + kBlocksPerItem - 1) / kBlocksPerItem);  // as quant_items()
   // Vector loads need 16-byte aligned f32 rows (8-byte bf16 rows): the workspace's are; a caller's tensor may not be.
   const size_t row_bytes = static_cast<size_t>(a.ld) * (a.src_bf16 && !a.activation ? 2 : 4);
   const size_t need = a.src_bf16 && !a.activation ? 8 : 16;
@@ -337,6 +366,9 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
 Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
                                 int64_t parts, int64_t part, float* out, cudaStream_t stream) {
   if (num_experts == 0) return Status::Ok();
+  if (part < 0 && (n / parts) % kBlock != 0) {
+    return InvalidArgument("fp8_expand_weight_scales: every part at once needs parts of whole 128-row blocks");
+  }
   expand_scales_kernel<<<static_cast<unsigned>(num_experts), kWarps * 32, 0, stream>>>(method, w_scale, n / parts, k,
                                                                                        parts, part, out);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_expand_weight_scales");

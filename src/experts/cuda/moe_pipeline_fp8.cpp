@@ -50,7 +50,7 @@ size_t expert_out_rows(int64_t pairs) {
 // Mean rows per non-empty expert up to which streaming the weights beats the
 // tensor-core grouped GEMM, and the token tile for each range.
 // TODO(perf): measured thresholds (bench --variant MOEKIT_SM90_FP8_STREAM=...).
-constexpr int64_t kStreamingMaxRowsPerGroup = 64;
+constexpr int64_t kStreamingMaxRowsPerGroup = 4;
 
 std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t pairs) {
   if (s.batch_invariant) return std::nullopt;  // one path for every M: the tensor-core GEMM
@@ -61,9 +61,7 @@ std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t
   const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
   const int64_t rows = (pairs + groups - 1) / groups;
   if (rows > kStreamingMaxRowsPerGroup && !env_is("MOEKIT_SM90_FP8_GEMM", "streaming")) return std::nullopt;
-  if (rows <= 16) return Fp8StreamVariant::kW1T16S4;
-  if (rows <= 32) return Fp8StreamVariant::kW1T32S4;
-  return Fp8StreamVariant::kW1T64S3;
+  return rows <= 16 ? Fp8StreamVariant::kW1T16K256S2 : Fp8StreamVariant::kW1T32K256S2;
 }
 
 int sm_count() {
@@ -81,6 +79,10 @@ const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool t
   if (env_is("MOEKIT_SM90_FP8_GEMM", "cuda_core")) return "cuda_core";
   if (!env_is("MOEKIT_SM90_FP8_GEMM", "cutlass") && streaming_variant(s, num_tokens * s.top_k)) return "streaming";
   return tensor_core_weights ? "cutlass" : "cuda_core";
+}
+
+bool fp8_gemm1_single_launch(const ExpertsShape& s) {
+  return !s.activation.gated() || s.intermediate % kFp8BlockSize == 0;
 }
 
 int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s) {
@@ -214,12 +216,14 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     return fp8_finalize(fa, stream);
   }
   if (path == "cutlass") {
-    // GEMM1 per row part of W13 (gate, up), each with its own scales, so that
-    // no 128-row scale block straddles the two whatever I is.
-    const int64_t parts = s.activation.gated() ? 2 : 1;
+    // GEMM1 once over all N1 rows where the parts are whole scale blocks; else
+    // per row part of W13 (gate, up), each with its own scales, so that no
+    // 128-row scale block straddles the two whatever I is.
+    const bool single = fp8_gemm1_single_launch(s);
+    const int64_t parts = single ? 1 : 2;
     Fp8GemmLaunch g1;
     g1.num_groups = static_cast<int>(E);
-    g1.n = static_cast<int>(I);
+    g1.n = static_cast<int>(n1 / parts);
     g1.k = static_cast<int>(H);
     g1.a = q1.dst_q;
     g1.a_scale = q1.dst_scale;

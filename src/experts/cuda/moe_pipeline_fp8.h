@@ -56,10 +56,14 @@ struct Fp8ExpertWeights {
   // The weight scales as the tensor-core GEMM reads them (fp8_expand_weight_scales),
   // or null in a build without it (fp8_cutlass_gemm_built; sm90's H and I, multiples
   // of 16, are what its TMA rows need).
-  const float* w13_gemm_scale = nullptr;  // [parts (gate, up), E, ceil(H/128), ceil(I/128)]
+  const float* w13_gemm_scale = nullptr;  // [parts (gate, up), E, ceil(H/128), ceil(I/128)], or one [E, ceil(H/128), N1/128]
   const float* w2_gemm_scale = nullptr;   // [E, ceil(I/128), ceil(H/128)]
 };
 
+// Whether the tensor-core GEMM1 runs once over all of W13's rows (gate and up
+// parts of whole 128-row scale blocks, or no gate): w13_gemm_scale then holds
+// fp8_expand_weight_scales(part = -1), else one expansion per part, in turn.
+bool fp8_gemm1_single_launch(const ExpertsShape& s);
 // Floats of Fp8ExpertWeights::w13_gemm_scale.
 int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s);
 

@@ -420,10 +420,15 @@ class Sm90Kernel : public MoeKernel {
       const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
       MOEKIT_RETURN_IF_ERROR(w13_gemm_scale_.allocate(sizeof(float) * parts * part_count));
       MOEKIT_RETURN_IF_ERROR(w2_gemm_scale_.allocate(sizeof(float) * E * blocks(I) * blocks(H)));
-      for (int64_t p = 0; p < parts; ++p) {
+      if (fp8_gemm1_single_launch(shape_)) {
         MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(config_.quant.method, w13_scale_.as<const float>(), E, N1, H,
-                                                        parts, p, w13_gemm_scale_.as<float>() + p * part_count,
-                                                        nullptr));
+                                                        parts, -1, w13_gemm_scale_.as<float>(), nullptr));
+      } else {
+        for (int64_t p = 0; p < parts; ++p) {
+          MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(config_.quant.method, w13_scale_.as<const float>(), E, N1,
+                                                          H, parts, p, w13_gemm_scale_.as<float>() + p * part_count,
+                                                          nullptr));
+        }
       }
       MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(config_.quant.method, w2_scale_.as<const float>(), E, H, I, 1, 0,
                                                       w2_gemm_scale_.as<float>(), nullptr));
