@@ -65,6 +65,7 @@ struct Fp8StreamTraits {
 
 struct Fp8StreamParams {
   const uint8_t* a;
+  const int32_t* a_row_index;
   const float* a_scale;
   const uint8_t* b;
   const float* b_scale;
@@ -125,6 +126,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
   uint8_t* x_smem = smem + Tr::kStages * Tr::kWStageBytes;
   // (kStages, kBlocksPerStage, kRows + kTokens) f32: the weight rows' scales, then the tokens'.
   float* s_smem = reinterpret_cast<float*>(x_smem + Tr::kStages * Tr::kXStageBytes);
+  __shared__ int32_t token_src[Tr::kTokens];  // A row of each token of the tile, -1 = none
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x % p.k_splits;
@@ -160,8 +162,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
   for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
     const int tokens = min(Tr::kTokens, rows - t0);
     const int used_tiles = (tokens + 7) / 8;  // block-uniform: empty n8 tiles are skipped
-    const uint8_t* const a_tile = p.a + static_cast<int64_t>(row0 + t0) * p.k;
-    const float* const sa_tile = p.a_scale + static_cast<int64_t>(row0) * p.k_blocks + t0;
+    for (int i = tid; i < Tr::kTokens; i += Tr::kThreads) {
+      const int r = row0 + t0 + i;
+      token_src[i] = i < tokens ? (p.a_row_index ? p.a_row_index[r] : r) : -1;
+    }
+    __syncthreads();
 
     auto load_stage = [&](int stage, int kt) {
       const int k0 = (kt_begin + kt) * Tr::kBlockK;
@@ -175,8 +180,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
       }
       const uint32_t xs = x_base + stage * Tr::kXStageBytes;
       for (int r = tid / Tr::kChunks; r < used_tiles * 8; r += Tr::kRowsPerPass) {
-        const bool ok = k_in && r < tokens;
-        cp_async_16(xs + swz<Tr>(r, my_chunk), ok ? a_tile + static_cast<int64_t>(r) * p.k + k0 + my_chunk * 16 : p.a,
+        const int src = token_src[r];
+        const bool ok = k_in && src >= 0;
+        cp_async_16(xs + swz<Tr>(r, my_chunk), ok ? p.a + static_cast<int64_t>(src) * p.k + k0 + my_chunk * 16 : p.a,
                     ok ? 16 : 0);
       }
 #pragma unroll
@@ -186,8 +192,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
         const bool kb_in = kb < p.k_blocks;
         cp_async_4(ss + tid * 4, kb_in ? w_scale + kb * scale_step : p.b_scale, kb_in ? 4 : 0);
         for (int t = tid; t < Tr::kTokens; t += Tr::kThreads) {
-          const bool ok = kb_in && t < tokens;
-          cp_async_4(ss + (Tr::kRows + t) * 4, ok ? sa_tile + static_cast<int64_t>(kb) * rows + t : p.a_scale,
+          const int src = token_src[t];
+          const bool ok = kb_in && src >= 0;
+          cp_async_4(ss + (Tr::kRows + t) * 4, ok ? p.a_scale + static_cast<int64_t>(src) * p.k_blocks + kb : p.a_scale,
                      ok ? 4 : 0);
         }
       }
@@ -301,7 +308,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) fp8_streaming_gemm_kernel(con
         }
       }
     }
-    __syncthreads();  // the stages are reused by the next token tile
+    __syncthreads();  // token_src and the stages are reused by the next token tile
   }
 }
 
@@ -317,6 +324,7 @@ cudaError_t launch(const Fp8StreamParams& p, int max_nonempty_groups, cudaStream
 }
 
 //                                   warps  n8 token tiles  stages  scale blocks per stage   smem per CTA
+using W1T8K256S2 = Fp8StreamTraits<1, 1, 2, 2>;   // 2 x (8 + 2) KB
 using W1T16S4 = Fp8StreamTraits<1, 2, 4, 1>;      // 4 x (4 + 2) KB
 using W1T16K256S2 = Fp8StreamTraits<1, 2, 2, 2>;  // 2 x (8 + 4) KB
 using W1T16K256S3 = Fp8StreamTraits<1, 2, 3, 2>;  // 3 x (8 + 4) KB
@@ -327,6 +335,7 @@ using W1T32K256S2 = Fp8StreamTraits<1, 4, 2, 2>;  // 2 x (8 + 8) KB
 template <class F>
 auto with_traits(Fp8StreamVariant v, F&& f) {
   switch (v) {
+    case Fp8StreamVariant::kW1T8K256S2: return f(W1T8K256S2{});
     case Fp8StreamVariant::kW1T16S4: return f(W1T16S4{});
     case Fp8StreamVariant::kW1T16K256S2: return f(W1T16K256S2{});
     case Fp8StreamVariant::kW1T16K256S3: return f(W1T16K256S3{});
@@ -346,6 +355,7 @@ int64_t slabs_of(const Fp8StreamGemm& g, int warps) {
 
 const char* fp8_stream_variant_name(Fp8StreamVariant v) {
   switch (v) {
+    case Fp8StreamVariant::kW1T8K256S2: return "w1_t8_k256_s2";
     case Fp8StreamVariant::kW1T16S4: return "w1_t16_s4";
     case Fp8StreamVariant::kW1T16K256S2: return "w1_t16_k256_s2";
     case Fp8StreamVariant::kW1T16K256S3: return "w1_t16_k256_s3";
@@ -399,6 +409,7 @@ Status fp8_streaming_gemm(const Fp8StreamGemm& g, Fp8StreamVariant v, cudaStream
   if (g.max_rows == 0) return Status::Ok();
   Fp8StreamParams p{};
   p.a = g.a;
+  p.a_row_index = g.a_row_index;
   p.a_scale = g.a_scale;
   p.b = g.b;
   p.b_scale = g.b_scale;

@@ -27,6 +27,7 @@ namespace moekit::cuda {
 // Instances: warps per CTA (32 weight rows each) x token tile x K per stage
 // (whole 128-deep scale blocks) x pipeline stages.
 enum class Fp8StreamVariant : uint8_t {
+  kW1T8K256S2,   // 1 warp, 8-token tile, K 256, 2 stages (20 KB): one row per expert
   kW1T16S4,      // 1 warp, 16-token tile, K 128, 4 stages (24 KB)
   kW1T16K256S2,  // 1 warp, 16-token tile, K 256, 2 stages (24 KB)
   kW1T16K256S3,  // 1 warp, 16-token tile, K 256, 3 stages (36 KB)
@@ -35,7 +36,7 @@ enum class Fp8StreamVariant : uint8_t {
   kW1T32K256S2,  // 1 warp, 32-token tile, K 256, 2 stages (32 KB)
 };
 inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
-    Fp8StreamVariant::kW1T16S4,     Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T16K256S3,
+    Fp8StreamVariant::kW1T8K256S2,  Fp8StreamVariant::kW1T16S4,     Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T16K256S3,
     Fp8StreamVariant::kW1T16K256S4, Fp8StreamVariant::kW2T16K256S3, Fp8StreamVariant::kW1T32K256S2,
 };
 const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t16_s4", ...
@@ -51,8 +52,11 @@ struct Fp8StreamGemm {
   // GEMM1's epilogue: the activation (gated kinds pair gate and up rows and write N/2 columns).
   bool activation = false;
   ActivationConfig act;
-  const uint8_t* a = nullptr;        // [rows, K] e4m3, group g's rows from group_start[g]
-  const float* a_scale = nullptr;    // Fp8GemmLaunch::a_scale layout
+  // A [*, K] e4m3: group g's row i is A row a_row_index[group_start[g] + i]
+  // (or that index itself when null); its scales by row [*, ceil(K/128)].
+  const uint8_t* a = nullptr;
+  const int32_t* a_row_index = nullptr;
+  const float* a_scale = nullptr;
   const uint8_t* b = nullptr;        // [G, N, K] e4m3, checkpoint layout
   const float* b_scale = nullptr;    // MoeWeights layout (block-128 or per-tensor, kernel.h)
   float* c = nullptr;                // [rows, n_out] f32; with K slices, k_splits slices c_split_stride apart

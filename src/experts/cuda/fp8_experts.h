@@ -30,13 +30,15 @@ struct Fp8ActQuant {
   float* amax = nullptr;                    // [1] f32 device scratch: dynamic per-tensor amax
 };
 
-// Rows of a GEMM input, permuted by expert: row r of the output is source row
-// `row_index[r]` (or r when null) of `src`, rounded through e4m3 with the
-// scheme's scales. Only rows inside a group (group_start/group_rows) are
-// written. src: [*, cols] bf16 bits (src_bf16) or f32, row stride ld. The
-// output is either `dst` [rows, cols] f32 (the quantized values), or, with
-// dst_q set, the e4m3 bytes [rows, cols] and dst_scale in the layout of
-// Fp8GemmLaunch::a_scale (per-tensor: its one scale repeated per 128 columns).
+// Rows of a GEMM input: row r of the output is source row `row_index[r]` (or
+// r when null) of `src`, rounded through e4m3 with the scheme's scales. With
+// groups (group_start/group_rows) only the rows inside one are written; without,
+// every row (then no static per-expert scale). src: [*, cols] bf16 bits
+// (src_bf16) or f32, row stride ld. The output is either `dst` [rows, cols] f32
+// (the quantized values), or, with dst_q set, the e4m3 bytes [rows, cols] and
+// dst_scale in the layout of Fp8GemmLaunch::a_scale (needs the groups), or with
+// scales_by_row [rows, ceil(cols/128)] (per-tensor: its one scale repeated per
+// 128 columns).
 struct Fp8QuantizeArgs {
   const void* src = nullptr;
   bool src_bf16 = true;
@@ -46,8 +48,9 @@ struct Fp8QuantizeArgs {
   float* dst = nullptr;
   uint8_t* dst_q = nullptr;
   float* dst_scale = nullptr;
-  const int32_t* group_start = nullptr;  // [E]
-  const int32_t* group_rows = nullptr;   // [E]
+  bool scales_by_row = false;
+  const int32_t* group_start = nullptr;  // [E] or null
+  const int32_t* group_rows = nullptr;   // [E] or null
   int64_t num_experts = 0;
   // Set: src is GEMM1's f32 output [*, n1] (ld = n1) and column c's value is
   // the activation of its gate/up pair (the cpu backend's activations.h), so
@@ -56,6 +59,23 @@ struct Fp8QuantizeArgs {
   ActivationConfig act;
 };
 Status fp8_quantize_rows(const Fp8QuantizeArgs& args, const Fp8ActQuant& quant, cudaStream_t stream);
+
+// The e4m3 rows of quantized tokens [tokens, cols] with their scales by row
+// ([tokens, ceil(cols/128)]) copied to the permuted rows of the tensor-core
+// GEMM (row r = token row_index[r]), its scales in Fp8GemmLaunch::a_scale's
+// layout; rows outside every group are left alone. cols a multiple of 16.
+struct Fp8GatherArgs {
+  const uint8_t* src_q = nullptr;
+  const float* src_scale = nullptr;
+  const int32_t* row_index = nullptr;  // [rows]
+  int64_t rows = 0, cols = 0;
+  uint8_t* dst_q = nullptr;
+  float* dst_scale = nullptr;
+  const int32_t* group_start = nullptr;  // [E]
+  const int32_t* group_rows = nullptr;   // [E]
+  int64_t num_experts = 0;
+};
+Status fp8_gather_rows(const Fp8GatherArgs& args, cudaStream_t stream);
 
 // C[r, n] = sum_k A[r, k] * (e4m3(W[g, n, k]) * scale), fp32, for every row r
 // of group g (K a multiple of 16). A [rows, K] f32 (already quantized); W [E, N, K] e4m3 bytes with
@@ -78,7 +98,7 @@ Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
 // The weight scales of MoeWeights (kernel.h) of one row part of W [E, N, K]
 // (`parts` parts of N/parts rows: gate, up) as Fp8GemmLaunch::b_scale reads
 // them: out [E, ceil(K/128), ceil(N/parts/128)]; part = -1: all parts as one
-// matrix, out [E, ceil(K/128), N/128] (N/parts a multiple of 128).
+// matrix, out [E, ceil(K/128), ceil(N/128)] (N/parts a multiple of 128 when parts > 1).
 Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
                                 int64_t parts, int64_t part, float* out, cudaStream_t stream);
 

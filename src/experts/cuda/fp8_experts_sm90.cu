@@ -32,9 +32,15 @@ __device__ __forceinline__ __nv_fp8_storage_t quantize(float x, float scale) {
   return __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
 }
 // The scale of (row r of group g, column block kb) where Fp8GemmLaunch::a_scale reads it.
+__device__ __forceinline__ float* group_scale_slot(float* scales, const int32_t* group_start,
+                                                   const int32_t* group_rows, int64_t cols, int g, int64_t r,
+                                                   int64_t kb) {
+  const int64_t start = group_start[g], k_blocks = (cols + kBlock - 1) / kBlock;
+  return scales + start * k_blocks + kb * group_rows[g] + (r - start);
+}
 __device__ __forceinline__ float* scale_slot(const Fp8QuantizeArgs& a, int g, int64_t r, int64_t kb) {
-  const int64_t start = a.group_start[g], k_blocks = (a.cols + kBlock - 1) / kBlock;
-  return a.dst_scale + start * k_blocks + kb * a.group_rows[g] + (r - start);
+  if (a.scales_by_row) return a.dst_scale + r * ((a.cols + kBlock - 1) / kBlock) + kb;
+  return group_scale_slot(a.dst_scale, a.group_start, a.group_rows, a.cols, g, r, kb);
 }
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -85,7 +91,7 @@ __device__ __forceinline__ QuantItem quant_item(const Fp8QuantizeArgs& a, int64_
   if (item >= a.rows * runs) return it;
   it.r = item / runs;
   it.kb0 = item % runs * kBlocksPerItem;
-  it.group = group_of(it.r, a.group_start, a.group_rows, a.num_experts);
+  it.group = a.group_start ? group_of(it.r, a.group_start, a.group_rows, a.num_experts) : 0;
   it.src_row = a.row_index ? a.row_index[it.r] : it.r;
   return it;
 }
@@ -213,6 +219,22 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q, bool vector) {
       }
     }
     if (a.dst_q && threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, kb) = scale;
+  }
+}
+
+// One warp per permuted row: 16 bytes per lane, then the row's scales.
+__global__ void gather_kernel(Fp8GatherArgs a) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+  if (r >= a.rows) return;
+  const int g = group_of(r, a.group_start, a.group_rows, a.num_experts);
+  if (g < 0) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t src = a.row_index[r], k_blocks = (a.cols + kBlock - 1) / kBlock;
+  const uint4* from = reinterpret_cast<const uint4*>(a.src_q + src * a.cols);
+  uint4* to = reinterpret_cast<uint4*>(a.dst_q + r * a.cols);
+  for (int64_t i = lane; i < a.cols / 16; i += 32) to[i] = from[i];
+  for (int64_t kb = lane; kb < k_blocks; kb += 32) {
+    *group_scale_slot(a.dst_scale, a.group_start, a.group_rows, a.cols, g, r, kb) = a.src_scale[src * k_blocks + kb];
   }
 }
 
@@ -349,6 +371,12 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
   const size_t need = a.src_bf16 && !a.activation ? 8 : 16;
   const bool vector = reinterpret_cast<uintptr_t>(a.src) % need == 0 && row_bytes % need == 0;
   const bool dynamic_tensor = q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kDynamic;
+  if (q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kStatic && a.group_start == nullptr) {
+    return InvalidArgument("fp8_quantize_rows: static per-expert scales need the rows' groups");
+  }
+  if (a.dst_q && !a.scales_by_row && a.group_start == nullptr) {
+    return InvalidArgument("fp8_quantize_rows: the tensor-core scale layout needs the rows' groups");
+  }
   if (dynamic_tensor) {
     MOEKIT_CUDA_CHECK(cudaMemsetAsync(q.amax, 0, sizeof(float), stream));
     constexpr int64_t kAmaxBlocks = 1024;
@@ -363,10 +391,19 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
   return Status::Ok();
 }
 
+Status fp8_gather_rows(const Fp8GatherArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return Status::Ok();
+  if (a.cols % 16 != 0) return InvalidArgument("fp8_gather_rows: cols must be a multiple of 16");
+  if ((a.rows + kQuantWarps - 1) / kQuantWarps > INT32_MAX) return InvalidArgument("fp8_gather_rows: too many rows");
+  gather_kernel<<<static_cast<unsigned>((a.rows + kQuantWarps - 1) / kQuantWarps), kQuantWarps * 32, 0, stream>>>(a);
+  MOEKIT_CUDA_CHECK_LAUNCH("fp8_gather_rows");
+  return Status::Ok();
+}
+
 Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
                                 int64_t parts, int64_t part, float* out, cudaStream_t stream) {
   if (num_experts == 0) return Status::Ok();
-  if (part < 0 && (n / parts) % kBlock != 0) {
+  if (part < 0 && parts > 1 && (n / parts) % kBlock != 0) {
     return InvalidArgument("fp8_expand_weight_scales: every part at once needs parts of whole 128-row blocks");
   }
   expand_scales_kernel<<<static_cast<unsigned>(num_experts), kWarps * 32, 0, stream>>>(method, w_scale, n / parts, k,

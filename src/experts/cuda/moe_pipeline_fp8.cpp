@@ -47,10 +47,13 @@ size_t expert_out_rows(int64_t pairs) {
   return static_cast<size_t>(std::max(pairs, kMaxFp8StreamKSplits * std::min(pairs, kSplitMaxRows)));
 }
 
-// Mean rows per non-empty expert up to which streaming the weights beats the
-// tensor-core grouped GEMM, and the token tile for each range.
-// TODO(perf): measured thresholds (bench --variant MOEKIT_SM90_FP8_STREAM=...).
-constexpr int64_t kStreamingMaxRowsPerGroup = 4;
+// Routed pairs (M·k) up to which streaming the weights beats the tensor-core
+// grouped GEMM. Measured on the H200 in one process (bench --variant
+// MOEKIT_SM90_FP8_GEMM=cutlass|streaming, bench/results/): streaming wins at
+// M = 1 (2-8 pairs: its four launches against the GEMM path's seven, K slices
+// for few CTAs); from ~32 pairs on (M = 16) the CUTLASS kernel's deeper TMA
+// pipeline wins on every shape, by 8-15%.
+constexpr int64_t kStreamingMaxPairs = 8;
 
 std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t pairs) {
   if (s.batch_invariant) return std::nullopt;  // one path for every M: the tensor-core GEMM
@@ -58,9 +61,11 @@ std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t
     if (std::strcmp(forced, "off") == 0) return std::nullopt;
     if (const auto v = parse_fp8_stream_variant(forced)) return v;
   }
+  if (pairs > kStreamingMaxPairs && !env_is("MOEKIT_SM90_FP8_GEMM", "streaming")) return std::nullopt;
+  // The token tile by mean rows per non-empty expert.
   const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
   const int64_t rows = (pairs + groups - 1) / groups;
-  if (rows > kStreamingMaxRowsPerGroup && !env_is("MOEKIT_SM90_FP8_GEMM", "streaming")) return std::nullopt;
+  if (rows <= 8) return Fp8StreamVariant::kW1T8K256S2;
   return rows <= 16 ? Fp8StreamVariant::kW1T16K256S2 : Fp8StreamVariant::kW1T32K256S2;
 }
 
@@ -110,6 +115,8 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   l.act_quant = take_workspace(&c, pairs * I * sizeof(float));
   l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
   l.gemm_tables = take_workspace(&c, fp8_cutlass_gemm_workspace_size(s.num_experts));
+  l.x_tokens = take_workspace(&c, static_cast<size_t>(num_tokens) * H);
+  l.x_token_scale = take_workspace(&c, static_cast<size_t>(num_tokens) * scale_blocks(s.hidden) * sizeof(float));
   l.total = c;
   return l;
 }
@@ -166,14 +173,52 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
 
   const bool tensor_cores = w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
   const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);
+  // GEMM1's input: with dynamic scales a token's quantized row is the same in
+  // each of its k pairs, so the M token rows are quantized once (and the
+  // tensor-core GEMM gets them copied to its permuted rows); static per-expert
+  // scales quantize each pair.
+  const bool per_token = !(w.quant.method == QuantMethod::kFp8PerTensor && w.quant.act_scale == ActScale::kStatic);
+  const bool streaming = path == "streaming";
+  const uint8_t* gemm1_a = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+  const float* gemm1_a_scale = reinterpret_cast<float*>(ws + l.x_scale);
   if (path != "cuda_core") {
-    q1.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
-    q1.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+    Fp8QuantizeArgs qx = q1;
+    if (per_token) {
+      qx.row_index = nullptr;
+      qx.rows = M;
+      qx.group_start = qx.group_rows = nullptr;
+      qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_tokens);
+      qx.dst_scale = reinterpret_cast<float*>(ws + l.x_token_scale);
+      qx.scales_by_row = true;
+    } else {
+      qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+      qx.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+      qx.scales_by_row = streaming;
+    }
+    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(qx, quant1, stream));
+    if (per_token && !streaming) {
+      Fp8GatherArgs ga;
+      ga.src_q = qx.dst_q;
+      ga.src_scale = qx.dst_scale;
+      ga.row_index = row_token;
+      ga.rows = pairs;
+      ga.cols = H;
+      ga.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+      ga.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+      ga.group_start = group_start;
+      ga.group_rows = group_rows;
+      ga.num_experts = E;
+      MOEKIT_RETURN_IF_ERROR(fp8_gather_rows(ga, stream));
+    }
+    if (per_token && streaming) {  // the streaming GEMM gathers the token rows itself
+      gemm1_a = qx.dst_q;
+      gemm1_a_scale = qx.dst_scale;
+    }
     q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
     q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
-    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q1, quant1, stream));
+    q2.scales_by_row = streaming;
   }
-  if (path == "streaming") {
+  if (streaming) {
     const Fp8StreamVariant v = *streaming_variant(s, pairs);
     Fp8StreamGemm g1;
     g1.method = w.quant.method;
@@ -184,8 +229,9 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g1.max_rows = pairs;
     g1.activation = true;  // writes the f32 activation: q2 then reads it as it is
     g1.act = s.activation;
-    g1.a = q1.dst_q;
-    g1.a_scale = q1.dst_scale;
+    g1.a = gemm1_a;
+    g1.a_row_index = per_token ? row_token : nullptr;
+    g1.a_scale = gemm1_a_scale;
     g1.b = w.w13;
     g1.b_scale = w.w13_scale;
     g1.c = act;
@@ -202,6 +248,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g2.parts = 1;
     g2.activation = false;
     g2.a = q2.dst_q;
+    g2.a_row_index = nullptr;
     g2.a_scale = q2.dst_scale;
     g2.b = w.w2;
     g2.b_scale = w.w2_scale;
@@ -225,8 +272,8 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g1.num_groups = static_cast<int>(E);
     g1.n = static_cast<int>(n1 / parts);
     g1.k = static_cast<int>(H);
-    g1.a = q1.dst_q;
-    g1.a_scale = q1.dst_scale;
+    g1.a = gemm1_a;
+    g1.a_scale = gemm1_a_scale;
     g1.b_group_stride = n1 * H;
     g1.ldd = static_cast<int>(n1);
     g1.group_start = group_start;

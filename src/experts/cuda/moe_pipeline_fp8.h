@@ -40,6 +40,8 @@ struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t act_q8 = 0;         // [M·k, I] e4m3
   size_t act_scale = 0;      // [M·k · ceil(I/128)] f32
   size_t gemm_tables = 0;    // fp8_cutlass_gemm_workspace_size(E) (0 without CUTLASS)
+  size_t x_tokens = 0;       // [M, H] e4m3: GEMM1's input quantized once per token (dynamic scales)
+  size_t x_token_scale = 0;  // [M, ceil(H/128)] f32, by row
   size_t total = 0;
 };
 Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
