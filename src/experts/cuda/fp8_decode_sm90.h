@@ -27,17 +27,16 @@ namespace moekit::cuda {
 // Instances: warps per CTA (32 weight rows each) x token tile x K per stage
 // (whole 128-deep scale blocks) x pipeline stages.
 enum class Fp8StreamVariant : uint8_t {
-  kW1T8K256S2,   // 1 warp, 8-token tile, K 256, 2 stages (20 KB): one row per expert
-  kW1T16S4,      // 1 warp, 16-token tile, K 128, 4 stages (24 KB)
-  kW1T16K256S2,  // 1 warp, 16-token tile, K 256, 2 stages (24 KB)
-  kW1T16K256S3,  // 1 warp, 16-token tile, K 256, 3 stages (36 KB)
-  kW1T16K256S4,  // 1 warp, 16-token tile, K 256, 4 stages (48 KB)
-  kW2T16K256S3,  // 2 warps (64 rows share the token tile), K 256, 3 stages (60 KB)
-  kW1T32K256S2,  // 1 warp, 32-token tile, K 256, 2 stages (32 KB)
+  kW1T8K128S2,   // 1 warp, 8-token tile, K 128, 2 stages (10 KB: 19 CTAs per SM)
+  kW1T8K128S3,   // 1 warp, 8-token tile, K 128, 3 stages (15 KB: 13 CTAs per SM)
+  kW1T8K256S2,   // 1 warp, 8-token tile, K 256, 2 stages (20 KB: 10 CTAs per SM)
+  kW1T16K128S2,  // 1 warp, 16-token tile, K 128, 2 stages (12 KB: 16 CTAs per SM)
+  kW1T16K256S2,  // 1 warp, 16-token tile, K 256, 2 stages (24 KB: 8 CTAs per SM)
+  kW1T32K256S2,  // 1 warp, 32-token tile, K 256, 2 stages (32 KB: 6 CTAs per SM)
 };
 inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
-    Fp8StreamVariant::kW1T8K256S2,  Fp8StreamVariant::kW1T16S4,     Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T16K256S3,
-    Fp8StreamVariant::kW1T16K256S4, Fp8StreamVariant::kW2T16K256S3, Fp8StreamVariant::kW1T32K256S2,
+    Fp8StreamVariant::kW1T8K128S2,  Fp8StreamVariant::kW1T8K128S3,  Fp8StreamVariant::kW1T8K256S2,
+    Fp8StreamVariant::kW1T16K128S2, Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T32K256S2,
 };
 const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t16_s4", ...
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name);

@@ -65,8 +65,8 @@ std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t
   // The token tile by mean rows per non-empty expert.
   const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
   const int64_t rows = (pairs + groups - 1) / groups;
-  if (rows <= 8) return Fp8StreamVariant::kW1T8K256S2;
-  return rows <= 16 ? Fp8StreamVariant::kW1T16K256S2 : Fp8StreamVariant::kW1T32K256S2;
+  if (rows <= 8) return Fp8StreamVariant::kW1T8K128S2;
+  return rows <= 16 ? Fp8StreamVariant::kW1T16K128S2 : Fp8StreamVariant::kW1T32K256S2;
 }
 
 int sm_count() {
