@@ -185,9 +185,11 @@ TEST_F(CaptureCli, BackendsPrintsTheReportAndForcedFailures) {
 
 TEST_F(CaptureCli, RunWritesACaptureThatReplayChecksOnItsOwn) {
   const std::string cap = file("run.safetensors");
+  // --backend cpu: the capture records the backend, checked below, and a
+  // machine with a GPU would otherwise serve the run there.
   const std::string small =
-      "run --layers 2 --experts 16 --top-k 4 --num-groups 4 --topk-groups 2 --hidden 64 --intermediate 32 "
-      "--tokens 90 --requests 3 --decode 4 --max-batch-tokens 32 --capture " + cap;
+      "run --backend cpu --layers 2 --experts 16 --top-k 4 --num-groups 4 --topk-groups 2 --hidden 64 "
+      "--intermediate 32 --tokens 90 --requests 3 --decode 4 --max-batch-tokens 32 --capture " + cap;
   Result r = run_cli(small);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("outputs matched bit for bit"), std::string::npos) << r.out;

@@ -103,16 +103,21 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.amax = take_workspace(&c, 2 * sizeof(float));
   l.active = take_workspace(&c, (E + 1) * sizeof(int32_t));
+  // The CUDA-core GEMMs' f32 buffers (x_quant, and act beside h) only in a
+  // build without the tensor-core GEMM: there the two tensor-core paths never
+  // hold GEMM1's f32 output and the activation at once (streaming writes act,
+  // CUTLASS writes h), so act shares h's bytes.
+  l.cuda_core_room = !fp8_cutlass_gemm_built();
   l.x_quant = c;
   size_t q = c;
   l.x_q8 = take_workspace(&q, pairs * H);
   l.x_scale = take_workspace(&q, pairs * scale_blocks(s.hidden) * sizeof(float));
   l.act_q8 = take_workspace(&q, pairs * I);
   l.act_scale = take_workspace(&q, pairs * scale_blocks(s.intermediate) * sizeof(float));
-  take_workspace(&c, pairs * H * sizeof(float));
+  if (l.cuda_core_room) take_workspace(&c, pairs * H * sizeof(float));
   c = std::max(c, q);
   l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
-  l.act_quant = take_workspace(&c, pairs * I * sizeof(float));
+  l.act_quant = l.cuda_core_room ? take_workspace(&c, pairs * I * sizeof(float)) : l.gemm1_out;
   l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
   l.gemm_tables = take_workspace(&c, fp8_cutlass_gemm_workspace_size(s.num_experts));
   l.x_tokens = take_workspace(&c, static_cast<size_t>(num_tokens) * H);
@@ -173,6 +178,11 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
 
   const bool tensor_cores = w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
   const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);
+  if (path == "cuda_core" && !l.cuda_core_room) {
+    return Unsupported(
+        "fp8 CUDA-core GEMMs (MOEKIT_SM90_FP8_GEMM=cuda_core): this build has the tensor-core GEMM, and its "
+        "workspace has no room for the CUDA-core path's f32 buffers");
+  }
   // GEMM1's input: with dynamic scales a token's quantized row is the same in
   // each of its k pairs, so the M token rows are quantized once (and the
   // tensor-core GEMM gets them copied to its permuted rows); static per-expert

@@ -30,9 +30,10 @@ namespace moekit::cuda {
 struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
   size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
+  bool cuda_core_room = false;  // the CUDA-core GEMMs' buffers are there (a build without the tensor-core GEMM)
   size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row (CUDA cores)
   size_t gemm1_out = 0;      // [M·k, n1] f32
-  size_t act_quant = 0;      // [M·k, I] f32: activation output (CUDA cores: then quantized in place)
+  size_t act_quant = 0;      // [M·k, I] f32: activation output (streaming, CUDA cores); in h's bytes unless cuda_core_room
   size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row
   // The tensor-core path's GEMM inputs, in x_quant's bytes (sized for both uses):
   size_t x_q8 = 0;           // [M·k, H] e4m3
