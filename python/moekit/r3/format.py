@@ -139,9 +139,28 @@ def _json(text, what: str):
     try:
         if isinstance(text, (bytes, bytearray, memoryview)):
             text = bytes(text).decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        if "\0" in text:
+            raise ValueError("a NUL byte (must be one JSON value)")
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        _check_strings(value)
+        return value
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{what} is not valid JSON: {e}") from None
+
+
+def _check_strings(value) -> None:
+    """JSON text decodes to valid Unicode only: an escaped lone surrogate ("\\ud800") is refused, as the C++
+    parser refuses it."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            v.encode("utf-8")  # UnicodeEncodeError is a ValueError
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
 
 
 def _check_routing(routing, num_experts: int, what: str) -> Dict:
