@@ -20,8 +20,10 @@ from . import _moekit
 _SIGMOID_RENORM = ("sigmoid_renorm", "deepseek_v3")
 
 
-def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: float) -> torch.Tensor:
-    """The section 6 formulas in x's dtype (float64), ids [M, k] int64."""
+def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: float,
+                      renormalize: bool = True) -> torch.Tensor:
+    """The section 6 formulas in x's dtype (float64), ids [M, k] int64. renormalize=False (deepseek_v3
+    only; other methods ignore the flag): w = sigmoid(x_f) * scale, no division, no zero-sum rule."""
     k = ids.shape[1]
     xf = x.gather(1, ids)
     if method == "softmax_topk":
@@ -37,6 +39,8 @@ def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: fl
     s = 1.0 / (1.0 + torch.exp(-xf))
     if method in ("sigmoid", "llama4"):
         return s
+    if method == "deepseek_v3" and not renormalize:
+        return s * scale
     if method in _SIGMOID_RENORM:
         tot = s.sum(1, keepdim=True)
         w = torch.where(tot > 0, s / torch.where(tot > 0, tot, 1), torch.full_like(s, 1.0 / k))
@@ -45,7 +49,7 @@ def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: fl
 
 
 def _spec_backward(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, g: torch.Tensor, method: str,
-                   scale: float) -> torch.Tensor:
+                   scale: float, renormalize: bool = True) -> torch.Tensor:
     """d(sum g * w)/dx for the section 6 formulas, dense [M, E], in x's dtype (w = the forward's weights)."""
     grad = torch.zeros_like(x)
     xf = x.gather(1, ids)
@@ -64,6 +68,8 @@ def _spec_backward(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, g: torch
     s = 1.0 / (1.0 + torch.exp(-xf))
     if method in ("sigmoid", "llama4"):
         return grad.scatter(1, ids, g * s * (1 - s))
+    if method == "deepseek_v3" and not renormalize:  # w = c * s: dw_j/dx_j = c s_j (1 - s_j)
+        return grad.scatter(1, ids, g * scale * s * (1 - s))
     # sigmoid_renorm / deepseek_v3: w = c * s / S; dw_j/ds_i = c (delta_ij - s_j / S) / S
     c = scale if method == "deepseek_v3" else 1.0
     tot = s.sum(1, keepdim=True)
@@ -77,21 +83,23 @@ class _ReplayRouting(torch.autograd.Function):
     def forward(ctx, logits, ids, cfg, score_bias):
         method = cfg.routing
         scale = float(cfg.routed_scaling_factor)
+        renormalize = bool(cfg.renormalize)
         ids64 = ids.long()
         if logits.dtype == torch.float64:
-            w = _spec_forward_f64(logits, ids64, method, scale)
+            w = _spec_forward_f64(logits, ids64, method, scale, renormalize)
         else:
             forced = ids.to(torch.int32).contiguous()
             _, w = moekit_route(logits.detach().contiguous(), cfg, score_bias, forced)
         ctx.save_for_backward(logits, ids64, w)
-        ctx.method, ctx.scale = method, scale
+        ctx.method, ctx.scale, ctx.renormalize = method, scale, renormalize
         return w
 
     @staticmethod
     def backward(ctx, g):
         logits, ids, w = ctx.saved_tensors
         compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        grad = _spec_backward(logits.to(compute), ids, w.to(compute), g.to(compute), ctx.method, ctx.scale)
+        grad = _spec_backward(logits.to(compute), ids, w.to(compute), g.to(compute), ctx.method, ctx.scale,
+                              ctx.renormalize)
         return grad.to(logits.dtype), None, None, None
 
 
@@ -109,7 +117,8 @@ def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "
     score_bias [E] (deepseek_v3) only enters selection, never a weight: it changes nothing here but is
     accepted so a call can mirror the layer's. Forced ids are checked (range, -1, duplicates; ValueError
     naming the first bad one): host ids by the kernel's own check, device ids on the host after a copy (a
-    synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture)."""
+    synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture).
+    int64 host ids are range-checked before they are narrowed to the kernel's int32."""
     if router_logits.dim() != 2 or router_logits.shape[1] != cfg.num_experts:
         raise ValueError(f"router_logits: expected [M, {cfg.num_experts}], got {list(router_logits.shape)}")
     if forced_ids.shape != (router_logits.shape[0], cfg.top_k):
@@ -122,6 +131,9 @@ def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "
         _check_ids_host(forced_ids, cfg.num_experts)  # host ids on the kernel path are checked by the kernel
         if not torch.isfinite(router_logits).all():
             raise ValueError("router_logits: router logits must be finite")
+    elif forced_ids.dtype == torch.int64 and forced_ids.device.type == "cpu":
+        # The kernel checks the int32 ids it is given; narrowing first would wrap 2**32 + 3 into expert 3.
+        _check_ids_host(forced_ids, cfg.num_experts)
     if score_bias is not None and cfg.routing != "deepseek_v3":
         raise ValueError("score_bias: only deepseek_v3 has a selection bias")
     return _ReplayRouting.apply(router_logits, forced_ids, cfg, score_bias)

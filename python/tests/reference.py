@@ -83,9 +83,11 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref)).item()
 
 
-def replay_weights(logits: torch.Tensor, ids: torch.Tensor, method: str, scaling: float = 1.0) -> torch.Tensor:
+def replay_weights(logits: torch.Tensor, ids: torch.Tensor, method: str, scaling: float = 1.0,
+                   renormalize: bool = True) -> torch.Tensor:
     """The spec's weights at forced ids (docs/routing.md section 6), row by row in float64 with plain torch
-    ops, so autograd gives the spec's gradient with respect to the logits. Zero-sum rule: 1/k weights."""
+    ops, so autograd gives the spec's gradient with respect to the logits. Zero-sum rule: 1/k weights.
+    renormalize=False (deepseek_v3's flag; other methods ignore it): sigmoid(x_f) * scaling, no division."""
     x = logits.double()
     M, k = ids.shape
     rows = []
@@ -102,6 +104,8 @@ def replay_weights(logits: torch.Tensor, ids: torch.Tensor, method: str, scaling
             w = sel
         elif method in ("sigmoid", "llama4"):
             w = 1 / (1 + torch.exp(-sel))
+        elif method == "deepseek_v3" and not renormalize:
+            w = scaling / (1 + torch.exp(-sel))
         elif method in ("sigmoid_renorm", "deepseek_v3"):
             s = 1 / (1 + torch.exp(-sel))
             w = s / s.sum() if float(s.detach().sum()) > 0 else torch.full_like(s, 1.0 / k)

@@ -9,6 +9,9 @@ from conftest import seed_of, tie_free_logits
 from reference import METHODS, replay_weights
 
 E, K = 16, 4
+# Every method, and deepseek_v3 without renormalization (norm_topk_prob = false: w = sigmoid(x_f) * scale).
+VARIANTS = [pytest.param(m, True, id=m) for m in METHODS] + [pytest.param("deepseek_v3", False,
+                                                                         id="deepseek_v3-no-renormalize")]
 
 
 @pytest.fixture(autouse=True)
@@ -18,10 +21,10 @@ def _grad_enabled():
         yield
 
 
-def config(method, top_k=K):
+def config(method, top_k=K, renormalize=True):
     groups = dict(num_groups=4, topk_groups=2, routed_scaling_factor=2.5) if method == "deepseek_v3" else {}
     return moekit.MoeConfig(num_experts=E, top_k=top_k, hidden_size=64, intermediate_size=32, routing=method,
-                            max_num_tokens=64, **groups)
+                            max_num_tokens=64, renormalize=renormalize, **groups)
 
 
 def forced(M, gen, k=K):
@@ -29,11 +32,11 @@ def forced(M, gen, k=K):
     return torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(M)]).to(torch.int32)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method,renormalize", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_forward_equals_the_kernel_bit_for_bit(method, dtype):
-    gen = torch.Generator().manual_seed(seed_of("fwd", method, str(dtype)))
-    cfg = config(method)
+def test_forward_equals_the_kernel_bit_for_bit(method, renormalize, dtype):
+    gen = torch.Generator().manual_seed(seed_of("fwd", method, str(dtype), renormalize))
+    cfg = config(method, renormalize=renormalize)
     logits = (torch.randn((37, E), generator=gen) * 3).to(dtype)
     ids = forced(37, gen)
     bias = torch.rand(E, generator=gen) * 0.1 if method == "deepseek_v3" else None
@@ -45,29 +48,39 @@ def test_forward_equals_the_kernel_bit_for_bit(method, dtype):
     assert torch.equal(moekit.torch.replay_routing(logits, sel_ids, cfg, score_bias=bias).view(torch.int32),
                        sel_w.view(torch.int32))
     # And they are the spec's weights (fp32 rounding of a handful of exp/divisions: 2e-6 relative).
-    ref = replay_weights(logits.float(), ids, method, cfg.routed_scaling_factor)
+    ref = replay_weights(logits.float(), ids, method, cfg.routed_scaling_factor, renormalize)
     torch.testing.assert_close(w.double(), ref, rtol=2e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_gradcheck_float64(method):
-    gen = torch.Generator().manual_seed(seed_of("gradcheck", method))
-    cfg = config(method)
+@pytest.mark.parametrize("method,renormalize", VARIANTS)
+def test_gradcheck_float64(method, renormalize):
+    gen = torch.Generator().manual_seed(seed_of("gradcheck", method, renormalize))
+    cfg = config(method, renormalize=renormalize)
     logits = (torch.randn((5, E), generator=gen, dtype=torch.float64) * 2).requires_grad_()
     ids = forced(5, gen)
+    # gradcheck only proves the backward consistent with the forward: first pin the float64 forward and its
+    # autograd gradient to the independent spec of reference.py, so a wrong formula cannot pass.
+    g = torch.randn((5, K), generator=gen, dtype=torch.float64)
+    w = moekit.torch.replay_routing(logits, ids, cfg)
+    ref_x = logits.detach().clone().requires_grad_()
+    ref = replay_weights(ref_x, ids, method, cfg.routed_scaling_factor, renormalize)
+    torch.testing.assert_close(w, ref, rtol=1e-12, atol=1e-12)
+    (got,) = torch.autograd.grad((w * g).sum(), logits)
+    (want,) = torch.autograd.grad((ref * g).sum(), ref_x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: moekit.torch.replay_routing(x, ids, cfg), (logits,))
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_gradient_matches_the_plain_torch_spec(method):
-    gen = torch.Generator().manual_seed(seed_of("grad", method))
-    cfg = config(method)
+@pytest.mark.parametrize("method,renormalize", VARIANTS)
+def test_gradient_matches_the_plain_torch_spec(method, renormalize):
+    gen = torch.Generator().manual_seed(seed_of("grad", method, renormalize))
+    cfg = config(method, renormalize=renormalize)
     logits = (torch.randn((29, E), generator=gen) * 2).requires_grad_()
     ids = forced(29, gen)
     g = torch.randn((29, K), generator=gen)
     (moekit.torch.replay_routing(logits, ids, cfg) * g).sum().backward()
     x64 = logits.detach().double().requires_grad_()
-    (replay_weights(x64, ids, method, cfg.routed_scaling_factor) * g.double()).sum().backward()
+    (replay_weights(x64, ids, method, cfg.routed_scaling_factor, renormalize) * g.double()).sum().backward()
     # f32 analytic gradient against fp64 autograd: products of O(1) terms, a few ulp each.
     torch.testing.assert_close(logits.grad.double(), x64.grad, rtol=1e-5, atol=2e-6)
     if method == "softmax_topk":  # the full softmax reaches every logit, not just the forced ones
@@ -101,6 +114,20 @@ def test_bad_forced_ids_are_refused():
         moekit.torch.replay_routing(logits.double(), good.clone().index_fill_(1, torch.tensor([2]), 1), cfg)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_int64_ids_are_range_checked_before_narrowing(dtype):
+    """2**32 + 3 is not expert 3: an int64 id is checked as it is, never after a cast to int32."""
+    cfg = config("renormalize")
+    logits = torch.zeros((3, E), dtype=dtype)
+    for wide in (2 ** 32 + 3, 2 ** 31, -(2 ** 32) + 1, 2 ** 63 - 1):
+        ids = torch.tensor([[0, 1, 2, 3]] * 3, dtype=torch.int64)
+        ids[1, 2] = wide
+        with pytest.raises(ValueError, match=rf"forced_ids\[1, 2\] = {wide} outside \[0, {E}\)"):
+            moekit.torch.replay_routing(logits, ids, cfg)
+    ok = torch.tensor([[0, 1, 2, 3]] * 3, dtype=torch.int64)
+    torch.testing.assert_close(moekit.torch.replay_routing(logits.float(), ok, cfg), torch.full((3, K), 0.25))
+
+
 def test_drift_counts_what_changed():
     gen = torch.Generator().manual_seed(seed_of("drift"))
     cfg = config("renormalize")
@@ -119,10 +146,10 @@ def test_drift_counts_what_changed():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", METHODS)
-def test_cuda_forward_is_the_cuda_kernel_and_gradient_matches_the_cpu(method):
-    gen = torch.Generator().manual_seed(seed_of("cuda", method))
-    cfg = config(method)
+@pytest.mark.parametrize("method,renormalize", VARIANTS)
+def test_cuda_forward_is_the_cuda_kernel_and_gradient_matches_the_cpu(method, renormalize):
+    gen = torch.Generator().manual_seed(seed_of("cuda", method, renormalize))
+    cfg = config(method, renormalize=renormalize)
     logits = torch.randn((45, E), generator=gen) * 2
     ids = forced(45, gen)
     g = torch.randn((45, K), generator=gen)

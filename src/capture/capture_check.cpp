@@ -187,6 +187,15 @@ CaptureCheckReport check_capture(const CaptureSet& captures, const CaptureCheckO
     }
     check_request(r, captures.info, options, out);
   }
+  // A request the caller expects but the capture lacks is a finding too, never "ok".
+  std::set<std::string> present;
+  for (const RequestCapture& r : captures.requests) present.insert(r.request);
+  for (const auto& [request, tokens] : options.expected_tokens) {
+    if (!present.count(request)) {
+      out.add(CaptureFindingKind::kTokenCount, request, -1, -1, -1,
+              "the request is not in the capture (expected " + std::to_string(tokens) + " tokens)");
+    }
+  }
   return report;
 }
 

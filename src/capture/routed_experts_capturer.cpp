@@ -161,6 +161,12 @@ Status RoutedExpertsCapturer::add_request(const std::string& request, int64_t sk
     return InvalidArgument("capturer.add_request(" + quoted(request) + "): prompt_tokens must be >= 0 (or -1: not known), got " +
                            std::to_string(prompt_tokens));
   }
+  if (prompt_tokens >= 0 && skip_prompt_tokens > prompt_tokens) {
+    // The capture would start after the first generated token: first_generated_token < first_token.
+    return InvalidArgument("capturer.add_request(" + quoted(request) + "): skip_prompt_tokens " +
+                           std::to_string(skip_prompt_tokens) + " lies past the prompt's end (prompt_tokens " +
+                           std::to_string(prompt_tokens) + "): only prompt tokens can have been captured before");
+  }
   if (impl_->requests.count(request)) {
     return InvalidArgument("capturer.add_request: request " + quoted(request) + " was already added");
   }

@@ -78,6 +78,8 @@ TEST(CaptureCheck, EachPlantedFaultIsNamed) {
        "MoE layer 1 (model layer 3): model layer 3 is dense"},
       {"tokens", [](CaptureSet&, CaptureCheckOptions& o) { o.expected_tokens["b"] = 11; },
        CaptureFindingKind::kTokenCount, "request 'b': 10 rows, expected 11 tokens"},
+      {"missing", [](CaptureSet&, CaptureCheckOptions& o) { o.expected_tokens["ghost"] = 3; },
+       CaptureFindingKind::kTokenCount, "request 'ghost': the request is not in the capture (expected 3 tokens)"},
       {"prompt", [](CaptureSet& s, CaptureCheckOptions&) { s.requests[0].first_generated_token = 12; },
        CaptureFindingKind::kPromptBoundary, "request 'a': first_generated_token 12 outside the captured tokens [0, 10]"},
   };

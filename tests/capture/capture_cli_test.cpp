@@ -236,6 +236,9 @@ TEST_F(CaptureCli, RunWritesACaptureThatReplayChecksOnItsOwn) {
   r = run_cli("capture check --json " + file("dup.safetensors"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("\"kind\": \"duplicate\""), std::string::npos) << r.out;
+  r = run_cli("capture check --expect-tokens ghost=3 " + file("dup.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.out;  // a request the capture lacks is a finding, not "ok"
+  EXPECT_NE(r.out.find("token_count: request 'ghost': the request is not in the capture"), std::string::npos) << r.out;
   r = run_cli("capture check --expect-tokens nonsense " + cap);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--expect-tokens: expected REQUEST=N"), std::string::npos) << r.out;

@@ -167,6 +167,7 @@ TEST(Capturer, RecordsPromptBoundaryAndBackendThroughTheFile) {
   ASSERT_TRUE((*cap)->add_request("p", /*skip_prompt_tokens=*/1, /*prompt_tokens=*/3).ok());
   ASSERT_TRUE((*cap)->add_request("q").ok());
   EXPECT_FALSE((*cap)->add_request("r", 0, -2).ok());
+  EXPECT_FALSE((*cap)->add_request("r", 4, 3).ok());  // the capture would start past the prompt's end
   for (const StepLayout& layout : {StepLayout{{{"p", 3}, {"q", 2}}}, StepLayout{{{"p", 1}, {"q", 1}}}}) {
     ASSERT_TRUE((*cap)->begin_step(layout).ok());
     auto in = make_step_inputs(s, layout.num_rows(), 12);

@@ -10,6 +10,10 @@ from .. import _moekit
 from .format import Capture, RequestRoutes
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 @dataclass
 class CheckReport:
     """findings: [{kind, request, token, layer, model_layer, slot, message}] (at most
@@ -35,12 +39,14 @@ class CheckReport:
 
 def _capture_set(cap: Capture):
     r = cap.routing
-    requests = [(q.request, int(q.first_token), int(q.first_generated_token),
-                 np.ascontiguousarray(np.asarray(q.ids).astype(np.int16, copy=False)), None) for q in cap.requests]
-    for q in cap.requests:
+    for q in cap.requests:  # before any cast: a float id would be truncated, a wide one wrapped
         a = np.asarray(q.ids)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"request {q.request!r}: ids must be integers, got {a.dtype}")
         if a.size and (a.min() < -32768 or a.max() > 32767):
             raise ValueError(f"request {q.request!r}: ids outside int16 cannot be checked (got {a.min()}..{a.max()})")
+    requests = [(q.request, int(q.first_token), int(q.first_generated_token),
+                 np.ascontiguousarray(np.asarray(q.ids).astype(np.int16, copy=False)), None) for q in cap.requests]
     return _moekit.capture_set(cap.num_experts, r["method"], int(r["top_k"]), int(r.get("num_groups", 1)),
                                int(r.get("topk_groups", 1)), float(r.get("routed_scaling_factor", 1.0)),
                                bool(r.get("score_bias", False)), list(map(int, cap.model_layers)), requests,
@@ -77,8 +83,25 @@ def check(capture: Union[str, os.PathLike, Capture, "_moekit.CaptureSet", Mappin
                               {"method": routing, "top_k": k, "num_groups": 1, "topk_groups": 1,
                                "routed_scaling_factor": 1.0, "score_bias": False}, reqs)
         cs = _capture_set(capture)
-    findings, counts = _moekit.check_capture(cs, dict(expected_tokens or {}), int(num_physical_experts),
+    expected = dict(expected_tokens or {})
+    for name, n in expected.items():
+        if not isinstance(name, str) or not _is_int(n) or n < 0:
+            raise ValueError(f"check: expected_tokens must map request names to token counts >= 0, got "
+                             f"{name!r:.60}: {n!r:.40}")
+    eplb = list(physical_to_logical) if physical_to_logical is not None else []
+    E = int(cs.num_experts)
+    if eplb:
+        if not all(_is_int(e) for e in eplb):
+            raise ValueError("check: physical_to_logical must hold integers (logical expert ids)")
+        bad = next((p for p, e in enumerate(eplb) if not 0 <= e < E), None)
+        if bad is not None:
+            raise ValueError(f"check: physical_to_logical[{bad}] = {eplb[bad]} is not a logical expert (E = {E})")
+        if len(eplb) < E:
+            raise ValueError(f"check: physical_to_logical has {len(eplb)} physical experts, fewer than the {E} "
+                             "logical ones")
+    if not _is_int(num_physical_experts) or num_physical_experts < 0:
+        raise ValueError(f"check: num_physical_experts must be an integer >= 0, got {num_physical_experts!r}")
+    findings, counts = _moekit.check_capture(cs, expected, int(num_physical_experts),
                                              list(map(int, dense_layers)), int(min_tokens_constant),
-                                             int(max_findings_per_kind),
-                                             [int(e) for e in (physical_to_logical if physical_to_logical is not None else ())])
+                                             int(max_findings_per_kind), [int(e) for e in eplb])
     return CheckReport(list(findings), dict(counts))

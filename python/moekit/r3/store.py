@@ -22,6 +22,12 @@ import numpy as np
 
 from .format import SENTINEL, RequestRoutes
 
+_MAX_ID = 32767  # ids are int16 (docs/routing.md)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
 
 @dataclass
 class _Request:
@@ -36,17 +42,22 @@ class _Request:
 
 class RoutingStore:
     """Routed-expert rows per request. block_size: tokens per prefix-cache block (as the engine's KV
-    cache). on_conflict: what append() does with a position that already holds rows that differ
+    cache). num_experts (optional): ids must be in [0, num_experts) (else moekit's id range [0, 32767]).
+    on_conflict: what append() does with a position that already holds rows that differ
     (a recompute after preemption on a batch-variant kernel): "keep" (default: the rows that produced
     the sampled tokens stay), "overwrite", or "error"."""
 
-    def __init__(self, num_moe_layers: int, top_k: int, block_size: int, on_conflict: str = "keep"):
-        if num_moe_layers < 1 or top_k < 1 or block_size < 1:
-            raise ValueError("num_moe_layers, top_k and block_size must be >= 1")
+    def __init__(self, num_moe_layers: int, top_k: int, block_size: int, on_conflict: str = "keep",
+                 num_experts: Optional[int] = None):
+        if not all(_is_int(v) and v >= 1 for v in (num_moe_layers, top_k, block_size)):
+            raise ValueError("num_moe_layers, top_k and block_size must be integers >= 1")
+        if num_experts is not None and not (_is_int(num_experts) and 1 <= num_experts <= _MAX_ID + 1):
+            raise ValueError(f"num_experts must be an integer in [1, {_MAX_ID + 1}], got {num_experts!r}")
         if on_conflict not in ("keep", "overwrite", "error"):
             raise ValueError(f"on_conflict must be 'keep', 'overwrite' or 'error', got {on_conflict!r}")
         self.num_moe_layers, self.top_k, self.block_size = num_moe_layers, top_k, block_size
         self.on_conflict = on_conflict
+        self.num_experts = num_experts  # when given, ids must be in [0, num_experts); else in [0, 32767]
         self._requests: Dict[str, _Request] = {}
         self._blocks: Dict[object, np.ndarray] = {}  # block hash -> [block_size, L, k] int16
 
@@ -55,8 +66,13 @@ class RoutingStore:
         """first_token > 0: positions before it are not kept (earlier turns captured before)."""
         if request in self._requests:
             raise ValueError(f"request {request!r} was already added")
-        if prompt_len < 0 or not 0 <= first_token:
-            raise ValueError(f"request {request!r}: prompt_len and first_token must be >= 0")
+        if not (_is_int(prompt_len) and _is_int(first_token)) or prompt_len < 0 or first_token < 0:
+            raise ValueError(f"request {request!r}: prompt_len and first_token must be integers >= 0, got "
+                             f"{prompt_len!r} and {first_token!r}")
+        if first_token > prompt_len:
+            # The routes' first_generated_token (= prompt_len) would lie before their first token.
+            raise ValueError(f"request {request!r}: first_token {first_token} lies past the prompt's end "
+                             f"(prompt_len {prompt_len}): only prompt tokens can have been captured before")
         self._requests[request] = _Request(prompt_len, first_token, self._empty(max(prompt_len - first_token, 16)))
 
     def _empty(self, n: int) -> np.ndarray:
@@ -82,11 +98,17 @@ class RoutingStore:
             raise ValueError(f"{what}: rows must be [n, {self.num_moe_layers}, {self.top_k}], got {list(a.shape)}")
         if not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{what}: rows must be integer ids, got {a.dtype}")
+        hi = _MAX_ID if self.num_experts is None else self.num_experts - 1
+        bad = (a != SENTINEL) & ((a < 0) | (a > hi))  # checked before the cast to int16 could wrap 40000
+        if bad.any():
+            t, l, j = (int(x) for x in np.argwhere(bad)[0])
+            span = f"[0, {_MAX_ID}]" if self.num_experts is None else f"[0, {self.num_experts})"
+            raise ValueError(f"{what}: row {t}, MoE layer {l}, slot {j}: id {a[t, l, j]} outside {span}")
         return a.astype(np.int16)
 
     def _write(self, r: _Request, request: str, start: int, a: np.ndarray, what: str, policy: str) -> None:
-        if start < 0:
-            raise ValueError(f"{what}: start {start} < 0")
+        if not _is_int(start) or start < 0:
+            raise ValueError(f"{what}: start must be an integer >= 0, got {start!r}")
         if (a == SENTINEL).all(axis=(1, 2)).any():
             t = int(np.flatnonzero((a == SENTINEL).all(axis=(1, 2)))[0])
             raise ValueError(f"{what}: request {request!r}, token {start + t}: the row is the sentinel -1 "
@@ -129,6 +151,8 @@ class RoutingStore:
         """Keeps positions [0, num_tokens): the rest were rejected draft tokens (speculative decoding) or
         tokens to recompute. Their rows become -1 again."""
         r = self._get(request)
+        if not _is_int(num_tokens):
+            raise ValueError(f"trim: num_tokens must be an integer, got {num_tokens!r}")
         if num_tokens < r.first_token:
             raise ValueError(f"trim: request {request!r}: cannot trim below first_token {r.first_token}")
         keep = num_tokens - r.first_token
