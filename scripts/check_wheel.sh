@@ -1,28 +1,56 @@
 #!/usr/bin/env bash
-# Checks the user's path, `pip install .`: builds the wheel with scikit-build-core
-# (CPU backend only, so CI does not compile the CUDA sources a second time),
-# installs it into a folder of its own and runs the pytest suite against it
-# with .venv's Python (torch), from another folder so the wheel is what imports.
+# Checks the user's path, `pip install .`, against what a user installs today:
+# a virtual environment of its own ($MOEKIT_NEWEST_VENV, default .venv-newest)
+# with the newest numpy, torch, transformers, pytest and hypothesis on PyPI
+# (the binding stack, nanobind and scikit-build-core, pinned as in
+# pyproject.toml), on the newest Python 3.12+ found (numpy 2.5 needs 3.12),
+# else python3. The wheel is built with scikit-build-core (CPU backend only, so
+# CI does not compile the CUDA sources a second time), installed into a folder
+# of its own, and the pytest suite runs against it from another folder so the
+# wheel is what imports. The pinned versions are tested in .venv by
+# scripts/test.sh.
 #
-#   scripts/check_wheel.sh            # after scripts/setup.sh; work folder build-wheel/
+#   scripts/check_wheel.sh            # work folder build-wheel/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
-readonly VENV="${MOEKIT_VENV:-.venv}"
+readonly VENV="${MOEKIT_NEWEST_VENV:-.venv-newest}"
 readonly WORK="${MOEKIT_WHEEL_DIR:-build-wheel}"
-readonly PY=$ROOT/$VENV/bin/python
+
+python=""
+for candidate in python3.14 python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3; do
+  if command -v "$candidate" >/dev/null 2>&1 &&
+     "$candidate" -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+    python=$(command -v "$candidate")
+  fi
+done
+python=${python:-python3}
+if [[ ! -x $VENV/bin/python ]]; then
+  "$python" -m venv "$VENV"
+fi
+PY=$(cd "$VENV" && pwd)/bin/python
+readonly PY
+binding=$(grep -E '^(nanobind|scikit-build-core)==' python/requirements.txt)
+echo "check_wheel: newest numpy/torch/transformers/pytest/hypothesis on $("$PY" --version) in $VENV/"
+# shellcheck disable=SC2086  # $binding: one pinned requirement per word
+"$PY" -m pip install --quiet --disable-pip-version-check --upgrade numpy torch transformers pytest hypothesis $binding
+"$PY" - <<'PY'
+import numpy, torch, transformers
+print(f"check_wheel: numpy {numpy.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+PY
 
 rm -rf "$WORK/site"
 mkdir -p "$WORK"
 echo "check_wheel: pip install . (CPU backend) into $WORK/site"
-# --no-build-isolation: the pinned nanobind and scikit-build-core of .venv build it.
+# --no-build-isolation: the pinned nanobind and scikit-build-core of $VENV build it.
 "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps --target "$WORK/site" . \
   -C build-dir="$WORK/build" -C cmake.define.MOEKIT_CUDA=OFF
 cd "$WORK"
-PYTHONPATH="$ROOT/$WORK/site" "$PY" - <<'PY'
+SITE=$(pwd)/site
+PYTHONPATH="$SITE" "$PY" - <<'PY'
 import moekit, os
 where = os.path.dirname(moekit.__file__)
 assert where.endswith(os.path.join("site", "moekit")), f"imported moekit from {where}, not the wheel"
 print(f"check_wheel: moekit from {where}; {moekit.platform()}")
 PY
-PYTHONPATH="$ROOT/$WORK/site" "$PY" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider
+PYTHONPATH="$SITE" "$PY" -m pytest "$ROOT/python/tests" -q -rs -p no:cacheprovider

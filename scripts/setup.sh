@@ -67,7 +67,10 @@ if [[ $PYTHON_PACKAGE == ON ]]; then
   python_args=(-DMOEKIT_PYTHON=ON "-DPython_EXECUTABLE=$PWD/$VENV/bin/python")
 fi
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${python_args[@]}"
+# Everything: the cache of a build/ that scripts/run.sh configured (no tests, no
+# benchmarks, CUDA only with a GPU) is overridden.
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA="${MOEKIT_CUDA:-AUTO}" \
+  -DBUILD_TESTING=ON -DMOEKIT_BUILD_BENCH=ON "${python_args[@]}"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 echo "setup: built $BUILD_DIR/moekit"
 if [[ $PYTHON_PACKAGE == ON ]]; then

@@ -3,7 +3,8 @@
 # `unit` label (CPU) and `gpu` label (each gpu test skips itself, reported as
 # skipped, when no CUDA device is present), then the Python package's pytest
 # suite in .venv (its gpu tests skip the same way), then the same suite against
-# a wheel that `pip install .` built (scripts/check_wheel.sh, CPU backend). Every
+# a wheel that `pip install .` built (scripts/check_wheel.sh, CPU backend), with
+# the newest numpy, torch and transformers on PyPI (.venv has the pinned ones). Every
 # part always runs; exits non-zero when any had a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."

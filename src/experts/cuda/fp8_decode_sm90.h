@@ -38,7 +38,7 @@ inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
     Fp8StreamVariant::kW1T8K128S2,  Fp8StreamVariant::kW1T8K128S3,  Fp8StreamVariant::kW1T8K256S2,
     Fp8StreamVariant::kW1T16K128S2, Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T32K256S2,
 };
-const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t16_s4", ...
+const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t8_k128_s2", ...
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name);
 
 struct Fp8StreamGemm {

@@ -1,14 +1,13 @@
 // The fp8 W8A8 expert stages on the device (docs/fp8.md) around the GEMMs.
 // Activations are rounded through e4m3 exactly as the cpu backend rounds them
-// (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value). Two
-// GEMM paths follow (moe_pipeline_fp8.h):
-//  - tensor cores (fp8_gemm_cutlass_sm90.h): the quantizer writes e4m3 bytes
-//    and the scales the blockwise GEMM reads;
+// (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value). The
+// GEMM paths (moe_pipeline_fp8.h):
+//  - tensor cores (fp8_gemm_cutlass_sm90.h, fp8_decode_sm90.h): the quantizer
+//    writes e4m3 bytes and the scales the GEMM reads;
 //  - CUDA cores (fp8_grouped_gemm below): the quantizer writes each quantized
 //    value as f32; one warp per (expert, weight row) reads the e4m3 weights once
-//    per 8 rows and dequantizes them in registers. It serves the shapes the
-//    tensor-core GEMM cannot (gated I not a multiple of 128, a build without
-//    CUTLASS); large M is slow there.
+//    per 8 rows and dequantizes them in registers. It serves a build without
+//    CUTLASS; large M is slow there.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA

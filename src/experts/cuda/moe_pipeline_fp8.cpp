@@ -28,8 +28,6 @@ namespace {
 
 int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-enum class Fp8Gemms : uint8_t { kStreaming, kTensorCores, kCudaCores };
-
 // MOEKIT_SM90_FP8_GEMM: cuda_core | cutlass | streaming forces a GEMM path (for
 // comparisons); MOEKIT_SM90_FP8_STREAM names the streaming instance. Read at
 // every forward (not cached), so that one process can compare them.
