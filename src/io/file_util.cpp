@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -96,14 +97,44 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A name for a staging or backup file in the folder of `path`: a fixed short
+// prefix and 10 random characters, never longer than the folder's own path plus
+// 16, so an output whose name is as long as the file system allows still has
+// one (the old "<name>.tmp-<pid>-<n>" did not fit beside a 250-character name).
+// Not created here: write_temp creates it exclusively (O_EXCL) and link() fails
+// on an existing name, so a collision is an error, never an overwrite.
 std::string temp_name_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  static const char kChars[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  uint64_t x = (static_cast<uint64_t>(::getpid()) << 32) ^ (counter.fetch_add(1) * 0x9e3779b97f4a7c15ull) ^
+               static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&counter)) ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::string name = ".mk-";
+  for (int i = 0; i < 10; ++i) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 29;
+    name += kChars[x % 36];
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? name : (parent / name).string();
 }
 
-Status write_temp(const std::string& tmp, const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return os_error(path, "cannot create", errno);
+Status write_temp(std::string& tmp, const std::string& path, const std::vector<uint8_t>& bytes) {
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    if (attempt > 0) tmp = temp_name_for(path);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return os_error(path, "cannot create a temporary file beside it", errno);
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return os_error(path, "cannot create", err);
+  }
   bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   int err = ok ? 0 : errno;
   if (std::fclose(f) != 0 && ok) {
@@ -198,7 +229,12 @@ Status commit(std::vector<Target>& targets, detail::RenameFn rename_fn) {
     if (t.existed) {
       // Keep the old file under another name until every output is in place.
       t.backup = temp_name_for(*t.path);
-      if (::link(t.path->c_str(), t.backup.c_str()) != 0) {
+      int linked = ::link(t.path->c_str(), t.backup.c_str());
+      for (int attempt = 0; linked != 0 && errno == EEXIST && attempt < 16; ++attempt) {
+        t.backup = temp_name_for(*t.path);  // that name is taken: another
+        linked = ::link(t.path->c_str(), t.backup.c_str());
+      }
+      if (linked != 0) {
         t.moved_away = ::rename(t.path->c_str(), t.backup.c_str()) == 0;
         if (!t.moved_away) {
           err = errno;
