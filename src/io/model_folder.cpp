@@ -414,8 +414,14 @@ std::string CheckpointLayer::summary() const {
 }
 
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer) {
+  return load_checkpoint_layer(model_dir, layer, {});
+}
+
+StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
+                                                const std::function<Status(const CheckpointLayerSize&)>& check_size) {
   const std::string config_path = model_dir + "/config.json";
   std::error_code ec;
+  if (model_dir.empty()) return InvalidArgument("the model folder path is empty");
   if (!fs::is_directory(model_dir, ec)) return NotFound(model_dir + ": not a folder");
   if (!fs::exists(config_path, ec)) {
     return NotFound(model_dir + ": no config.json (a model folder as save_pretrained writes it)");
@@ -431,6 +437,24 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   MOEKIT_ASSIGN_OR_RETURN(Shards shards, Shards::open(model_dir));
   MOEKIT_ASSIGN_OR_RETURN(const std::string prefix, moe_prefix(shards, layer));
 
+  if (check_size) {
+    // From the headers alone: every tensor under the prefix, and the experts' dtype.
+    CheckpointLayerSize size;
+    size.config = model.config;
+    size.w13_rows = model.config.activation.gated() ? 2 * model.config.intermediate : model.config.intermediate;
+    bool dtype_seen = false;
+    for (auto it = shards.names().lower_bound(prefix); it != shards.names().end() && it->first.starts_with(prefix);
+         ++it) {
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, shards.entry(it->first));
+      size.tensor_bytes += e->nbytes;
+      if (!dtype_seen && e->dtype && it->first.find("experts.") != std::string::npos) {
+        size.dtype = *e->dtype;
+        dtype_seen = true;
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(check_size(size));
+  }
+
   CheckpointLayer out;
   out.config = model.config;
   out.model_type = model.model_type;
@@ -445,6 +469,32 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   out.config.quant.act_dtype = reader.dtype();
   out.files = shards.files_used();
   MOEKIT_RETURN_IF_ERROR(out.config.validate());
+  return out;
+}
+
+std::vector<std::string> model_folder_files(const std::string& model_dir) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  const auto add = [&](const std::string& name) {
+    std::error_code ec;
+    const std::string path = model_dir + "/" + name;
+    if (seen.insert(name).second && fs::is_regular_file(path, ec)) out.push_back(path);
+  };
+  add("config.json");
+  add("model.safetensors");
+  add("model.safetensors.index.json");
+  const std::string index = model_dir + "/model.safetensors.index.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(index, ec)) return out;
+  StatusOr<std::string> text = read_text(index);
+  if (!text.ok()) return out;
+  StatusOr<nlohmann::json> j = io::parse_json_strict(*text, index);
+  if (!j.ok() || !j->is_object() || !j->contains("weight_map") || !j->at("weight_map").is_object()) return out;
+  for (const auto& [name, file] : j->at("weight_map").items()) {
+    if (file.is_string() && file.get<std::string>().find('/') == std::string::npos && !file.get<std::string>().empty()) {
+      add(file.get<std::string>());
+    }
+  }
   return out;
 }
 
