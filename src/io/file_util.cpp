@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -58,13 +59,66 @@ StatusOr<std::unique_ptr<ByteSource>> ByteSource::map_file(const std::string& pa
   if (src->size_ == 0) return src;  // mmap of 0 bytes is an error; an empty source is not
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return os_error(path, "cannot open", errno);
+  struct stat fst {};
+  if (::fstat(fd, &fst) != 0 || static_cast<uint64_t>(fst.st_size) < src->size_) {
+    // Shorter than stat() said a moment ago: map no page past the end.
+    const int err = errno;
+    ::close(fd);
+    if (fst.st_size >= 0 && static_cast<uint64_t>(fst.st_size) < src->size_) {
+      return DataLoss(path + ": the file shrank while it was being opened (being written by another process?)");
+    }
+    return os_error(path, "cannot check", err);
+  }
   void* p = ::mmap(nullptr, src->size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return os_error(path, "cannot map", err);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return os_error(path, "cannot map", err);
+  }
+  src->fd_ = fd;
+  src->path_ = path;
   src->mapped_ = p;
   src->data_ = static_cast<const uint8_t*>(p);
   return src;
+}
+
+Status ByteSource::read(uint64_t offset, uint64_t n, void* dst) const {
+  if (n == 0) return Status::Ok();
+  if (offset > size_ || n > size_ - offset) {
+    return OutOfRange(path_ + ": bytes [" + std::to_string(offset) + ", +" + std::to_string(n) + ") past its " +
+                      std::to_string(size_) + " bytes");
+  }
+  if (fd_ < 0) {
+    std::memcpy(dst, data_ + offset, n);
+    return Status::Ok();
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd_, out + done, chunk, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return os_error(path_, "read failed", errno);
+    }
+    if (got == 0) {
+      return DataLoss(path_ + ": the file ends at byte " + std::to_string(offset + done) + ", but its header says " +
+                      std::to_string(size_) + " bytes (truncated while moekit had it open?)");
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+Status ByteSource::check_intact(uint64_t end) const {
+  if (fd_ < 0) return Status::Ok();
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return os_error(path_, "cannot check", errno);
+  if (static_cast<uint64_t>(st.st_size) < end) {
+    return DataLoss(path_ + ": the file is now " + std::to_string(st.st_size) + " bytes, but its header says " +
+                    std::to_string(size_) + " (truncated while moekit had it open?)");
+  }
+  return Status::Ok();
 }
 
 std::unique_ptr<ByteSource> ByteSource::copy_of(const void* bytes, size_t size) {
@@ -78,6 +132,7 @@ std::unique_ptr<ByteSource> ByteSource::copy_of(const void* bytes, size_t size) 
 
 ByteSource::~ByteSource() {
   if (mapped_) ::munmap(mapped_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 StatusOr<HostTensor> allocate_host_tensor(DType dtype, const std::vector<int64_t>& shape, const std::string& name) {
