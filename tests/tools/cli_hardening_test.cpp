@@ -225,5 +225,132 @@ TEST_F(CliHardening, OutputNamesUpToTheFileSystemsLimitAreWritten) {
   }
 }
 
+// ------------------------------------------------- item 8: NaN expert weights
+
+// Sets byte(s) of tensor `name` in a safetensors file, at element `index`.
+void poke(const std::string& path, const std::string& name, int64_t index, const Bytes& value) {
+  uint64_t at = 0;
+  {
+    auto f = io::SafetensorsFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    const io::SafetensorsEntry* e = f->find(name);
+    ASSERT_NE(e, nullptr) << name;
+    Bytes head = read_bytes(path);
+    uint64_t header = 0;
+    std::memcpy(&header, head.data(), 8);
+    at = 8 + header + e->offset + static_cast<uint64_t>(index) * value.size();
+  }
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(reinterpret_cast<const char*>(value.data()), static_cast<std::streamsize>(value.size()));
+}
+
+TEST_F(CliHardening, NanExpertWeightsAreRefusedNamingTheTensorAndIndex) {
+  std::mt19937_64 rng(testing::seed_from({kE, kH, 8}));
+  const std::string layer = file("w.safetensors");
+  ASSERT_TRUE(expert_tensors("model.layers.0.mlp.", rng).write(layer).ok());
+  const std::string run = " --top-k 2 --hidden " + file("hidden.npy") + " --out " + file("o.npy");
+  // bf16: a NaN in expert 2's up_proj (w13 rows I..2I), and +Inf in expert 1's down_proj.
+  const std::string nan_file = file("nan.safetensors");
+  fs::copy_file(layer, nan_file);
+  poke(nan_file, "model.layers.0.mlp.experts.2.up_proj.weight", 3 * kH + 5, {0xc1, 0x7f});
+  Result r = run_cli("layer --backend cpu --weights " + nan_file + run);
+  expect_refused(r, "w13: element [2, " + std::to_string(kI + 3) + ", 5]", "bf16 NaN");
+  EXPECT_NE(r.err.find("NaN"), std::string::npos) << r.err;
+  const std::string inf_file = file("inf.safetensors");
+  fs::copy_file(layer, inf_file);
+  poke(inf_file, "model.layers.0.mlp.experts.1.down_proj.weight", 7, {0x80, 0x7f});
+  r = run_cli("layer --backend cpu --weights " + inf_file + run);
+  expect_refused(r, "w2: element [1, 0, 7]", "bf16 Inf");
+  // fp8 e4m3: the NaN codes 0x7F and 0xFF.
+  ASSERT_EQ(run_cli("quantize --scheme fp8-tensor --weights " + layer + " --out " + file("fp8.safetensors")).code, 0);
+  for (uint8_t code : {uint8_t{0x7f}, uint8_t{0xff}}) {
+    const std::string f8 = file("fp8_" + std::to_string(code) + ".safetensors");
+    fs::copy_file(file("fp8.safetensors"), f8);
+    poke(f8, "model.layers.0.mlp.experts.3.gate_proj.weight", kH + 2, {code});
+    r = run_cli("layer --backend cpu --weights " + f8 + run);
+    expect_refused(r, "w13: element [3, 1, 2]", "e4m3 NaN code " + std::to_string(code));
+  }
+  EXPECT_FALSE(fs::exists(file("o.npy")));
+  // The clean file still runs.
+  r = run_cli("layer --backend cpu --weights " + layer + run);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
+
+// ------------------------------------------------- item 3: quantize
+
+TEST_F(CliHardening, QuantizeRefusesZeroSizesAndMismatchedStackedLayers) {
+  std::mt19937_64 rng(testing::seed_from({kE, kH, 9}));
+  const auto stacked = [&](const std::string& name, std::vector<int64_t> w13, std::vector<int64_t> w2) {
+    Tensors t;
+    t.add("w13", testing::random_tensor(rng, DType::kBF16, std::move(w13), 0.2));
+    t.add("w2", testing::random_tensor(rng, DType::kBF16, std::move(w2), 0.2));
+    EXPECT_TRUE(t.write(file(name)).ok());
+    return file(name);
+  };
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"I = 0", stacked("i0.safetensors", {kE, 0, kH}, {kE, kH, 0}), "a size of 0"},
+      {"E = 0", stacked("e0.safetensors", {0, 2 * kI, kH}, {0, kH, kI}), "a size of 0"},
+      {"H = 0", stacked("h0.safetensors", {kE, 2 * kI, 0}, {kE, 0, kI}), "a size of 0"},
+      {"E differs", stacked("e.safetensors", {kE, 2 * kI, kH}, {kE + 1, kH, kI}), "disagree on E or H"},
+      {"H differs", stacked("h.safetensors", {kE, 2 * kI, kH}, {kE, kH + 1, kI}), "disagree on E or H"},
+  };
+  for (const auto& [what, in, needle] : cases) {
+    for (const char* scheme : {"fp8-block", "fp8-tensor"}) {
+      const Result r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + in + " --out " + file("q.safetensors"));
+      expect_refused(r, needle, what);
+      EXPECT_FALSE(fs::exists(file("q.safetensors"))) << what;
+    }
+  }
+  // A per-expert matrix of zero rows too.
+  Tensors t = expert_tensors("model.layers.0.mlp.", rng);
+  t.list[0].second = HostTensor(DType::kBF16, {0, kH});
+  ASSERT_TRUE(t.write(file("pe0.safetensors")).ok());
+  expect_refused(run_cli("quantize --scheme fp8-block --weights " + file("pe0.safetensors") + " --out " +
+                         file("q.safetensors")),
+                 "experts.0.gate_proj.weight: a size of 0", "per-expert zero rows");
+}
+
+TEST_F(CliHardening, QuantizeCopiesTensorsOfEveryDtypeUnchanged) {
+  // An extra I64 tensor (and an unaligned U8 one) beside the experts: copied
+  // byte for byte with their dtype and shape, as docs/fp8.md promises.
+  std::mt19937_64 rng(testing::seed_from({kE, kH, 10}));
+  const Tensors t = expert_tensors("model.layers.0.mlp.", rng);
+  std::vector<io::NamedTensor> named;
+  for (const auto& [name, x] : t.list) named.push_back({name, x.view(), {}});
+  std::vector<uint8_t> i64(3 * 5 * 8);
+  for (size_t i = 0; i < i64.size(); ++i) i64[i] = static_cast<uint8_t>(i * 7 + 1);
+  io::NamedTensor extra;
+  extra.name = "model.layers.0.mlp.token_counts";
+  extra.tensor = TensorView::contiguous(i64.data(), DType::kU8, {static_cast<int64_t>(i64.size())});
+  extra.stored_dtype = "I64";
+  extra.stored_shape = std::vector<int64_t>{3, 5};
+  named.push_back(extra);
+  HostTensor odd(DType::kU8, {3});
+  for (int i = 0; i < 3; ++i) odd.data<uint8_t>()[i] = static_cast<uint8_t>(200 + i);
+  named.push_back({"model.layers.0.mlp.flags", odd.view(), {}});
+  ASSERT_TRUE(io::write_safetensors(file("in.safetensors"), named).ok());
+  const Result r = run_cli("quantize --scheme fp8-block --weights " + file("in.safetensors") + " --out " +
+                           file("q.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  auto q = io::SafetensorsFile::open(file("q.safetensors"));
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  const io::SafetensorsEntry* e = q->find("model.layers.0.mlp.token_counts");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->dtype_name, "I64");
+  EXPECT_EQ(e->shape, (std::vector<int64_t>{3, 5}));
+  auto bytes = q->copy_bytes(e->name);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(*bytes, i64);
+  auto flags = q->read("model.layers.0.mlp.flags");
+  ASSERT_TRUE(flags.ok());
+  EXPECT_EQ(flags->data<uint8_t>()[2], 202);
+  EXPECT_EQ(q->find("model.layers.0.mlp.experts.0.gate_proj.weight")->dtype_name, "F8_E4M3");
+  // The router is copied as it was.
+  auto router = q->read("model.layers.0.mlp.gate.weight");
+  ASSERT_TRUE(router.ok());
+  EXPECT_EQ(std::memcmp(router->data<uint8_t>(), t.list.back().second.data<uint8_t>(), router->nbytes()), 0);
+}
+
 }  // namespace
 }  // namespace moekit
