@@ -196,12 +196,24 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   p.weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
   p.weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
   p.weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
+  if (ckpt.has_shared()) {  // DeepSeek / Qwen2-MoE: the shared expert runs with the routed ones
+    cfg.shared_intermediate = ckpt.shared_w2.shape()[1];
+    cfg.has_shared_gate = !ckpt.shared_gate.shape().empty();
+    p.weights.shared_w13 = ckpt.shared_w13.view();
+    p.weights.shared_w2 = ckpt.shared_w2.view();
+    p.weights.shared_gate = optional_view(ckpt.shared_gate);
+  }
   char line[512];
   std::snprintf(line, sizeof line, "weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
                 ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
                 static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
                 cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
   p.found = line;
+  if (ckpt.has_shared()) {
+    std::snprintf(line, sizeof line, "shared:   %s{gate,up,down}_proj.weight, width %lld%s\n", ckpt.shared_prefix.c_str(),
+                  static_cast<long long>(cfg.shared_intermediate), cfg.has_shared_gate ? ", sigmoid-gated" : "");
+    p.found += line;
+  }
   return Status::Ok();
 }
 

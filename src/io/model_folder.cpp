@@ -131,6 +131,25 @@ class LayerReader {
     if (fused && per_expert) {
       return InvalidArgument(p_ + "experts: both fused (experts.gate_up_proj) and per-expert tensors; which is meant?");
     }
+    // Every per-expert name must be one of the config's experts, spelled one
+    // way: "experts.03." or a 7-digit index would otherwise be skipped silently
+    // (the layer-file reader refuses them too, tools/layer_names.h).
+    const std::string experts = p_ + "experts.";
+    for (const std::string& n : names_under(experts)) {
+      const std::string seg = n.substr(experts.size(), n.find('.', experts.size()) - experts.size());
+      if (seg.empty() || seg.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (fused) {
+        return InvalidArgument(n + ": a per-expert tensor beside the fused " + fused_gate_up + "; which is meant?");
+      }
+      if (seg.size() <= 9 && seg[0] != '0' && std::stoll(seg) >= c.num_experts) {
+        return InvalidArgument(n + ": an expert past the " + std::to_string(c.num_experts) + " of config.json");
+      }
+      if ((seg.size() > 1 && seg[0] == '0') || seg.size() > 9) {
+        return InvalidArgument(n + ": expert index '" + seg + "' is not one of the " + std::to_string(c.num_experts) +
+                               " experts of config.json (0.." + std::to_string(c.num_experts - 1) +
+                               ", without leading zeros)");
+      }
+    }
     if (fused) return read_fused(c.num_experts, c.hidden, c.intermediate);
     if (per_expert) return read_per_expert(c.num_experts, c.hidden, c.intermediate);
     return InvalidArgument("no expert naming recognised under '" + p_ + "experts.'; names found there: " +

@@ -352,5 +352,78 @@ TEST_F(CliHardening, QuantizeCopiesTensorsOfEveryDtypeUnchanged) {
   EXPECT_EQ(std::memcmp(router->data<uint8_t>(), t.list.back().second.data<uint8_t>(), router->nbytes()), 0);
 }
 
+// ------------------------------------------------- item 5: shared experts, stray names
+
+TEST_F(CliHardening, SharedExpertsOfALayerFileRunAsTheModelFoldersDo) {
+  struct Family {
+    std::string name, config, shared, method;
+    bool gate;
+  };
+  const std::vector<Family> families = {
+      {"qwen2_moe",
+       R"({"model_type": "qwen2_moe", "num_hidden_layers": 1, "hidden_size": 16, "num_experts": 4,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 8, "intermediate_size": 32,
+           "shared_expert_intermediate_size": 12, "norm_topk_prob": false, "hidden_act": "silu"})",
+       "shared_expert.", "softmax_topk", true},
+      {"deepseek_v3",
+       R"({"model_type": "deepseek_v3", "num_hidden_layers": 1, "hidden_size": 16, "n_routed_experts": 4,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 6, "intermediate_size": 32, "n_shared_experts": 2,
+           "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": true,
+           "scoring_func": "sigmoid", "topk_method": "noaux_tc", "hidden_act": "silu"})",
+       "shared_experts.", "deepseek_v3", false},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.name);
+    const std::string dir = file(f.name);
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << f.config;
+    const int64_t I = f.name == "qwen2_moe" ? kI : 6, Is = f.name == "qwen2_moe" ? 12 : 12;
+    std::mt19937_64 rng(testing::seed_from({kE, kH, I, 11}));
+    Tensors t;
+    const std::string p = "model.layers.0.mlp.";
+    for (int64_t e = 0; e < kE; ++e) {
+      const std::string x = p + "experts." + std::to_string(e) + ".";
+      t.add(x + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
+      t.add(x + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
+      t.add(x + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, I}, 0.2));
+    }
+    t.add(p + "gate.weight", testing::random_tensor(rng, DType::kBF16, {kE, kH}, 0.3));
+    t.add(p + f.shared + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {Is, kH}, 0.2));
+    t.add(p + f.shared + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {Is, kH}, 0.2));
+    t.add(p + f.shared + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, Is}, 0.2));
+    if (f.gate) t.add(p + "shared_expert_gate.weight", testing::random_tensor(rng, DType::kBF16, {1, kH}, 0.3));
+    ASSERT_TRUE(t.write(dir + "/model.safetensors").ok());
+    const std::string common = " --backend cpu --hidden " + file("hidden.npy");
+    const Result m = run_cli("layer --model " + dir + " --layer 0" + common + " --out " + file(f.name + "_m.npy"));
+    ASSERT_EQ(m.code, 0) << m.out << m.err;
+    const Result w = run_cli("layer --weights " + dir + "/model.safetensors --method " + f.method + " --top-k 2" +
+                             common + " --out " + file(f.name + "_w.npy"));
+    ASSERT_EQ(w.code, 0) << w.out << w.err;
+    EXPECT_NE(w.out.find("shared:"), std::string::npos) << w.out;
+    EXPECT_EQ(read_bytes(file(f.name + "_m.npy")), read_bytes(file(f.name + "_w.npy")))
+        << "--weights and --model disagree: the shared expert was not run";
+  }
+}
+
+TEST_F(CliHardening, StrayExpertNamesAreRefusedByTheModelFolderLoaderToo) {
+  for (const std::string stray : {"experts.03.gate_proj.weight", "experts.1234567.up_proj.weight",
+                                  "experts.4.down_proj.weight"}) {
+    SCOPED_TRACE(stray);
+    const std::string dir = file("stray");
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << qwen3_config();
+    std::mt19937_64 rng(testing::seed_from({kE, kH, 12}));
+    Tensors t = expert_tensors("model.layers.0.mlp.", rng);
+    t.add("model.layers.0.mlp." + stray, testing::random_tensor(rng, DType::kBF16, {kI, kH}, 0.2));
+    ASSERT_TRUE(t.write(dir + "/model.safetensors").ok());
+    const std::string out = " --hidden " + file("hidden.npy") + " --out " + file("o.npy");
+    expect_refused(run_cli("layer --model " + dir + " --layer 0" + out), stray.substr(0, stray.find('.', 8)),
+                   "--model");
+    expect_refused(run_cli("layer --weights " + dir + "/model.safetensors --top-k 2" + out), "", "--weights");
+    EXPECT_FALSE(fs::exists(file("o.npy")));
+  }
+}
+
 }  // namespace
 }  // namespace moekit
