@@ -425,5 +425,50 @@ TEST_F(CliHardening, StrayExpertNamesAreRefusedByTheModelFolderLoaderToo) {
   }
 }
 
+// ------------------------------------------------- item 2: run --ep
+
+const std::string kSmallRun = " --layers 2 --experts 16 --top-k 2 --hidden 32 --intermediate 16 --tokens 64 "
+                              "--requests 4 --decode 4 --backend cpu";
+
+std::string digest_of(const std::string& out) {
+  std::smatch m;
+  return std::regex_search(out, m, std::regex("output digest: ([0-9a-f]{16})")) ? m[1].str() : "";
+}
+
+TEST_F(CliHardening, ExpertParallelRunWritesItsCaptureAndPrintsTheSingleRankDigest) {
+  const Result one = run_cli("run" + kSmallRun + " --capture " + file("one.st"));
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  const std::string digest = digest_of(one.out);
+  ASSERT_FALSE(digest.empty()) << one.out;
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(n);
+    const std::string cap = file("ep" + std::to_string(n) + ".st");
+    const Result r = run_cli("run --ep " + std::to_string(n) + kSmallRun + " --capture " + cap);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(digest_of(r.out), digest) << "EP digest differs from the single-rank run's: " << r.out;
+    ASSERT_TRUE(fs::exists(cap)) << "--capture not written under --ep";
+    // The single-rank replay of the EP capture reproduces the recorded step digests.
+    const Result replay = run_cli("replay --captures " + cap);
+    EXPECT_EQ(replay.code, 0) << replay.out << replay.err;
+  }
+  // --no-capture is accepted under --ep and writes nothing.
+  const Result nc = run_cli("run --ep 2" + kSmallRun + " --no-capture --capture " + file("none.st"));
+  EXPECT_EQ(nc.code, 0) << nc.out << nc.err;
+  EXPECT_EQ(digest_of(nc.out), digest);
+  EXPECT_FALSE(fs::exists(file("none.st")));
+}
+
+TEST_F(CliHardening, ExpertParallelFlagsAreBoundChecked) {
+  const std::string small = " --layers 1 --experts 16 --tokens 32 --requests 2 --decode 1 --no-capture";
+  expect_refused(run_cli("run --ep 2 --eplb-redundant 100000000000" + small), "--eplb-redundant must be in [0, 16]",
+                 "huge");
+  expect_refused(run_cli("run --ep 2 --eplb-redundant -3" + small), "--eplb-redundant must be in [0, 16]", "negative");
+  expect_refused(run_cli("run --eplb-redundant 2" + small), "--eplb-redundant applies to an expert-parallel run",
+                 "without --ep");
+  expect_refused(run_cli("run --ep 2 --backend nope" + small), "--backend nope with --ep 2", "unknown backend");
+  const Result ok = run_cli("run --ep 2 --eplb-redundant 2 --backend cpu" + small);
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+}
+
 }  // namespace
 }  // namespace moekit
