@@ -56,6 +56,9 @@ StatusOr<CaptureCheckOptions> options_from(const CheckFlags& f) {
 
 // Returns kExitOk when the capture is clean, kExitBadInput when it has findings or cannot be read.
 int run_check(const CheckFlags& flags) {
+  if (flags.path.empty()) {
+    return report_error("capture check", InvalidArgument("file: the argument is empty; give the capture file"));
+  }
   auto options = options_from(flags);
   if (!options.ok()) return report_error("capture check", options.status());
   CaptureReadOptions read;

@@ -196,12 +196,24 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   p.weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
   p.weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
   p.weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
+  if (ckpt.has_shared()) {  // DeepSeek / Qwen2-MoE: the shared expert runs with the routed ones
+    cfg.shared_intermediate = ckpt.shared_w2.shape()[1];
+    cfg.has_shared_gate = !ckpt.shared_gate.shape().empty();
+    p.weights.shared_w13 = ckpt.shared_w13.view();
+    p.weights.shared_w2 = ckpt.shared_w2.view();
+    p.weights.shared_gate = optional_view(ckpt.shared_gate);
+  }
   char line[512];
   std::snprintf(line, sizeof line, "weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
                 ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
                 static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
                 cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
   p.found = line;
+  if (ckpt.has_shared()) {
+    std::snprintf(line, sizeof line, "shared:   %s{gate,up,down}_proj.weight, width %lld%s\n", ckpt.shared_prefix.c_str(),
+                  static_cast<long long>(cfg.shared_intermediate), cfg.has_shared_gate ? ", sigmoid-gated" : "");
+    p.found += line;
+  }
   return Status::Ok();
 }
 
@@ -213,15 +225,24 @@ Status prepare_from_model(const LayerOptions& o, DType flag_dtype, PreparedLayer
     }
   }
   if (o.layer < 0) return InvalidArgument("--layer N is required with --model");
-  MOEKIT_ASSIGN_OR_RETURN(p.folder, load_checkpoint_layer(o.model_dir, o.layer));
+  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
+  const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
+  // Checked from config.json and the shards' headers, before any tensor is read.
+  const auto fits = [&](const CheckpointLayerSize& s) {
+    const MoeConfig& c = s.config;
+    const DType act = o.dtype.empty() ? s.dtype : flag_dtype;
+    const LayerSize size{c.num_experts, s.w13_rows, c.hidden, c.intermediate, s.dtype};
+    // Beyond the experts (layer_memory_bytes): the other tensors as read, with the kernel's f32 copy.
+    const double el = static_cast<double>(dtype_size(s.dtype));
+    const double experts = static_cast<double>(c.num_experts) * static_cast<double>(c.hidden) *
+                           static_cast<double>(s.w13_rows + c.intermediate) * el;
+    const double rest = std::max(0.0, static_cast<double>(s.tensor_bytes) - experts) * (1.0 + 4.0 / el);
+    return check_memory("layer", layer_memory_bytes(size, tokens, c.top_k(), act) + rest);
+  };
+  MOEKIT_ASSIGN_OR_RETURN(p.folder, load_checkpoint_layer(o.model_dir, o.layer, fits));
   const CheckpointLayer& ckpt = p.folder;
   p.cfg = ckpt.config;
   if (!o.dtype.empty()) p.cfg.quant.act_dtype = flag_dtype;
-  MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
-  const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
-  const MoeConfig& c = p.cfg;
-  const LayerSize size{c.num_experts, ckpt.w13.shape()[1], c.hidden, c.intermediate, c.quant.weight_dtype};
-  MOEKIT_RETURN_IF_ERROR(check_memory("layer", layer_memory_bytes(size, tokens, c.top_k(), c.quant.act_dtype)));
   std::function<StatusOr<HostTensor>()> router;
   if (!ckpt.router_weight.shape().empty()) {
     router = [&p]() { return checkpoint_router_logits(p.folder, p.hidden.view()); };
@@ -239,6 +260,11 @@ Status run_layer(const LayerOptions& o) {
     return InvalidArgument("give the layer's weights with exactly one of --weights FILE or --model DIR");
   }
   if (!o.model_given) inputs.push_back({"--weights", o.weights_path});
+  if (o.model_given) {
+    if (o.model_dir.empty()) return InvalidArgument("--model: the option is empty; give the model folder");
+    // Every file of the folder the load reads: config.json, the index, the shards.
+    for (const std::string& f : model_folder_files(o.model_dir)) inputs.push_back({"--model", f});
+  }
   if (o.capture_given) outputs.push_back({"--capture", o.capture_path});
   if (o.logits_given) inputs.push_back({"--logits", o.logits_path});
   if (o.replay_given) inputs.push_back({"--replay", o.replay_path});

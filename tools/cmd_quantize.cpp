@@ -5,6 +5,8 @@
 // output is written atomically: on any error nothing appears.
 #include <cstdio>
 #include <cstring>
+#include <list>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,44 +75,85 @@ Status run_quantize(const QuantizeOptions& o) {
   Output out;
   int64_t quantized = 0;
   std::vector<std::string> order;  // output names, input order
-  std::map<std::string, TensorView> passthrough;
   for (const io::SafetensorsEntry& e : file.entries()) {
     if (e.dtype == DType::kF8E4M3) {
       return InvalidArgument(e.name + ": already F8_E4M3; quantize takes a BF16 or F32 layer file");
     }
   }
+  // Checks the stacked pair <prefix>w13 [E, N, H] / <prefix>w2 [E, H, I] once,
+  // before either is read: ranks, no zero size, one E and one H, N = I or 2I.
+  const auto check_stacked = [&](const std::string& prefix) -> Status {
+    const io::SafetensorsEntry* w13 = file.find(prefix + "w13");
+    const io::SafetensorsEntry* w2 = file.find(prefix + "w2");
+    for (const io::SafetensorsEntry* t : {w13, w2}) {
+      if (t->dtype != DType::kBF16 && t->dtype != DType::kF32) {
+        return InvalidArgument(t->name + ": dtype " + t->dtype_name + "; quantize takes BF16 or F32 expert weights");
+      }
+      if (t->shape.size() != 3) {
+        return InvalidArgument(t->name + ": expected " + (t == w13 ? "[E, N, H]" : "[E, H, I]") + ", got rank " +
+                               std::to_string(t->shape.size()));
+      }
+      for (int64_t d : t->shape) {
+        if (d == 0) return InvalidArgument(t->name + ": a size of 0 in its shape; the layer has no weights to quantize");
+      }
+    }
+    const auto dims = [](const io::SafetensorsEntry* t) {
+      return "[" + std::to_string(t->shape[0]) + ", " + std::to_string(t->shape[1]) + ", " +
+             std::to_string(t->shape[2]) + "]";
+    };
+    if (w13->shape[0] != w2->shape[0] || w13->shape[2] != w2->shape[1]) {
+      return InvalidArgument(prefix + "w13 " + dims(w13) + " and " + prefix + "w2 " + dims(w2) +
+                             " disagree on E or H (expected [E, N, H] and [E, H, I])");
+    }
+    const int64_t I = w2->shape[2], N = w13->shape[1];
+    if (N != I && N != 2 * I) {
+      return InvalidArgument(w13->name + ": " + std::to_string(N) + " rows per expert; w2 has I = " +
+                             std::to_string(I) + " (expected I or 2I)");
+    }
+    return Status::Ok();
+  };
+  std::list<std::vector<uint8_t>> copied;  // bytes of the tensors copied unchanged (stable addresses)
+  std::vector<io::NamedTensor> passthrough;
   for (const io::SafetensorsEntry& e : file.entries()) {
     for (const char* s : {".weight_scale_inv", ".weight_scale", ".input_scale"}) {
       if (e.name.ends_with(s)) return InvalidArgument(e.name + ": the input already holds fp8 scales");
     }
-    MOEKIT_ASSIGN_OR_RETURN(const TensorView v, file.view(e.name));
     MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(e.name));
     const std::optional<std::string> w13_prefix = stacked_w13_prefix(e.name);
     const bool stacked_w13 = w13_prefix && file.contains(*w13_prefix + "w2");
-    const bool stacked_w2 = e.name.ends_with("w2") && file.contains(e.name.substr(0, e.name.size() - 2) + "w13");
+    const std::string w2_prefix = e.name.ends_with("w2") ? e.name.substr(0, e.name.size() - 2) : std::string();
+    const bool stacked_w2 = e.name.ends_with("w2") && file.contains(w2_prefix + "w13");
     const size_t before = out.owned.size();
     if (expert) {
-      if (v.rank != 2) return InvalidArgument(e.name + ": expected a matrix, got " + v.shape_string());
-      MOEKIT_ASSIGN_OR_RETURN(io::Fp8Matrix m, io::quantize_fp8(v, method, e.name));
+      if (e.dtype != DType::kBF16 && e.dtype != DType::kF32) {
+        return InvalidArgument(e.name + ": dtype " + e.dtype_name + "; quantize takes BF16 or F32 expert weights");
+      }
+      if (e.shape.size() != 2) return InvalidArgument(e.name + ": expected a matrix, got rank " + std::to_string(e.shape.size()));
+      if (e.shape[0] == 0 || e.shape[1] == 0) {
+        return InvalidArgument(e.name + ": a size of 0 in its shape; the layer has no weights to quantize");
+      }
+      MOEKIT_ASSIGN_OR_RETURN(const HostTensor t, file.read(e.name));
+      MOEKIT_ASSIGN_OR_RETURN(io::Fp8Matrix m, io::quantize_fp8(t.view(), method, e.name));
       out.owned.emplace_back(e.name, std::move(m.weight));
       out.owned.emplace_back(e.name + scale_suffix, std::move(m.scale));
     } else if (stacked_w13 || stacked_w2) {
-      if (v.rank != 3) return InvalidArgument(e.name + ": expected [E, N, K], got " + v.shape_string());
+      MOEKIT_RETURN_IF_ERROR(check_stacked(stacked_w13 ? *w13_prefix : w2_prefix));
       int64_t parts = 1;
-      if (stacked_w13) {
-        const io::SafetensorsEntry* w2 = file.find(*w13_prefix + "w2");
-        if (w2->shape.size() != 3) return InvalidArgument(w2->name + ": expected [E, H, I]");
-        const int64_t I = w2->shape[2];
-        if (v.dim(1) != I && v.dim(1) != 2 * I) {
-          return InvalidArgument(e.name + ": " + std::to_string(v.dim(1)) + " rows per expert; w2 has I = " +
-                                 std::to_string(I) + " (expected I or 2I)");
-        }
-        parts = v.dim(1) / I;
-      }
-      MOEKIT_RETURN_IF_ERROR(quantize_stacked(v, e.name, parts, method, &out));
+      if (stacked_w13) parts = e.shape[1] / file.find(*w13_prefix + "w2")->shape[2];
+      MOEKIT_ASSIGN_OR_RETURN(const HostTensor t, file.read(e.name));
+      MOEKIT_RETURN_IF_ERROR(quantize_stacked(t.view(), e.name, parts, method, &out));
     } else {
+      // Copied unchanged, whatever its dtype (I64 and the other dtypes moekit
+      // does not compute with included): its bytes under its own dtype and shape.
+      MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, file.copy_bytes(e.name));
+      copied.push_back(std::move(bytes));
+      io::NamedTensor nt;
+      nt.name = e.name;
+      nt.tensor = TensorView::contiguous(copied.back().data(), DType::kU8, {static_cast<int64_t>(copied.back().size())});
+      nt.stored_dtype = e.dtype_name;
+      nt.stored_shape = e.shape;
       order.push_back(e.name);
-      passthrough[e.name] = v;
+      passthrough.push_back(std::move(nt));
       continue;
     }
     ++quantized;
@@ -121,9 +164,18 @@ Status run_quantize(const QuantizeOptions& o) {
   }
   std::map<std::string, const HostTensor*> owned;
   for (const auto& [name, t] : out.owned) owned[name] = &t;
+  std::map<std::string, const io::NamedTensor*> copies;
+  for (const io::NamedTensor& nt : passthrough) copies[nt.name] = &nt;
   for (const std::string& name : order) {
     auto it = owned.find(name);
-    out.named.push_back({name, it != owned.end() ? it->second->view() : passthrough.at(name)});
+    if (it != owned.end()) {
+      io::NamedTensor nt;
+      nt.name = name;
+      nt.tensor = it->second->view();
+      out.named.push_back(std::move(nt));
+    } else {
+      out.named.push_back(*copies.at(name));
+    }
   }
   MOEKIT_RETURN_IF_ERROR(io::write_safetensors(o.out_path, out.named, {{"moekit.quant", quant_method_name(method)}}));
   std::printf("wrote:    %s (%lld expert tensors quantized to %s, %zu tensors in all)\n", o.out_path.c_str(),

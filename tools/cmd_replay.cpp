@@ -15,6 +15,7 @@ namespace moekit::tools {
 namespace {
 
 Status run_replay(const std::string& path) {
+  if (path.empty()) return InvalidArgument("--captures: the option is empty; give the capture file");
   std::printf("moekit replay: %s\n", path.c_str());
   std::fflush(stdout);
   RunDescription run;

@@ -43,7 +43,8 @@ struct RunOptions {
   std::string capture_path = "moekit_capture.safetensors";
   bool no_capture = false;
   int ep = 1;                    // expert-parallel ranks (run_ep.h)
-  int64_t eplb_redundant = -1;   // EPLB replicas beyond E; -1: one per rank
+  int64_t eplb_redundant = -1;   // EPLB replicas beyond E; -1 (not given): one per rank
+  bool eplb_redundant_given = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -68,6 +69,16 @@ Status check_options(const RunOptions& o) {
     return InvalidArgument(msg);
   }
   MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
+  if (o.eplb_redundant_given) {
+    if (o.ep < 2) return InvalidArgument("--eplb-redundant applies to an expert-parallel run (--ep N, N >= 2) only");
+    // At most every rank holding every expert: E x N slots in all.
+    const int64_t most = s.num_experts * (o.ep - 1);
+    if (o.eplb_redundant < 0 || o.eplb_redundant > most) {
+      return InvalidArgument("--eplb-redundant must be in [0, " + std::to_string(most) + "] (E x (N - 1) with --experts " +
+                             std::to_string(s.num_experts) + " and --ep " + std::to_string(o.ep) + "), got " +
+                             std::to_string(o.eplb_redundant));
+    }
+  }
   if (!o.no_capture) MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--capture", o.capture_path}}, {}));
   return check_memory("run", run_memory_bytes(s, o.num_requests, o.prompt_tokens, o.decode_tokens, !o.no_capture));
 }
@@ -115,9 +126,8 @@ Status run_run(const RunOptions& o) {
     openblas_set_num_threads(o.threads);
   }
   if (o.ep > 1) {
-    if (o.no_capture) return InvalidArgument("--ep: the expert-parallel run always captures and replays");
-    return run_expert_parallel(
-        {o.spec, o.ep, o.eplb_redundant, o.num_requests, o.prompt_tokens, o.decode_tokens, o.backend});
+    return run_expert_parallel({o.spec, o.ep, o.eplb_redundant, o.num_requests, o.prompt_tokens, o.decode_tokens,
+                                o.backend, o.no_capture ? std::string() : o.capture_path});
   }
   const SyntheticModelSpec& spec = o.spec;
   MoeConfig config = synthetic_config(spec, o.backend);
@@ -233,9 +243,10 @@ void add_run_command(CLI::App& app) {
       ->check(integer_in(1, 64))
       ->capture_default_str();
   cmd->add_option("--eplb-redundant", o->eplb_redundant,
-                  "with --ep: EPLB replica slots beyond the experts, over all ranks (-1: one per rank)")
+                  "with --ep: EPLB replica slots beyond the experts, over all ranks, in [0, E x (N - 1)] (default: one per rank)")
       ->capture_default_str();
-  cmd->callback([o] {
+  cmd->callback([o, cmd] {
+    o->eplb_redundant_given = cmd->count("--eplb-redundant") > 0;
     const Status st = run_run(*o);
     finish(st.ok() ? kExitOk : report_error("run", st));
   });

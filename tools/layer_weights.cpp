@@ -144,6 +144,73 @@ Status stack_experts(const io::SafetensorsFile& file, const std::string& prefix,
   return Status::Ok();
 }
 
+// The shared expert next to the routed ones, in the experts' dtype (BF16/F32;
+// refused beside F8_E4M3 experts, which have no shared path here), or nothing.
+// Any other tensor under its prefix is refused by name: nothing is ignored.
+Status read_shared_expert(const io::SafetensorsFile& file, const std::string& prefix, LayerCheckpoint* out) {
+  const int64_t H = out->w13.shape()[2];
+  const DType dtype = out->w13.dtype();
+  std::vector<std::string> found;  // every tensor of a shared expert prefix
+  std::string sp;
+  for (const char* s : {"shared_experts.", "shared_expert."}) {
+    for (const io::SafetensorsEntry& e : file.entries()) {
+      if (e.name.starts_with(prefix + s)) {
+        found.push_back(e.name);
+        sp = prefix + s;
+      }
+    }
+  }
+  const std::string gate_name = prefix + "shared_expert_gate.weight";
+  const io::SafetensorsEntry* gate = file.find(gate_name);
+  if (found.empty()) {
+    if (gate != nullptr) return InvalidArgument(gate_name + ": a shared expert gate, but no shared expert tensors");
+    return Status::Ok();
+  }
+  std::string list;
+  for (size_t i = 0; i < found.size() && i < 6; ++i) list += (i ? ", " : "") + found[i];
+  if (dtype == DType::kF8E4M3) {
+    return InvalidArgument(file.path() + ": shared expert tensors (" + list + ") beside F8_E4M3 experts; moekit "
+                           "runs a shared expert with BF16/F32 weights only, and would otherwise ignore them");
+  }
+  const io::SafetensorsEntry* g = file.find(sp + "gate_proj.weight");
+  const io::SafetensorsEntry* u = file.find(sp + "up_proj.weight");
+  const io::SafetensorsEntry* d = file.find(sp + "down_proj.weight");
+  for (const std::string& n : found) {
+    if (n != sp + "gate_proj.weight" && n != sp + "up_proj.weight" && n != sp + "down_proj.weight") {
+      return InvalidArgument(n + ": not a shared expert tensor moekit reads (" + sp +
+                             "{gate,up,down}_proj.weight); refused rather than ignored");
+    }
+  }
+  if (g == nullptr || u == nullptr || d == nullptr) {
+    return InvalidArgument(sp + "{gate,up,down}_proj.weight: the shared expert is incomplete (found " + list + ")");
+  }
+  if (g->shape.size() != 2 || g->shape[1] != H || g->shape[0] < 1) {
+    return InvalidArgument(g->name + ": expected [Is, " + std::to_string(H) + "], got " + shape_text(g->shape));
+  }
+  const int64_t Is = g->shape[0];
+  const std::pair<const io::SafetensorsEntry*, std::vector<int64_t>> want[3] = {{g, {Is, H}}, {u, {Is, H}}, {d, {H, Is}}};
+  for (const auto& [e, shape] : want) {
+    if (e->dtype != dtype) {
+      return InvalidArgument(e->name + ": dtype " + e->dtype_name + " differs from the experts' " + dtype_name(dtype));
+    }
+    if (e->shape != shape) return InvalidArgument(e->name + ": expected " + shape_text(shape) + ", got " + shape_text(e->shape));
+    MOEKIT_RETURN_IF_ERROR(check_no_scale(file, *e));
+  }
+  out->shared_w13 = HostTensor(dtype, {2 * Is, H});
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor gt, file.read(g->name));
+  MOEKIT_ASSIGN_OR_RETURN(HostTensor ut, file.read(u->name));
+  std::memcpy(out->shared_w13.data<unsigned char>(), gt.data<unsigned char>(), gt.nbytes());
+  std::memcpy(out->shared_w13.data<unsigned char>() + gt.nbytes(), ut.data<unsigned char>(), ut.nbytes());
+  MOEKIT_ASSIGN_OR_RETURN(out->shared_w2, file.read(d->name));
+  if (gate != nullptr) {
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor gw, optional_f32(file, {gate_name}, {1, H}));
+    out->shared_gate = HostTensor(DType::kF32, {H});
+    std::memcpy(out->shared_gate.data<float>(), gw.data<float>(), sizeof(float) * H);
+  }
+  out->shared_prefix = sp;
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file, std::optional<int> layer,
@@ -230,6 +297,7 @@ StatusOr<LayerCheckpoint> load_layer_checkpoint(const io::SafetensorsFile& file,
   MOEKIT_ASSIGN_OR_RETURN(out.score_bias,
                           optional_f32(file, {prefix + "e_score_correction_bias", prefix + "gate.e_score_correction_bias"}, {E}));
   MOEKIT_ASSIGN_OR_RETURN(out.router, optional_f32(file, {prefix + "gate.weight"}, {E, H}));
+  MOEKIT_RETURN_IF_ERROR(read_shared_expert(file, prefix, &out));
   return out;
 }
 

@@ -29,8 +29,15 @@ struct LayerCheckpoint {
   std::string naming;     // "moekit", "gate_proj/up_proj/down_proj", "w1/w3/w2"
   std::string prefix;     // the name prefix of the layer's tensors
   Fp8Scales fp8;          // method kNone unless the weights are F8_E4M3
+  // The shared expert (DeepSeek <prefix>shared_experts.*, Qwen2-MoE
+  // <prefix>shared_expert.* with <prefix>shared_expert_gate.weight), or empty.
+  HostTensor shared_w13;   // [2 Is, H] the experts' dtype: gate rows then up rows
+  HostTensor shared_w2;    // [H, Is]
+  HostTensor shared_gate;  // [H] f32, or empty
+  std::string shared_prefix;  // "<prefix>shared_experts." when found
   bool has_bias() const { return !score_bias.shape().empty(); }
   bool has_router() const { return !router.shape().empty(); }
+  bool has_shared() const { return !shared_w13.shape().empty(); }
 };
 
 // The sizes of the layer found, before its weights are copied out of the file.

@@ -6,7 +6,9 @@
 #include <new>
 #include <string>
 
+#include "alloc_report.h"
 #include "cli_util.h"
+#include "memory_budget.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
@@ -42,8 +44,13 @@ int main(int argc, char** argv) {
     return moekit::tools::kExitBadInput;
   } catch (const std::bad_alloc&) {
     // The commands check sizes before they allocate; this is the last resort.
-    std::cerr << "moekit" << moekit::tools::command_of(app)
-              << ": error: ResourceExhausted: out of memory (an allocation failed)\n";
+    const size_t bytes = moekit::tools::last_failed_allocation_bytes();
+    std::cerr << "moekit" << moekit::tools::command_of(app) << ": error: ResourceExhausted: out of memory ("
+              << (bytes > 0 ? "an allocation of " + moekit::tools::format_bytes(static_cast<double>(bytes)) +
+                                  " failed; " + moekit::tools::format_bytes(moekit::tools::available_memory_bytes()) +
+                                  " available"
+                            : std::string("an allocation failed"))
+              << ")\n";
     return moekit::tools::kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "moekit: internal error: " << moekit::tools::one_line(e.what()) << "\n";

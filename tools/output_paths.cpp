@@ -45,8 +45,9 @@ Status check_output_paths(const std::vector<PathFlag>& outputs, const std::vecto
     }
     for (const PathFlag& in : inputs) {
       if (same_file(o.path, in.path)) {
-        return InvalidArgument(o.flag + " names the input of " + in.flag + " ('" + o.path +
-                               "'); write the output to another path");
+        const std::string also = in.path == o.path ? "" : ", the same file as '" + in.path + "'";
+        return InvalidArgument(o.flag + " names the input of " + in.flag + " ('" + o.path + "'" + also +
+                               "); write the output to another path");
       }
     }
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +14,8 @@
 #include <vector>
 
 #include "batch_schedule.h"
+#include "run_capture.h"
+#include "moekit/capture.h"
 #include "moekit/comm.h"
 #include "moekit/device_buffer.h"
 #include "moekit/ep_layer.h"
@@ -43,6 +47,48 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
+
+// The output digest of the single-rank run (cmd_run.cpp), over N ranks: FNV-1a
+// of the last layer's bf16 outputs in row order, step after step. A step's rows
+// are split over the ranks in order, so the ranks add their rows in turn
+// (rank 0's, then rank 1's, ...) without gathering them.
+class DigestChain {
+ public:
+  DigestChain(int ranks, size_t steps) : ranks_(ranks), steps_(steps, 0xcbf29ce484222325ull) {}
+  // Rank `rank`'s rows of step `step`; waits for the ranks before it.
+  Status add(size_t step, int rank, const void* data, size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t turn = static_cast<uint64_t>(step) * ranks_ + rank;
+    cv_.wait(lock, [&] { return aborted_ || next_ == turn; });
+    if (aborted_) return DeadlineExceeded("rank " + std::to_string(rank) + ": another rank failed before its turn");
+    total_ = fnv(total_, data, n);
+    steps_[step] = fnv(steps_[step], data, n);
+    ++next_;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+  uint64_t total() const { return total_; }
+  const std::vector<uint64_t>& steps() const { return steps_; }
+
+ private:
+  static uint64_t fnv(uint64_t h, const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int ranks_;
+  uint64_t next_ = 0;
+  bool aborted_ = false;
+  uint64_t total_ = 0xcbf29ce484222325ull;
+  std::vector<uint64_t> steps_;  // per step, from the offset basis (output_digest's definition)
+};
 
 // What one pass of the job leaves per rank.
 struct PassResult {
@@ -79,7 +125,8 @@ Status from_layer_side(const Rank& me, HostTensor& host, const DeviceBuffer& dev
 
 // One pass over every step. `forced`: per (step, layer) ids to replay, or null.
 Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer>& model, const std::vector<Step>& steps,
-                int ranks, Rank& me, const std::vector<std::vector<int16_t>>* forced, PassResult& result) {
+                int ranks, Rank& me, const std::vector<std::vector<int16_t>>* forced, PassResult& result,
+                DigestChain* chain = nullptr) {
   const int64_t H = spec.hidden, E = spec.num_experts, k = spec.top_k;
   const int L = static_cast<int>(model.size());
   for (auto& l : me.layers) l->reset_load();
@@ -119,6 +166,7 @@ Status run_pass(const SyntheticModelSpec& spec, const std::vector<SyntheticLayer
       for (int64_t i = 0; i < m * H; ++i) me.h[i] += bf16_bits_to_f32(out[i]);
     }
     result.step_digests.push_back(fnv1a(0xcbf29ce484222325ull, me.out.data<uint16_t>(), m * H * 2));
+    if (chain != nullptr) MOEKIT_RETURN_IF_ERROR(chain->add(si, me.rank, me.out.data<uint16_t>(), m * H * 2));
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   result.computed_pairs.assign(ranks, 0);
@@ -153,7 +201,12 @@ Status run_expert_parallel(const EpRunOptions& o) {
   const Platform& platform = Platform::probe();
   const bool on_gpus = o.backend != "cpu" && nccl_built() && platform.has_sm90() &&
                        static_cast<int>(platform.cuda_devices.size()) >= N;
-  MoeConfig config = synthetic_config(spec, on_gpus ? "auto" : "cpu");
+  if (!on_gpus && o.backend != "auto" && o.backend != "cpu") {
+    return InvalidArgument("--backend " + o.backend + " with --ep " + std::to_string(N) + ": the ranks run on the host " +
+                           "(loopback, the cpu backend) here; device ranks need " + std::to_string(N) +
+                           " sm_90 GPUs and a build with NCCL. Give --backend cpu or auto");
+  }
+  MoeConfig config = synthetic_config(spec, on_gpus ? o.backend : "cpu");
   config.max_num_tokens = per_rank;
   config.parallel.ep_size = config.parallel.dp_size = N;
   config.parallel.all2all = All2AllBackend::kAuto;
@@ -185,9 +238,13 @@ Status run_expert_parallel(const EpRunOptions& o) {
   if (on_gpus) {
     MOEKIT_ASSIGN_OR_RETURN(id, nccl_unique_id());
   }
+  DigestChain chain(N, steps.size());
   std::vector<std::thread> threads;
   for (int r = 0; r < N; ++r) {
     threads.emplace_back([&, r] {
+      // Nothing may leave a rank's thread: an exception there would end the
+      // process (std::terminate); it becomes that rank's error instead.
+      try {
       status[r] = [&]() -> Status {
         Rank me;
         me.rank = r;
@@ -231,7 +288,7 @@ Status run_expert_parallel(const EpRunOptions& o) {
             MOEKIT_RETURN_IF_ERROR(me.layers[l]->rebalance(plan));
           }
         }
-        MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, after[r]));
+        MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, after[r], &chain));
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, &after[r].captured, replayed[r]));
         if (r == 0) {
           std::lock_guard<std::mutex> lock(mu);
@@ -240,11 +297,27 @@ Status run_expert_parallel(const EpRunOptions& o) {
         }
         return Status::Ok();
       }();
+      } catch (const std::bad_alloc&) {
+        status[r] = ResourceExhausted("rank " + std::to_string(r) + ": out of memory (an allocation failed)");
+      } catch (const std::exception& e) {
+        status[r] = Internal("rank " + std::to_string(r) + ": " + e.what());
+      } catch (...) {
+        status[r] = Internal("rank " + std::to_string(r) + ": an unknown exception");
+      }
+      if (!status[r].ok()) chain.abort();
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < N; ++r) {
-    if (!status[r].ok()) return status[r];
+  // The first rank's own failure, before the others' consequences of it
+  // (a collective that timed out waiting for it, an aborted digest).
+  for (const bool consequences : {false, true}) {
+    for (int r = 0; r < N; ++r) {
+      const StatusCode c = status[r].code();
+      const bool follows = c == StatusCode::kDeadlineExceeded;
+      if (!status[r].ok() && follows == consequences) {
+        return Status(c, "--ep rank " + std::to_string(r) + ": " + status[r].message());
+      }
+    }
   }
   std::printf("dispatch: %s\n", dispatch.c_str());
   std::printf("run:      contiguous placement %.3f s; after EPLB %.3f s; replay %.3f s (%" PRId64 " tokens x %d layers)\n",
@@ -255,7 +328,6 @@ Status run_expert_parallel(const EpRunOptions& o) {
               spec.num_experts, placement_after.c_str());
   bool same_out = true, same_ids = true, replay_out = true, replay_ids = true, first_layer_ids = true;
   int64_t ids_equal = 0, ids_total = 0;
-  uint64_t digest = 0xcbf29ce484222325ull;
   const size_t L = static_cast<size_t>(spec.num_layers);
   for (int r = 0; r < N; ++r) {
     same_out &= before[r].step_digests == after[r].step_digests;
@@ -269,9 +341,10 @@ Status run_expert_parallel(const EpRunOptions& o) {
       for (size_t j = 0; j < std::min(a.size(), b.size()); ++j) ids_equal += a[j] == b[j];
       ids_total += static_cast<int64_t>(b.size());
     }
-    for (uint64_t d : after[r].step_digests) digest = fnv1a(digest, &d, sizeof d);
   }
-  std::printf("output digest: %016" PRIx64 " (over ranks and steps)\n", digest);
+  const uint64_t digest = chain.total();
+  std::printf("output digest: %016" PRIx64 " (FNV-1a of the last layer's bf16 outputs, rows of every rank in order: "
+              "the single-rank run's digest)\n", digest);
   std::printf("eplb:     outputs %s, captured logical ids %s (%.4f of them equal)\n",
               same_out ? "bit for bit equal to the contiguous placement's" : "DIFFER from the contiguous placement's",
               same_ids ? "identical" : "DIFFER", ids_total > 0 ? static_cast<double>(ids_equal) / ids_total : 1.0);
@@ -284,6 +357,49 @@ Status run_expert_parallel(const EpRunOptions& o) {
   // routing may follow; the first layer's input does not depend on it.
   if (!on_gpus && !same_ids) return DataLoss("EPLB changed the captured logical ids");
   if (on_gpus && !first_layer_ids) return DataLoss("EPLB changed the first layer's captured logical ids");
+  if (o.capture_path.empty()) return Status::Ok();
+  // The capture of the pass after EPLB, as `moekit run` writes it: per request
+  // [tokens, layers, k] logical ids, and the run's description with the
+  // single-rank step digests (`moekit replay` reruns it on one rank).
+  CaptureSet captures;
+  captures.info.routing = config.routing;
+  captures.info.num_experts = spec.num_experts;
+  // The synthetic model's model-layer indices (synthetic_model.cpp: MoE layers at 2l + 1).
+  for (int l = 0; l < spec.num_layers; ++l) captures.info.model_layers.push_back(2 * l + 1);
+  captures.info.backend = std::string(on_gpus ? "ep-nccl/" : "ep-loopback/") + dispatch;
+  const int64_t k = spec.top_k;
+  std::vector<HostTensor> ids;
+  for (const Request& q : requests) {
+    ids.emplace_back(DType::kI16, std::vector<int64_t>{q.prompt_tokens + q.decode_tokens, spec.num_layers, k});
+    std::fill_n(ids.back().data<int16_t>(), ids.back().numel(), kUnwrittenExpertId);
+  }
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const auto tokens = row_tokens(steps[si]);
+    for (int r = 0; r < N; ++r) {
+      const RankRows rr = rows_of_rank(steps[si].num_tokens, N, r);
+      for (size_t l = 0; l < L; ++l) {
+        const std::vector<int16_t>& got = after[r].captured[si * L + l];
+        for (int64_t t = 0; t < rr.end - rr.first; ++t) {
+          const auto [req, pos] = tokens[rr.first + t];
+          int16_t* dst = ids[req].data<int16_t>() + (pos * spec.num_layers + static_cast<int64_t>(l)) * k;
+          std::copy_n(got.data() + t * k, k, dst);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    RequestCapture rc;
+    rc.request = request_name(requests[i].id);
+    rc.ids = std::move(ids[i]);
+    rc.first_generated_token = requests[i].prompt_tokens;
+    captures.requests.push_back(std::move(rc));
+  }
+  RunDescription described{spec, on_gpus ? o.backend : "cpu", o.num_requests, o.prompt_tokens, o.decode_tokens,
+                           chain.steps()};
+  captures.extra_metadata[kRunMetadataKey] = encode_run_description(described);
+  MOEKIT_RETURN_IF_ERROR(write_capture_file(o.capture_path, captures));
+  std::printf("capture:  %zu requests x %d MoE layers x top-%d logical expert ids -> %s\n", captures.requests.size(),
+              spec.num_layers, spec.top_k, o.capture_path.c_str());
   return Status::Ok();
 }
 

@@ -23,7 +23,8 @@ struct EpRunOptions {
   int num_requests = 8;
   int64_t prompt_tokens = 1024;
   int64_t decode_tokens = 16;
-  std::string backend = "auto";  // "cpu" keeps the ranks on the host (loopback)
+  std::string backend = "auto";  // "cpu" keeps the ranks on the host (loopback); another name needs GPU ranks
+  std::string capture_path;      // the capture file to write (as `moekit run` writes it); empty: none
 };
 
 Status run_expert_parallel(const EpRunOptions& options);

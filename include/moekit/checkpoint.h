@@ -6,6 +6,7 @@
 // Families, namings and fields read: docs/layer_files.md.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,26 @@ struct CheckpointLayer {
 // family moekit does not run, a missing or misshapen tensor (by name), or a
 // naming not recognised (listing the names found under the layer's prefix).
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer);
+
+// What the layer will take, known from config.json and the shards' headers
+// before any tensor is read.
+struct CheckpointLayerSize {
+  MoeConfig config;           // from config.json (dtypes not yet set)
+  DType dtype = DType::kBF16; // the expert weights' dtype in the shards
+  int64_t w13_rows = 0;       // n1 of w13 [E, n1, H]
+  uint64_t tensor_bytes = 0;  // the bytes of every tensor under the layer's MoE prefix
+};
+// The same; `check_size` is called once the layer's tensors are found, before
+// anything is allocated for them (a memory check), and an error stops the load.
+StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
+                                                const std::function<Status(const CheckpointLayerSize&)>& check_size);
+
+// The files of `model_dir` that load_checkpoint_layer reads: config.json,
+// model.safetensors.index.json and every shard it names, or model.safetensors;
+// those that exist, as paths under model_dir. Best effort (an unreadable index
+// adds no shards; the load itself reports it): for refusing an output path
+// that would overwrite one of them.
+std::vector<std::string> model_folder_files(const std::string& model_dir);
 
 // Router logits [M, E] f32 = hidden . router_weight^T (+ router_bias), fp32
 // products summed in ascending hidden index. hidden: host [M, H] f32|bf16|f16.

@@ -96,9 +96,17 @@ class SafetensorsFile {
   StatusOr<HostTensor> read(std::string_view name) const;
   // The raw bytes of any entry, also of a dtype moekit does not load (U16, ...):
   // entry->nbytes bytes, live as long as this object.
+  // Checked: view() and bytes() fail (DataLoss) when the file has been
+  // truncated below the tensor since it was opened; read() and copy_bytes()
+  // read through pread(), so a truncation at any time is an error, never SIGBUS.
+  // NOTE: a truncation between view()/bytes() and the caller's reads of the
+  // pointer still raises SIGBUS (the mapping cannot be guarded); copy instead.
   StatusOr<const uint8_t*> bytes(std::string_view name) const;
+  // The raw bytes of any entry, copied through the checked path.
+  StatusOr<std::vector<uint8_t>> copy_bytes(std::string_view name) const;
 
  private:
+  uint64_t data_start() const;  // the data section's offset in the file
   struct Mapping;
   SafetensorsFile() = default;
   static StatusOr<SafetensorsFile> from_mapping(std::unique_ptr<Mapping> mapping, std::string path);
@@ -118,6 +126,10 @@ struct NamedTensor {
   // Optional: the safetensors dtype to write the bytes under instead of the
   // view's ("U16" for i16 bits that are unsigned in the file); same element size.
   std::string stored_dtype;
+  // Optional, with stored_dtype: the tensor's shape in the file, for bytes of a
+  // dtype moekit does not load (I64, F64, ...): `tensor` is then a u8 view of
+  // exactly element size x numel(stored_shape) bytes.
+  std::optional<std::vector<int64_t>> stored_shape;
 };
 
 // Writes tensors (f32, f16, bf16, f8_e4m3, i32, i16, u8) in the given order,

@@ -27,6 +27,49 @@ Status check_scale_values(const TensorView& scale, const char* name) {
   return Status::Ok();
 }
 
+Status check_weight_values(const TensorView& w, const char* name) {
+  if (!w.defined() || w.device.type != DeviceType::kCpu) return Status::Ok();
+  const int64_t n = w.numel();
+  int64_t bad = -1;
+  bool nan = true;
+  switch (w.dtype) {
+    case DType::kF32: {
+      const float* p = w.ptr<const float>();
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if (!std::isfinite(p[i])) bad = i, nan = std::isnan(p[i]);
+      }
+      break;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      const uint16_t* p = w.ptr<const uint16_t>();
+      const uint16_t exp = w.dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;  // exponent all ones: Inf or NaN
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if ((p[i] & exp) == exp) bad = i, nan = (p[i] & 0x7fffu) != exp;
+      }
+      break;
+    }
+    case DType::kF8E4M3: {
+      const uint8_t* p = w.ptr<const uint8_t>();
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if ((p[i] & 0x7fu) == 0x7fu) bad = i;  // e4m3fn has no Inf; S.1111.111 is NaN
+      }
+      break;
+    }
+    default: return Status::Ok();
+  }
+  if (bad < 0) return Status::Ok();
+  std::string index;
+  int64_t rest = bad;
+  for (int d = w.rank - 1; d >= 0; --d) {
+    const int64_t dim = w.shape[d] > 0 ? w.shape[d] : 1;
+    index = std::to_string(rest % dim) + (index.empty() ? "" : ", ") + index;
+    rest /= dim;
+  }
+  return InvalidArgument(std::string(name) + ": element [" + index + "] (flat index " + std::to_string(bad) + ") is " +
+                         (nan ? "NaN" : "infinite") + "; weights must be finite");
+}
+
 Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device) {
   const QuantScheme& q = c.quant;
   const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate, P = w13_parts(c.activation);

@@ -22,4 +22,11 @@ Status check_quant_scales(const MoeConfig& config, const MoeWeights& weights, De
 // Values of a host f32 scale tensor: every one finite and > 0.
 Status check_scale_values(const TensorView& scale, const char* name);
 
+// Values of a host weight tensor (f32, bf16, f16 or f8_e4m3): every one finite
+// (no NaN or Inf; for e4m3, none of the NaN codes 0x7F/0xFF). The error names
+// the tensor and the index of the first bad element. Undefined views pass.
+// NOTE: the CPU backend calls it in prepare_weights; a device backend needs it
+// on a host copy (or a kernel of its own) too.
+Status check_weight_values(const TensorView& weight, const char* name);
+
 }  // namespace moekit

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -57,13 +59,66 @@ StatusOr<std::unique_ptr<ByteSource>> ByteSource::map_file(const std::string& pa
   if (src->size_ == 0) return src;  // mmap of 0 bytes is an error; an empty source is not
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return os_error(path, "cannot open", errno);
+  struct stat fst {};
+  if (::fstat(fd, &fst) != 0 || static_cast<uint64_t>(fst.st_size) < src->size_) {
+    // Shorter than stat() said a moment ago: map no page past the end.
+    const int err = errno;
+    ::close(fd);
+    if (fst.st_size >= 0 && static_cast<uint64_t>(fst.st_size) < src->size_) {
+      return DataLoss(path + ": the file shrank while it was being opened (being written by another process?)");
+    }
+    return os_error(path, "cannot check", err);
+  }
   void* p = ::mmap(nullptr, src->size_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return os_error(path, "cannot map", err);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return os_error(path, "cannot map", err);
+  }
+  src->fd_ = fd;
+  src->path_ = path;
   src->mapped_ = p;
   src->data_ = static_cast<const uint8_t*>(p);
   return src;
+}
+
+Status ByteSource::read(uint64_t offset, uint64_t n, void* dst) const {
+  if (n == 0) return Status::Ok();
+  if (offset > size_ || n > size_ - offset) {
+    return OutOfRange(path_ + ": bytes [" + std::to_string(offset) + ", +" + std::to_string(n) + ") past its " +
+                      std::to_string(size_) + " bytes");
+  }
+  if (fd_ < 0) {
+    std::memcpy(dst, data_ + offset, n);
+    return Status::Ok();
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n - done, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd_, out + done, chunk, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return os_error(path_, "read failed", errno);
+    }
+    if (got == 0) {
+      return DataLoss(path_ + ": the file ends at byte " + std::to_string(offset + done) + ", but its header says " +
+                      std::to_string(size_) + " bytes (truncated while moekit had it open?)");
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+Status ByteSource::check_intact(uint64_t end) const {
+  if (fd_ < 0) return Status::Ok();
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return os_error(path_, "cannot check", errno);
+  if (static_cast<uint64_t>(st.st_size) < end) {
+    return DataLoss(path_ + ": the file is now " + std::to_string(st.st_size) + " bytes, but its header says " +
+                    std::to_string(size_) + " (truncated while moekit had it open?)");
+  }
+  return Status::Ok();
 }
 
 std::unique_ptr<ByteSource> ByteSource::copy_of(const void* bytes, size_t size) {
@@ -77,6 +132,7 @@ std::unique_ptr<ByteSource> ByteSource::copy_of(const void* bytes, size_t size) 
 
 ByteSource::~ByteSource() {
   if (mapped_) ::munmap(mapped_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 StatusOr<HostTensor> allocate_host_tensor(DType dtype, const std::vector<int64_t>& shape, const std::string& name) {
@@ -96,14 +152,44 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A name for a staging or backup file in the folder of `path`: a fixed short
+// prefix and 10 random characters, never longer than the folder's own path plus
+// 16, so an output whose name is as long as the file system allows still has
+// one (the old "<name>.tmp-<pid>-<n>" did not fit beside a 250-character name).
+// Not created here: write_temp creates it exclusively (O_EXCL) and link() fails
+// on an existing name, so a collision is an error, never an overwrite.
 std::string temp_name_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  static const char kChars[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  uint64_t x = (static_cast<uint64_t>(::getpid()) << 32) ^ (counter.fetch_add(1) * 0x9e3779b97f4a7c15ull) ^
+               static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&counter)) ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::string name = ".mk-";
+  for (int i = 0; i < 10; ++i) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 29;
+    name += kChars[x % 36];
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? name : (parent / name).string();
 }
 
-Status write_temp(const std::string& tmp, const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return os_error(path, "cannot create", errno);
+Status write_temp(std::string& tmp, const std::string& path, const std::vector<uint8_t>& bytes) {
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    if (attempt > 0) tmp = temp_name_for(path);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return os_error(path, "cannot create a temporary file beside it", errno);
+  std::FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return os_error(path, "cannot create", err);
+  }
   bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   int err = ok ? 0 : errno;
   if (std::fclose(f) != 0 && ok) {
@@ -198,7 +284,12 @@ Status commit(std::vector<Target>& targets, detail::RenameFn rename_fn) {
     if (t.existed) {
       // Keep the old file under another name until every output is in place.
       t.backup = temp_name_for(*t.path);
-      if (::link(t.path->c_str(), t.backup.c_str()) != 0) {
+      int linked = ::link(t.path->c_str(), t.backup.c_str());
+      for (int attempt = 0; linked != 0 && errno == EEXIST && attempt < 16; ++attempt) {
+        t.backup = temp_name_for(*t.path);  // that name is taken: another
+        linked = ::link(t.path->c_str(), t.backup.c_str());
+      }
+      if (linked != 0) {
         t.moved_away = ::rename(t.path->c_str(), t.backup.c_str()) == 0;
         if (!t.moved_away) {
           err = errno;

@@ -46,11 +46,23 @@ class ByteSource {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
 
+  // Copies bytes [offset, offset + n) to dst through a checked path: from a
+  // mapped file with pread(), so a file truncated since it was mapped gives
+  // DataLoss instead of the SIGBUS a read of the mapping would raise.
+  Status read(uint64_t offset, uint64_t n, void* dst) const;
+  // DataLoss unless the file still holds bytes [0, end) (fstat; a copy always
+  // does). Call right before handing out pointers into the mapping.
+  // NOTE: a truncation after this check and before the pointer is read still
+  // raises SIGBUS; readers that copy use read() instead, which has no such gap.
+  Status check_intact(uint64_t end) const;
+
  private:
   ByteSource() = default;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   void* mapped_ = nullptr;      // mmap base, or nullptr
+  int fd_ = -1;                 // the mapped file, kept open for read() and check_intact()
+  std::string path_;            // for messages
   std::vector<uint8_t> owned_;  // used when not mapped
 };
 

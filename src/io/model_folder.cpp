@@ -131,6 +131,25 @@ class LayerReader {
     if (fused && per_expert) {
       return InvalidArgument(p_ + "experts: both fused (experts.gate_up_proj) and per-expert tensors; which is meant?");
     }
+    // Every per-expert name must be one of the config's experts, spelled one
+    // way: "experts.03." or a 7-digit index would otherwise be skipped silently
+    // (the layer-file reader refuses them too, tools/layer_names.h).
+    const std::string experts = p_ + "experts.";
+    for (const std::string& n : names_under(experts)) {
+      const std::string seg = n.substr(experts.size(), n.find('.', experts.size()) - experts.size());
+      if (seg.empty() || seg.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (fused) {
+        return InvalidArgument(n + ": a per-expert tensor beside the fused " + fused_gate_up + "; which is meant?");
+      }
+      if (seg.size() <= 9 && seg[0] != '0' && std::stoll(seg) >= c.num_experts) {
+        return InvalidArgument(n + ": an expert past the " + std::to_string(c.num_experts) + " of config.json");
+      }
+      if ((seg.size() > 1 && seg[0] == '0') || seg.size() > 9) {
+        return InvalidArgument(n + ": expert index '" + seg + "' is not one of the " + std::to_string(c.num_experts) +
+                               " experts of config.json (0.." + std::to_string(c.num_experts - 1) +
+                               ", without leading zeros)");
+      }
+    }
     if (fused) return read_fused(c.num_experts, c.hidden, c.intermediate);
     if (per_expert) return read_per_expert(c.num_experts, c.hidden, c.intermediate);
     return InvalidArgument("no expert naming recognised under '" + p_ + "experts.'; names found there: " +
@@ -414,8 +433,14 @@ std::string CheckpointLayer::summary() const {
 }
 
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer) {
+  return load_checkpoint_layer(model_dir, layer, {});
+}
+
+StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
+                                                const std::function<Status(const CheckpointLayerSize&)>& check_size) {
   const std::string config_path = model_dir + "/config.json";
   std::error_code ec;
+  if (model_dir.empty()) return InvalidArgument("the model folder path is empty");
   if (!fs::is_directory(model_dir, ec)) return NotFound(model_dir + ": not a folder");
   if (!fs::exists(config_path, ec)) {
     return NotFound(model_dir + ": no config.json (a model folder as save_pretrained writes it)");
@@ -431,6 +456,24 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   MOEKIT_ASSIGN_OR_RETURN(Shards shards, Shards::open(model_dir));
   MOEKIT_ASSIGN_OR_RETURN(const std::string prefix, moe_prefix(shards, layer));
 
+  if (check_size) {
+    // From the headers alone: every tensor under the prefix, and the experts' dtype.
+    CheckpointLayerSize size;
+    size.config = model.config;
+    size.w13_rows = model.config.activation.gated() ? 2 * model.config.intermediate : model.config.intermediate;
+    bool dtype_seen = false;
+    for (auto it = shards.names().lower_bound(prefix); it != shards.names().end() && it->first.starts_with(prefix);
+         ++it) {
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, shards.entry(it->first));
+      size.tensor_bytes += e->nbytes;
+      if (!dtype_seen && e->dtype && it->first.find("experts.") != std::string::npos) {
+        size.dtype = *e->dtype;
+        dtype_seen = true;
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(check_size(size));
+  }
+
   CheckpointLayer out;
   out.config = model.config;
   out.model_type = model.model_type;
@@ -445,6 +488,32 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   out.config.quant.act_dtype = reader.dtype();
   out.files = shards.files_used();
   MOEKIT_RETURN_IF_ERROR(out.config.validate());
+  return out;
+}
+
+std::vector<std::string> model_folder_files(const std::string& model_dir) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  const auto add = [&](const std::string& name) {
+    std::error_code ec;
+    const std::string path = model_dir + "/" + name;
+    if (seen.insert(name).second && fs::is_regular_file(path, ec)) out.push_back(path);
+  };
+  add("config.json");
+  add("model.safetensors");
+  add("model.safetensors.index.json");
+  const std::string index = model_dir + "/model.safetensors.index.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(index, ec)) return out;
+  StatusOr<std::string> text = read_text(index);
+  if (!text.ok()) return out;
+  StatusOr<nlohmann::json> j = io::parse_json_strict(*text, index);
+  if (!j.ok() || !j->is_object() || !j->contains("weight_map") || !j->at("weight_map").is_object()) return out;
+  for (const auto& [name, file] : j->at("weight_map").items()) {
+    if (file.is_string() && file.get<std::string>().find('/') == std::string::npos && !file.get<std::string>().empty()) {
+      add(file.get<std::string>());
+    }
+  }
   return out;
 }
 

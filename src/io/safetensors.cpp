@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
@@ -224,6 +225,7 @@ StatusOr<TensorView> SafetensorsFile::view(std::string_view name) const {
     return FailedPrecondition(path_ + ": tensor '" + printable(e->name, 80) + "' is not aligned to its element size in the "
                               "file; read() it instead");
   }
+  MOEKIT_RETURN_IF_ERROR(mapping_->bytes->check_intact(static_cast<uint64_t>(p - mapping_->bytes->data()) + e->nbytes));
   // Views are read-only by contract: the mapping is PROT_READ.
   return TensorView::contiguous(const_cast<uint8_t*>(p), *e->dtype, e->shape);
 }
@@ -231,15 +233,33 @@ StatusOr<TensorView> SafetensorsFile::view(std::string_view name) const {
 StatusOr<HostTensor> SafetensorsFile::read(std::string_view name) const {
   MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, loadable(name));
   MOEKIT_ASSIGN_OR_RETURN(HostTensor t, allocate_host_tensor(*e->dtype, e->shape, path_ + ": tensor '" + printable(e->name, 80) + "'"));
-  if (e->nbytes) std::memcpy(t.data<uint8_t>(), data_ + e->offset, e->nbytes);
+  // Through the checked path: a file truncated since it was opened is an error, not SIGBUS.
+  MOEKIT_RETURN_IF_ERROR(mapping_->bytes->read(data_start() + e->offset, e->nbytes, t.data<uint8_t>()));
   return t;
 }
 
 StatusOr<const uint8_t*> SafetensorsFile::bytes(std::string_view name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) return NotFound(path_ + ": no tensor named '" + printable(name, 80) + "'");
+  MOEKIT_RETURN_IF_ERROR(mapping_->bytes->check_intact(data_start() + e->offset + e->nbytes));
   return data_ + e->offset;
 }
+
+StatusOr<std::vector<uint8_t>> SafetensorsFile::copy_bytes(std::string_view name) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) return NotFound(path_ + ": no tensor named '" + printable(name, 80) + "'");
+  std::vector<uint8_t> out;
+  try {
+    out.resize(e->nbytes);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(path_ + ": tensor '" + printable(e->name, 80) + "': cannot allocate " +
+                             std::to_string(e->nbytes) + " bytes for a copy");
+  }
+  MOEKIT_RETURN_IF_ERROR(mapping_->bytes->read(data_start() + e->offset, e->nbytes, out.data()));
+  return out;
+}
+
+uint64_t SafetensorsFile::data_start() const { return static_cast<uint64_t>(data_ - mapping_->bytes->data()); }
 
 StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
                                                   const std::map<std::string, std::string>& metadata) {
@@ -258,7 +278,20 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
     for (int d = 0; d < t.rank; ++d) {
       if (t.shape[d] < 0) return InvalidArgument(where + "negative dimension in " + t.shape_string());
     }
-    if (!nt.stored_dtype.empty()) {
+    if (nt.stored_shape) {
+      const auto info = safetensors::dtype_info(nt.stored_dtype);
+      if (!info) return InvalidArgument(where + "stored_shape needs a safetensors stored_dtype");
+      uint64_t need = info->element_bytes;
+      for (int64_t d : *nt.stored_shape) {
+        if (d < 0) return InvalidArgument(where + "negative dimension in stored_shape");
+        need *= static_cast<uint64_t>(d);
+      }
+      if (t.dtype != DType::kU8 || t.nbytes() != need) {
+        return InvalidArgument(where + "stored_shape " + shape_str(*nt.stored_shape) + " of " +
+                               printable(nt.stored_dtype, 20) + " needs a u8 view of " + std::to_string(need) +
+                               " bytes");
+      }
+    } else if (!nt.stored_dtype.empty()) {
       const auto info = safetensors::dtype_info(nt.stored_dtype);
       if (!info || info->element_bytes != dtype_size(t.dtype)) {
         return InvalidArgument(where + "cannot store " + dtype_name(t.dtype) + " elements as " +
@@ -270,9 +303,11 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
   // (the data section starts 8-aligned); ties keep the caller's order.
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return dtype_size(tensors[a].tensor.dtype) > dtype_size(tensors[b].tensor.dtype);
-  });
+  const auto element_bytes = [&](size_t i) -> uint64_t {
+    if (tensors[i].stored_shape) return safetensors::dtype_info(tensors[i].stored_dtype)->element_bytes;
+    return dtype_size(tensors[i].tensor.dtype);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return element_bytes(a) > element_bytes(b); });
   // The header as ordered_json would dump it, written entry by entry: its
   // operator[] searches the keys linearly (quadratic in the number of tensors).
   std::string text = "{";
@@ -285,7 +320,8 @@ StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>
       nlohmann::ordered_json e;
       e["dtype"] = tensors[i].stored_dtype.empty() ? std::string(safetensors::dtype_to_name(t.dtype))
                                                    : tensors[i].stored_dtype;
-      e["shape"] = std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
+      e["shape"] = tensors[i].stored_shape ? *tensors[i].stored_shape
+                                           : std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank);
       e["data_offsets"] = {offset, offset + n};
       text += (text.size() > 1 ? "," : "") + nlohmann::ordered_json(tensors[i].name).dump() + ":" + e.dump();
       offset += n;

@@ -53,6 +53,11 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w2, "shared_w2", shared, "shared_intermediate", {wt}, {H, Is}));
   MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_gate, "shared_gate", config.has_shared_gate, "has_shared_gate",
                                         {DType::kF32, wt}, {H}));
+  // NaN or Inf weights would run and return NaN rows: refused, as NaN logits are.
+  const std::pair<const TensorView*, const char*> values[] = {
+      {&w13, "w13"}, {&w2, "w2"}, {&weights.w13_bias, "w13_bias"}, {&weights.w2_bias, "w2_bias"},
+      {&weights.shared_w13, "shared_w13"}, {&weights.shared_w2, "shared_w2"}, {&weights.shared_gate, "shared_gate"}};
+  for (const auto& [t, name] : values) MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
   num_experts_ = E;
   hidden_ = H;
   intermediate_ = I;
