@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets of fuzz/ for a given time each (built by
 # scripts/sanitize.sh --build-only: clang, ASan + UBSan, coverage on the
-# parsers), $MOEKIT_JOBS at a time, and prints the executions per target.
+# parsers), $MOEKIT_JOBS at a time, then the Python target of moekit.r3's
+# readers (atheris), and prints the executions per target.
 # Each target starts from its seed corpus fuzz/corpus/<target>/ (read only);
 # new inputs go to build-asan/fuzz/corpus/<target>/, crashes to
 # build-asan/fuzz/crashes/. A crash fails the script: add the input to
@@ -58,4 +59,24 @@ for t in "${TARGETS[@]}"; do
     grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -5 || true
   fi
 done
+# The Python readers of moekit.r3 (fuzz/python/fuzz_r3.py, atheris): run with
+# .venv's Python, atheris installed there when missing (it needs a registry).
+PY="${MOEKIT_VENV:-.venv}/bin/python"
+if [[ -x $PY ]] && { "$PY" -c 'import atheris' 2>/dev/null ||
+                     "$PY" -m pip install --quiet --disable-pip-version-check atheris==3.0.0 >/dev/null 2>&1; }; then
+  mkdir -p "$OUT/corpus/r3"
+  status=0
+  "$PY" fuzz/python/fuzz_r3.py -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 -timeout=10 \
+    -print_final_stats=1 -artifact_prefix="$OUT/crashes/r3-" "$OUT/corpus/r3" fuzz/corpus/r3 >"$OUT/logs/r3.log" 2>&1 ||
+    status=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/logs/r3.log" | tail -1)
+  printf "%-14s %14s %10s %8s\n" r3.py "${runs:-?}" "-" "$(find "$OUT/crashes" -name 'r3-*' -type f | wc -l)"
+  if ((status != 0)); then
+    failed=1
+    echo "fuzz: r3.py failed (exit $status); its log: $OUT/logs/r3.log"
+    grep -E "Uncaught|Error|Test unit written" "$OUT/logs/r3.log" | head -5 || true
+  fi
+else
+  echo "fuzz: r3.py skipped: no $PY with atheris"
+fi
 exit $failed

@@ -338,3 +338,10 @@ def test_empty_captures_and_requests_are_fine_or_value_errors(tmp_path):
         r3.write_capture(tmp_path / "z.safetensors", r3.Capture(20, [], r3.routing_dict("renormalize", 3), []))
     with pytest.raises(ValueError, match="every request needs ids"):
         r3.check({}, num_experts=20)
+
+
+def test_from_vllm_refuses_an_npy_header_its_tokenizer_rejects():
+    # Found by fuzz/python/fuzz_r3.py: np.load raised tokenize.TokenError on this header.
+    text = base64.b64encode(b'\x93NUMPY\x01\x00\x01\x00)\xd7t"')
+    with pytest.raises(ValueError, match="not an .npy array"):
+        r3.from_vllm("r", text, text)
