@@ -118,7 +118,13 @@ StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(i
                              " ids exceeds any address space");
   }
   const size_t bytes = static_cast<size_t>(num_moe_layers) * max_num_tokens * top_k * sizeof(int16_t);
-  MOEKIT_ASSIGN_OR_RETURN(c->impl_->buffer, DeviceBuffer::allocate(device, bytes));
+  StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(), "capturer: the ids buffer of " + std::to_string(num_moe_layers) + " x " +
+                                              std::to_string(max_num_tokens) + " x " + std::to_string(top_k) +
+                                              ": " + buffer.status().message());
+  }
+  c->impl_->buffer = std::move(buffer).value();
   MOEKIT_RETURN_IF_ERROR(fill_sentinel(c->impl_->buffer, device));
   if (device.type == DeviceType::kCuda) {
     MOEKIT_ASSIGN_OR_RETURN(c->impl_->staging, DeviceBuffer::allocate_pinned_host(bytes));

@@ -129,13 +129,22 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
   Buffers& b = *layer->buffers_;
   const Device device = layer->kernel_->device();
   const int64_t rows = config.max_num_tokens, k = config.top_k();
-  MOEKIT_ASSIGN_OR_RETURN(b.workspace, DeviceBuffer::allocate(device, layer->kernel_->workspace_size(rows)));
+  // A failed allocation names the buffer and the setting that sized it.
+  auto allocate = [&](const char* what, size_t bytes) -> StatusOr<DeviceBuffer> {
+    StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
+    if (!buffer.ok()) {
+      return Status(buffer.status().code(), std::string("layer: ") + what + " for max_num_tokens = " +
+                                                std::to_string(rows) + ": " + buffer.status().message());
+    }
+    return buffer;
+  };
+  MOEKIT_ASSIGN_OR_RETURN(b.workspace, allocate("workspace", layer->kernel_->workspace_size(rows)));
   if (!layer->kernel_->is_monolithic()) {
-    MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
-    MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, DeviceBuffer::allocate(device, rows * k * sizeof(float)));
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, allocate("topk_ids", rows * k * sizeof(int32_t)));
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, allocate("topk_weights", rows * k * sizeof(float)));
   }
   if (device.type == DeviceType::kCuda && config.routing.method != RoutingMethod::kCustom) {
-    MOEKIT_ASSIGN_OR_RETURN(b.forced_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
+    MOEKIT_ASSIGN_OR_RETURN(b.forced_ids, allocate("forced_ids", rows * k * sizeof(int32_t)));
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32},
