@@ -20,14 +20,15 @@ nb::tuple load(const std::string& model_dir, int layer, int64_t max_num_tokens, 
   const Device device = parse_device(device_type, device_index);
   StatusOr<CheckpointLayer> ck = InvalidArgument("not loaded");
   StatusOr<std::unique_ptr<MoeLayer>> made = InvalidArgument("not created");
-  {
-    nb::gil_scoped_release release;
+  const Platform& platform = Platform::probe();  // probed (once) with the GIL held
+  throw_if_error(without_gil([&] {
     ck = load_checkpoint_layer(model_dir, layer);
     if (ck.ok()) {
       ck->config.max_num_tokens = max_num_tokens;
-      made = MoeLayer::create(ck->config, ck->weights(), device, Platform::probe());
+      made = MoeLayer::create(ck->config, ck->weights(), device, platform);
     }
-  }
+    return Status::Ok();  // both results are raised below, with the GIL
+  }));
   throw_if_error(ck.status());
   std::shared_ptr<MoeLayer> native = value_or_throw(std::move(made));
   auto optional = [](HostTensor& t) { return t.shape().empty() ? nb::none() : to_torch(std::move(t)); };

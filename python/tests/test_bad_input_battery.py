@@ -1,0 +1,160 @@
+"""The Python bad-input battery: every bad argument raises a Python exception that
+names the problem (MemoryError, ValueError, TypeError); none crashes the
+interpreter, none returns a silently wrong result. Calls that used to kill the
+interpreter run in a subprocess, so a regression fails one test, not the run."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import moekit
+from conftest import E, H, I, K, Case, small_config
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter with the tests' imports; its exit status, stdout and stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_ran(p: subprocess.CompletedProcess) -> None:
+    assert p.returncode == 0, f"exit status {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def case():
+    return Case("renormalize", M=8)
+
+
+@pytest.fixture(scope="module")
+def layer(case):
+    return case.layer()
+
+
+# 1. A failed allocation is a MemoryError (it used to be raised without the GIL: a crash).
+
+def test_layer_buffers_that_cannot_be_allocated_raise_memory_error():
+    # 2**40 tokens: sizes fit int64, no machine has the address space (fails at once, nothing touched);
+    # 2**58: the byte counts themselves overflow (a wrapped size once built a layer over a tiny buffer).
+    p = run_python("""
+        import moekit
+        from conftest import Case, small_config
+        case = Case("renormalize", M=8)
+        for tokens in (2**40, 2**58, 2**63 - 1):
+            try:
+                moekit.MoeLayer(small_config("renormalize", max_num_tokens=tokens), case.w13, case.w2, device="cpu")
+            except MemoryError as e:
+                print("MemoryError", tokens, e)
+            else:
+                raise SystemExit(f"max_num_tokens={tokens}: a layer was built")
+        print("alive")
+    """)
+    assert_ran(p)
+    assert p.stdout.count("MemoryError") == 3 and "alive" in p.stdout, p.stdout
+
+
+def test_capturer_buffer_that_cannot_exist_raises_memory_error():
+    for tokens in (2**40, 2**61):
+        with pytest.raises(MemoryError, match="capturer"):
+            moekit.RoutedExpertsCapturer(2, tokens, K)
+
+
+# 2. The replayer's forced ids before any step, and for a step of no rows.
+
+def test_replayer_forced_ids_before_a_step_and_for_an_empty_step():
+    p = run_python("""
+        import moekit, torch
+        from conftest import K, Case
+        case = Case("renormalize", M=8)
+        layer = case.layer()
+        model = moekit.Model([(layer, 0)])
+        cap = moekit.RoutedExpertsCapturer(1, 64, K)
+        moekit.bind(model, cap)
+        cap.add_request("a")
+        cap.begin_step([("a", 8)])
+        layer(case.hidden, case.logits)
+        cap.end_step()
+        rp = moekit.RoutedExpertsReplayer(cap.snapshot(), model)
+        try:
+            rp.forced_ids(0)
+        except ValueError as e:
+            print("before:", e)
+        else:
+            raise SystemExit("forced_ids before begin_step returned")
+        rp.begin_step([])
+        ids = rp.forced_ids(0)
+        assert ids.shape == (0, K) and ids.dtype == torch.int32, (ids.shape, ids.dtype)
+        rp.begin_step([("a", 3)])
+        assert rp.forced_ids(0).shape == (3, K)
+        print("alive")
+    """)
+    assert_ran(p)
+    assert "before: forced_ids: no step has begun; call begin_step" in p.stdout and "alive" in p.stdout, p.stdout
+
+
+# 4. Integer fields are range-checked as Python ints, before any narrowing.
+
+INT_FIELDS = ["num_experts", "top_k", "hidden_size", "intermediate_size", "max_num_tokens", "num_groups",
+              "topk_groups"]
+
+
+def deepseek_kw(**kw):
+    base = dict(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="deepseek_v3", num_groups=4,
+                topk_groups=2)
+    base.update(kw)
+    return base
+
+
+INT64_FIELDS = ("hidden_size", "intermediate_size", "max_num_tokens")  # 2**32 + 16 and 2**40 are in range there
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f in INT_FIELDS for v in (2**32 + 16, 2**40, 2**64, -2**70, 0)
+                                         if not (f in INT64_FIELDS and v in (2**32 + 16, 2**40))])
+def test_config_integers_are_checked_before_narrowing(field, value):
+    with pytest.raises(ValueError, match=f"{field}: must be in \\[1, \\d+\\], got {value}"):
+        moekit.MoeConfig(**deepseek_kw(**{field: value}))
+
+
+def test_config_integers_refuse_bools_and_floats():
+    with pytest.raises(TypeError, match="top_k: expected an int, got bool"):
+        moekit.MoeConfig(**deepseek_kw(top_k=True))
+    with pytest.raises(TypeError, match="num_experts: expected an int, got float"):
+        moekit.MoeConfig(**deepseek_kw(num_experts=16.0))
+    assert moekit.MoeConfig(**deepseek_kw(num_experts=np.int64(16))).num_experts == 16  # __index__ is an int
+
+
+def test_capture_config_integers_are_checked_before_narrowing():
+    with pytest.raises(ValueError, match="top_k: must be in \\[1, 32767\\], got 1099511627776"):
+        moekit.RoutedExpertsCapturer(1, 64, 2**40)
+    with pytest.raises(ValueError, match="num_moe_layers: must be in .* got 4294967297"):
+        moekit.RoutedExpertsCapturer(2**32 + 1, 64, K)
+    with pytest.raises(ValueError, match="num_experts: must be in \\[1, 32767\\], got 4294967312"):
+        moekit._moekit.capture_set(2**32 + 16, "renormalize", K, 1, 1, 1.0, False, [0], [])
+
+
+# 5. deepseek_v3's keywords are refused for other methods, as the CLI refuses them.
+
+@pytest.mark.parametrize("kw", [dict(routed_scaling_factor=2.5), dict(routed_scaling_factor=1.0),
+                                dict(num_groups=4), dict(topk_groups=2), dict(renormalize=False)])
+@pytest.mark.parametrize("routing", ["softmax_topk", "renormalize", "sigmoid", "custom"])
+def test_deepseek_only_keywords_are_refused_for_other_methods(routing, kw):
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name}.* applies to routing='deepseek_v3' only"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing=routing, **kw)
+
+
+def test_deepseek_keywords_still_work_where_they_apply():
+    cfg = moekit.MoeConfig(**deepseek_kw(routed_scaling_factor=2.5, renormalize=False))
+    assert (cfg.routed_scaling_factor, cfg.num_groups, cfg.renormalize) == (2.5, 4, False)
+    plain = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, renormalize=True)
+    assert plain.routed_scaling_factor == 1.0 and plain.renormalize
+    for bad in (float("inf"), float("nan"), -1.0, 1e39):
+        with pytest.raises(ValueError, match="routed_scaling_factor: must be finite"):
+            moekit.MoeConfig(**deepseek_kw(routed_scaling_factor=bad))
