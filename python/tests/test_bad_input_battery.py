@@ -99,6 +99,31 @@ def test_replayer_forced_ids_before_a_step_and_for_an_empty_step():
     assert "before: forced_ids: no step has begun; call begin_step" in p.stdout and "alive" in p.stdout, p.stdout
 
 
+# 3. No backward: every tensor a gradient would need is refused, not cut from the graph.
+
+def test_router_logits_that_require_grad_are_refused(case, layer):
+    logits = case.logits.clone().requires_grad_(True)
+    with pytest.raises(ValueError, match="router_logits: requires grad.*no backward"):
+        layer(case.hidden, logits)
+    with pytest.raises(ValueError, match="router_logits: requires grad.*replay_routing"):
+        moekit.route(logits, case.config)
+    with torch.no_grad():
+        assert layer(case.hidden, logits).shape == (8, H)
+        assert moekit.route(logits, case.config)[0].shape == (8, K)
+
+
+def test_out_and_custom_weights_that_require_grad_are_refused(case, layer):
+    with pytest.raises(ValueError, match="out: requires grad"):
+        layer(case.hidden, case.logits, out=torch.zeros((8, H), dtype=torch.bfloat16, requires_grad=True))
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="custom",
+                           max_num_tokens=16)
+    custom = moekit.MoeLayer(cfg, case.w13, case.w2, device="cpu")
+    ids = torch.arange(K, dtype=torch.int32).repeat(8, 1)
+    weights = torch.full((8, K), 0.25, requires_grad=True)
+    with pytest.raises(ValueError, match="topk_weights: requires grad"):
+        custom(case.hidden, None, topk_ids=ids, topk_weights=weights)
+
+
 # 4. Integer fields are range-checked as Python ints, before any narrowing.
 
 INT_FIELDS = ["num_experts", "top_k", "hidden_size", "intermediate_size", "max_num_tokens", "num_groups",
@@ -158,3 +183,48 @@ def test_deepseek_keywords_still_work_where_they_apply():
     for bad in (float("inf"), float("nan"), -1.0, 1e39):
         with pytest.raises(ValueError, match="routed_scaling_factor: must be finite"):
             moekit.MoeConfig(**deepseek_kw(routed_scaling_factor=bad))
+
+
+# 6. Router logits in another float dtype than the config's logits_dtype.
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_logits_on_an_f32_layer_are_widened_exactly(case, layer, dtype):
+    narrow = case.logits.to(dtype)
+    out, ids = layer(case.hidden, narrow, return_ids=True)
+    ref_out, ref_ids = layer(case.hidden, narrow.float(), return_ids=True)
+    assert torch.equal(out, ref_out) and torch.equal(ids, ref_ids)
+
+
+def test_f32_logits_on_a_bf16_layer_name_the_setting(case):
+    bf16_layer = moekit.MoeLayer(small_config("renormalize", logits_dtype="bf16"), case.w13, case.w2, device="cpu")
+    with pytest.raises(ValueError, match="logits_dtype='bf16'"):
+        bf16_layer(case.hidden, case.logits)
+    assert bf16_layer(case.hidden, case.logits.bfloat16()).shape == (8, H)
+
+
+# 7. Arguments of the wrong type are a TypeError naming the expected type.
+
+def test_numpy_arrays_are_a_type_error_naming_torch_tensor(case, layer):
+    w13, w2 = case.w13.float().numpy(), case.w2.float().numpy()
+    with pytest.raises(TypeError, match="w13: expected a torch.Tensor, got numpy.ndarray"):
+        moekit.MoeLayer(case.config, w13, case.w2, device="cpu")
+    with pytest.raises(TypeError, match="w2: expected a torch.Tensor, got numpy.ndarray"):
+        moekit.MoeLayer(case.config, case.w13, w2, device="cpu")
+    with pytest.raises(TypeError, match="score_bias: expected a torch.Tensor or None"):
+        moekit.MoeLayer(small_config("deepseek_v3"), case.w13, case.w2, score_bias=np.zeros(E, np.float32))
+    with pytest.raises(TypeError, match="config: expected a moekit.MoeConfig"):
+        moekit.MoeLayer({"num_experts": E}, case.w13, case.w2)
+    with pytest.raises(TypeError, match="hidden: expected a torch.Tensor"):
+        layer(case.hidden.float().numpy(), case.logits)
+    with pytest.raises(TypeError, match="router_logits: expected a torch.Tensor"):
+        layer(case.hidden, case.logits.numpy())
+    with pytest.raises(TypeError, match="forced_ids: expected a torch.Tensor"):
+        layer(case.hidden, case.logits, forced_ids=np.zeros((8, K), np.int32))
+    with pytest.raises(TypeError, match="router_logits: expected a torch.Tensor"):
+        moekit.route(case.logits.numpy(), case.config)
+    with pytest.raises(TypeError, match="router_logits: expected a torch.Tensor"):
+        moekit.torch.replay_routing(case.logits.numpy(), torch.zeros((8, K), dtype=torch.int32), case.config)
+    with pytest.raises(TypeError, match="layer: expected a moekit.MoeLayer"):
+        moekit.Model([(layer._layer, 0)])
+    with pytest.raises(TypeError, match="model: expected a moekit.Model"):
+        moekit.bind(layer, moekit.RoutedExpertsCapturer(1, 64, K))
