@@ -48,6 +48,14 @@ def tensor_arg(name: str, t, optional: bool = True) -> Optional[torch.Tensor]:
     return t
 
 
+def on_a_real_device(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A tensor with no memory moekit can read (the meta device, say) is a ValueError naming its device,
+    not the module's 'incompatible function arguments' (DLPack cannot export it)."""
+    if t is not None and t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: tensors on device '{t.device.type}' are not supported (cpu, cuda)")
+    return t
+
+
 def no_grad_needed(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """moekit has no backward: refuse a tensor that would need one, instead of silently cutting the graph."""
     if t is not None and t.requires_grad and torch.is_grad_enabled():
@@ -59,5 +67,5 @@ def no_grad_needed(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tenso
 def weight(name: str, t: Optional[torch.Tensor], optional: bool = True) -> Optional[torch.Tensor]:
     """Parameters cross as plain tensors (DLPack refuses tensors that require grad); no copy.
     Anything but a torch.Tensor (or None where allowed) is a TypeError naming `name`."""
-    t = tensor_arg(name, t, optional)
+    t = on_a_real_device(name, tensor_arg(name, t, optional))
     return t.detach() if t is not None and t.requires_grad else t

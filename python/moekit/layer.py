@@ -7,7 +7,8 @@ import torch
 
 from . import _moekit, ops
 from ._moekit import MoeConfig
-from ._torch import DeviceLike, no_grad_needed, parse_device, stream_of, tensor_arg, to_device, weight
+from ._torch import (DeviceLike, no_grad_needed, on_a_real_device, parse_device, stream_of, tensor_arg, to_device,
+                     weight)
 
 _LOGITS_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -119,6 +120,8 @@ class MoeLayer:
         topk_ids/topk_weights: custom routing only (router_logits is None then).
         """
         hidden = tensor_arg("hidden", hidden, optional=False)
+        if hidden.is_meta:  # no memory to read; DLPack cannot export it (is_meta: cheaper than .device)
+            on_a_real_device("hidden", hidden)
         router_logits = tensor_arg("router_logits", router_logits)
         forced_ids, out = tensor_arg("forced_ids", forced_ids), tensor_arg("out", out)
         topk_ids, topk_weights = tensor_arg("topk_ids", topk_ids), tensor_arg("topk_weights", topk_weights)

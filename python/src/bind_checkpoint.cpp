@@ -3,6 +3,7 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "bind.h"
@@ -15,8 +16,11 @@ namespace moekit::python {
 namespace {
 
 // (Layer, MoeConfig, router weight [E, H] f32 | None, router bias [E] f32 | None, summary)
-nb::tuple load(const std::string& model_dir, int layer, int64_t max_num_tokens, const std::string& device_type,
-               int device_index) {
+nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle max_num_tokens_arg,
+               const std::string& device_type, int device_index) {
+  // Range-checked as Python ints before narrowing (a model layer index is an int).
+  const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
+  const int64_t max_num_tokens = int_arg("max_num_tokens", max_num_tokens_arg, 1, INT64_MAX);
   const Device device = parse_device(device_type, device_index);
   StatusOr<CheckpointLayer> ck = InvalidArgument("not loaded");
   StatusOr<std::unique_ptr<MoeLayer>> made = InvalidArgument("not created");

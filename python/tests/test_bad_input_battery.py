@@ -230,6 +230,17 @@ def test_numpy_arrays_are_a_type_error_naming_torch_tensor(case, layer):
         moekit.bind(layer, moekit.RoutedExpertsCapturer(1, 64, K))
 
 
+def test_tensors_without_memory_and_out_of_range_layer_indices_are_named(case, layer):
+    with pytest.raises(ValueError, match="w13: tensors on device 'meta' are not supported"):
+        moekit.MoeLayer(case.config, case.w13.to("meta"), case.w2, device="cpu")
+    with pytest.raises(ValueError, match="hidden: tensors on device 'meta' are not supported"):
+        layer(case.hidden.to("meta"), case.logits)
+    with pytest.raises(ValueError, match="layer: must be in \\[0, 2147483647\\], got 1099511627776"):
+        moekit.MoeLayer.from_pretrained("/nonexistent", 2**40)
+    with pytest.raises(ValueError, match="max_num_tokens: must be in .* got 0"):
+        moekit.MoeLayer.from_pretrained("/nonexistent", 0, max_num_tokens=0)
+
+
 # 8. No nanobind leak report at exit after torch.compile (and the report still works elsewhere).
 
 def test_no_leak_report_at_exit_after_torch_compile():
