@@ -201,8 +201,14 @@ class RoutedExpertsReplayer {
   // forced ids [M, k] i32 of every layer. Validates everything (known
   // requests, captured tokens available, ids) before it changes any state.
   Status begin_step(const StepLayout& layout);
-  // Layer `layer`'s forced ids of the current step: [M, k] i32, host.
+  // Layer `layer`'s forced ids of the current step: [M, k] i32, host. An
+  // undefined view before the first begin_step (has_step() tells), for a layer
+  // out of range, and for a step of no rows (step_rows() == 0).
   TensorView forced_ids(int layer) const;
+  // Whether a begin_step has succeeded (forced_ids has a step to answer for).
+  bool has_step() const { return has_step_; }
+  // M of the current step (0 before the first step and for an empty layout).
+  int64_t step_rows() const { return step_rows_; }
   // Sets where a request's next step starts (token index in the request).
   Status start_token(const std::string& request, int64_t token);
 
@@ -214,6 +220,7 @@ class RoutedExpertsReplayer {
   std::map<std::string, int64_t> cursor_;  // next token of each request
   std::vector<int32_t> forced_;            // [num_moe_layers, M, k] i32 of the current step
   int64_t step_rows_ = 0;
+  bool has_step_ = false;
 };
 
 // The capture file (docs/capture.md), format version 2: safetensors, one

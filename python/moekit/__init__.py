@@ -6,6 +6,10 @@ ValueError (bad input) or RuntimeError (internal error) with the library's
 message. See docs/python.md.
 """
 from ._moekit import CAPTURE_FORMAT_VERSION, UNWRITTEN_EXPERT_ID, CaptureSet, MoeConfig, RequestCapture
+import atexit as _atexit
+import sys as _sys
+
+from ._moekit import _set_leak_warnings
 from ._moekit import platform as _platform
 from .capture import RoutedExpertsCapturer, RoutedExpertsReplayer, bind, read_capture_file, write_capture_file
 from .layer import MoeLayer, Model, route, select_backend
@@ -15,6 +19,27 @@ from . import ops  # registers torch.ops.moekit.moe_forward
 from . import r3, torch
 
 __version__ = "0.1.0"
+
+
+def _quiet_leak_report_after_torch_compile() -> None:
+    """At exit, nanobind reports every moekit object still alive as "leaked". After torch.compile has
+    compiled a frame, some always are: dynamo's caches (kept on code objects, outside the garbage
+    collector's reach) hold the guarded frames' globals and objects (a MoeLayer, its config) until
+    the process ends, and the report runs before that. Those are not reference-count errors (the
+    same script run eagerly reports nothing), and process exit frees them; so only in a process
+    where dynamo compiled something is the report turned off. Everywhere else it stays on."""
+    dynamo_utils = _sys.modules.get("torch._dynamo.utils")
+    if dynamo_utils is None:
+        return
+    try:
+        compiled = dynamo_utils.counters["frames"]["total"] > 0
+    except Exception:  # pragma: no cover - a torch without these counters: assume it compiled
+        compiled = True
+    if compiled:
+        _set_leak_warnings(False)
+
+
+_atexit.register(_quiet_leak_report_after_torch_compile)
 
 
 def platform() -> str:

@@ -37,14 +37,35 @@ def stream_of(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def tensor_arg(name: str, t, optional: bool = True) -> Optional[torch.Tensor]:
+    """t itself when it is a torch.Tensor (or None where that is allowed); any other type (a NumPy array,
+    a list) is a TypeError naming the argument and the expected type, not an AttributeError from inside."""
+    if t is None and optional:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor{' or None' if optional else ''}, got {type(t).__module__}."
+                        f"{type(t).__qualname__} (convert it, e.g. torch.from_numpy)")
+    return t
+
+
+def on_a_real_device(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A tensor with no memory moekit can read (the meta device, say) is a ValueError naming its device,
+    not the module's 'incompatible function arguments' (DLPack cannot export it)."""
+    if t is not None and t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: tensors on device '{t.device.type}' are not supported (cpu, cuda)")
+    return t
+
+
 def no_grad_needed(name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """moekit has no backward: refuse a tensor that would need one, instead of silently cutting the graph."""
     if t is not None and t.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name}: requires grad, but moekit's MoE layer has no backward pass; "
-                         "call it under torch.no_grad() or pass {name}.detach()")
+                         f"call it under torch.no_grad() or pass {name}.detach()")
     return t
 
 
-def weight(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Parameters cross as plain tensors (DLPack refuses tensors that require grad); no copy."""
+def weight(name: str, t: Optional[torch.Tensor], optional: bool = True) -> Optional[torch.Tensor]:
+    """Parameters cross as plain tensors (DLPack refuses tensors that require grad); no copy.
+    Anything but a torch.Tensor (or None where allowed) is a TypeError naming `name`."""
+    t = on_a_real_device(name, tensor_arg(name, t, optional))
     return t.detach() if t is not None and t.requires_grad else t

@@ -64,6 +64,11 @@ class RoutedExpertsCapturer:
 
 def bind(model: Model, capturer: RoutedExpertsCapturer) -> None:
     """Every MoE layer of `model` gets its slice of the capture buffer as its capture target."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model: expected a moekit.Model, got {type(model).__module__}.{type(model).__qualname__}")
+    if not isinstance(capturer, RoutedExpertsCapturer):
+        raise TypeError("capturer: expected a moekit.RoutedExpertsCapturer, got "
+                        f"{type(capturer).__module__}.{type(capturer).__qualname__}")
     _moekit.bind(model._model, capturer._capturer)
 
 
@@ -72,12 +77,16 @@ class RoutedExpertsReplayer:
     forced_ids(layer) [M, k] int32 (host) go to layer(..., forced_ids=...)."""
 
     def __init__(self, captures: CaptureSet, model: Model):
+        if not isinstance(model, Model):
+            raise TypeError(f"model: expected a moekit.Model, got {type(model).__module__}.{type(model).__qualname__}")
         self._replayer = _moekit.create_replayer(captures, model._model)
 
     def begin_step(self, segments: Segments) -> None:
         self._replayer.begin_step(list(segments))
 
     def forced_ids(self, layer: int) -> torch.Tensor:
+        """[M, k] int32 (host) of the current step; [0, k] after begin_step([]). Before the first
+        begin_step there is no step: ValueError."""
         return self._replayer.forced_ids(layer)
 
     def start_token(self, request: str, token: int) -> None:

@@ -7,7 +7,16 @@ import torch
 
 from . import _moekit, ops
 from ._moekit import MoeConfig
-from ._torch import DeviceLike, no_grad_needed, parse_device, stream_of, to_device, weight
+from ._torch import (DeviceLike, no_grad_needed, on_a_real_device, parse_device, stream_of, tensor_arg, to_device,
+                     weight)
+
+_LOGITS_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _config_arg(config) -> MoeConfig:
+    if not isinstance(config, MoeConfig):
+        raise TypeError(f"config: expected a moekit.MoeConfig, got {type(config).__module__}.{type(config).__qualname__}")
+    return config
 
 
 class MoeLayer:
@@ -29,14 +38,21 @@ class MoeLayer:
                  score_bias: Optional[torch.Tensor] = None, device: DeviceLike = None,
                  w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None,
                  a13_scale: Optional[torch.Tensor] = None, a2_scale: Optional[torch.Tensor] = None):
-        self.config = config
-        self._top_k = config.top_k  # a Python int: torch.compile traces __call__, not the C++ config
-        self.device = to_device(device, default=getattr(w13, "device", None))
-        self._layer = _moekit.create_layer(config, weight(w13), weight(w2), weight(score_bias), self.device.type,
-                                           self.device.index or 0, weight(w13_scale), weight(w2_scale),
-                                           weight(a13_scale), weight(a2_scale))
+        self.config = _config_arg(config)
+        self._init_from_config(config)
+        w13, w2 = weight("w13", w13, optional=False), weight("w2", w2, optional=False)
+        self.device = to_device(device, default=w13.device)
+        self._layer = _moekit.create_layer(config, w13, w2, weight("score_bias", score_bias), self.device.type,
+                                           self.device.index or 0, weight("w13_scale", w13_scale),
+                                           weight("w2_scale", w2_scale), weight("a13_scale", a13_scale),
+                                           weight("a2_scale", a2_scale))
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
+
+    def _init_from_config(self, config: MoeConfig) -> None:
+        # Python values: torch.compile traces __call__, not the C++ config.
+        self._top_k = config.top_k
+        self._logits_dtype = _LOGITS_DTYPES[config.logits_dtype]
 
     router_weight: Optional[torch.Tensor] = None  # [E, H] float32 (from_pretrained)
     router_bias: Optional[torch.Tensor] = None    # [E] float32 (from_pretrained, gpt-oss)
@@ -54,7 +70,7 @@ class MoeLayer:
         native, config, router_weight, router_bias, summary = _moekit.load_checkpoint_layer(
             str(model_dir), layer, max_num_tokens, self.device.type, self.device.index or 0)
         self.config = config
-        self._top_k = config.top_k
+        self._init_from_config(config)
         self._layer = native
         self.summary = summary
         self.router_weight = None if router_weight is None else router_weight.to(self.device)
@@ -103,9 +119,21 @@ class MoeLayer:
         out: written in place (every element) and returned.
         topk_ids/topk_weights: custom routing only (router_logits is None then).
         """
+        hidden = tensor_arg("hidden", hidden, optional=False)
+        if hidden.is_meta:  # no memory to read; DLPack cannot export it (is_meta: cheaper than .device)
+            on_a_real_device("hidden", hidden)
+        router_logits = tensor_arg("router_logits", router_logits)
+        forced_ids, out = tensor_arg("forced_ids", forced_ids), tensor_arg("out", out)
+        topk_ids, topk_weights = tensor_arg("topk_ids", topk_ids), tensor_arg("topk_weights", topk_weights)
+        # No backward: every tensor an output's gradient would flow through (or into) is refused.
         no_grad_needed("hidden", hidden)
+        no_grad_needed("router_logits", router_logits)
+        no_grad_needed("topk_weights", topk_weights)
+        no_grad_needed("out", out)
         if router_logits is None and topk_ids is None and self.router_weight is not None:
             router_logits = self.router_logits(hidden)
+        if router_logits is not None and router_logits.dtype != self._logits_dtype:
+            router_logits = self._logits_as_configured(router_logits)
         if out is None:
             out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
         ids = None
@@ -123,6 +151,19 @@ class MoeLayer:
             return out, ids.to(torch.int32)
         return out
 
+    def _logits_as_configured(self, logits: torch.Tensor) -> torch.Tensor:
+        """Router logits of another float dtype than the config's logits_dtype: the routing spec computes
+        in f32 either way, so bf16/f16 logits are widened exactly for an f32 layer. Narrowing f32 logits
+        for a bf16 layer would round them (other experts, other weights): refused, naming the setting.
+        Other dtypes go on to the library, which names what it supports."""
+        if self._logits_dtype == torch.float32 and logits.dtype in (torch.bfloat16, torch.float16):
+            return logits.float()
+        if self._logits_dtype == torch.bfloat16 and logits.dtype in (torch.float32, torch.float16):
+            raise ValueError(f"router_logits: {logits.dtype}, but this layer was built with "
+                             "MoeConfig(logits_dtype='bf16'); rounding them to bfloat16 would change the routing: "
+                             "pass bfloat16 logits, or build the layer with logits_dtype='f32'")
+        return logits
+
     def __repr__(self) -> str:
         return f"MoeLayer({self.backend}/{self.kernel} on {self.device}, {self.config!r})"
 
@@ -137,6 +178,8 @@ class Model:
             self.add_layer(layer, index)
 
     def add_layer(self, layer: MoeLayer, model_layer_index: int) -> None:
+        if not isinstance(layer, MoeLayer):
+            raise TypeError(f"layer: expected a moekit.MoeLayer, got {type(layer).__module__}.{type(layer).__qualname__}")
         self._model.add_layer(layer._layer, model_layer_index)
         self.layers.append(layer)
 
@@ -160,7 +203,15 @@ def route(router_logits: torch.Tensor, config: MoeConfig, score_bias: Optional[t
           forced_ids: Optional[torch.Tensor] = None, return_counts: bool = False):
     """The routing spec on the logits' device: (ids [M, k] int32, weights [M, k] float32),
     plus tokens per expert [E] int32 when return_counts. forced_ids [M, k] int32 (same
-    device as the logits): replay, the weights of those ids."""
+    device as the logits): replay, the weights of those ids. There is no backward: logits
+    that require grad are refused (moekit.torch.replay_routing differentiates the weights)."""
+    config = _config_arg(config)
+    router_logits = tensor_arg("router_logits", router_logits, optional=False)
+    forced_ids = tensor_arg("forced_ids", forced_ids)
+    score_bias = weight("score_bias", score_bias)  # enters selection only: no gradient to keep
+    if router_logits.requires_grad and torch.is_grad_enabled():
+        raise ValueError("router_logits: requires grad, but moekit.route has no backward pass; use "
+                         "moekit.torch.replay_routing for weights with gradients, or pass router_logits.detach()")
     rows = router_logits.shape[0] if router_logits.dim() == 2 else 1
     k = config.top_k
     ids = torch.empty((rows, k), dtype=torch.int32, device=router_logits.device)

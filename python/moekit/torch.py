@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from . import _moekit
+from ._torch import tensor_arg
 
 # Methods whose weights are a sigmoid renormalized over the k ids (deepseek_v3 then scales).
 _SIGMOID_RENORM = ("sigmoid_renorm", "deepseek_v3")
@@ -119,6 +120,11 @@ def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "
     naming the first bad one): host ids by the kernel's own check, device ids on the host after a copy (a
     synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture).
     int64 host ids are range-checked before they are narrowed to the kernel's int32."""
+    router_logits = tensor_arg("router_logits", router_logits, optional=False)
+    forced_ids = tensor_arg("forced_ids", forced_ids, optional=False)
+    score_bias = tensor_arg("score_bias", score_bias)
+    if not isinstance(cfg, _moekit.MoeConfig):
+        raise TypeError(f"cfg: expected a moekit.MoeConfig, got {type(cfg).__module__}.{type(cfg).__qualname__}")
     if router_logits.dim() != 2 or router_logits.shape[1] != cfg.num_experts:
         raise ValueError(f"router_logits: expected [M, {cfg.num_experts}], got {list(router_logits.shape)}")
     if forced_ids.shape != (router_logits.shape[0], cfg.top_k):

@@ -31,17 +31,21 @@ StepLayout layout_of(const Segments& segments) {
 
 // A host copy of a host view as a torch tensor (the capture keeps its own).
 nb::object copy_to_torch(const TensorView& v) {
+  if (v.data == nullptr && v.numel() > 0) throw std::runtime_error("copy_to_torch: a view without data");
   std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.rank);
   HostTensor t(v.dtype, shape);
   if (t.nbytes() > 0) std::memcpy(t.data<void>(), v.data, t.nbytes());
   return to_torch(std::move(t));
 }
 
-std::unique_ptr<RoutedExpertsCapturer> create_capturer(int num_moe_layers, int64_t max_num_tokens, int top_k,
-                                                       const std::string& device_type, int device_index,
-                                                       bool enabled) {
-  return value_or_throw(RoutedExpertsCapturer::create(num_moe_layers, max_num_tokens, top_k,
-                                                      parse_device(device_type, device_index), enabled));
+std::unique_ptr<RoutedExpertsCapturer> create_capturer(nb::handle num_moe_layers, nb::handle max_num_tokens,
+                                                       nb::handle top_k, const std::string& device_type,
+                                                       int device_index, bool enabled) {
+  const int layers = static_cast<int>(int_arg("num_moe_layers", num_moe_layers, 1, INT32_MAX));
+  const int64_t tokens = int_arg("max_num_tokens", max_num_tokens, 1, INT64_MAX);
+  const int k = static_cast<int>(int_arg("top_k", top_k, 1, 32767));
+  return value_or_throw(RoutedExpertsCapturer::create(layers, tokens, k, parse_device(device_type, device_index),
+                                                      enabled));
 }
 
 // One request for capture_set(): (request, first_token, first_generated_token, ids i16 [T, L, k] host,
@@ -58,10 +62,15 @@ HostTensor host_copy(const TensorView& v, const std::string& name) {
   return t;
 }
 
-CaptureSet capture_set(int64_t num_experts, const std::string& method, int top_k, int num_groups, int topk_groups,
-                       float routed_scaling_factor, bool score_bias, const std::vector<int>& model_layers,
+CaptureSet capture_set(nb::handle num_experts_arg, const std::string& method, nb::handle top_k_arg,
+                       nb::handle num_groups_arg, nb::handle topk_groups_arg, float routed_scaling_factor, bool score_bias, const std::vector<int>& model_layers,
                        const std::vector<RequestArrays>& requests, const std::string& backend,
                        const std::string& router_weights_dtype) {
+  // Range-checked as Python ints before any narrowing (as MoeConfig's fields are).
+  const int64_t num_experts = int_arg("num_experts", num_experts_arg, 1, 32767);
+  const int top_k = static_cast<int>(int_arg("top_k", top_k_arg, 1, 32767));
+  const int num_groups = static_cast<int>(int_arg("num_groups", num_groups_arg, 1, INT32_MAX));
+  const int topk_groups = static_cast<int>(int_arg("topk_groups", topk_groups_arg, 1, INT32_MAX));
   CaptureSet set;
   set.info.num_experts = num_experts;
   const std::optional<RoutingMethod> m = parse_routing_method(method);
@@ -173,23 +182,13 @@ void bind_capture(nb::module_& m) {
             throw_if_error(c.begin_step(layout_of(segments), reinterpret_cast<Stream>(stream)));
           }, nb::arg("segments"), nb::arg("stream"))
       .def("end_step", [](RoutedExpertsCapturer& c, uintptr_t stream) {
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = c.end_step(reinterpret_cast<Stream>(stream));
-            }
-            throw_if_error(s);
+            throw_if_error(without_gil([&] { return c.end_step(reinterpret_cast<Stream>(stream)); }));
           }, nb::arg("stream"))
       .def("end_step_async", [](RoutedExpertsCapturer& c, uintptr_t stream) {
             throw_if_error(c.end_step_async(reinterpret_cast<Stream>(stream)));
           }, nb::arg("stream"))
       .def("collect", [](RoutedExpertsCapturer& c) {
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = c.collect();
-            }
-            throw_if_error(s);
+            throw_if_error(without_gil([&] { return c.collect(); }));
           })
       .def("routed_experts", [](const RoutedExpertsCapturer& c, const std::string& request) {
             return to_torch(value_or_throw(c.routed_experts(request)));
@@ -213,6 +212,12 @@ void bind_capture(nb::module_& m) {
             if (layer < 0 || layer >= r.captures().info.num_moe_layers()) {
               throw nb::value_error(("forced_ids: layer " + std::to_string(layer) + " is not in [0, " +
                                      std::to_string(r.captures().info.num_moe_layers()) + ")").c_str());
+            }
+            if (!r.has_step()) {
+              throw nb::value_error("forced_ids: no step has begun; call begin_step(segments) first");
+            }
+            if (r.step_rows() == 0) {  // begin_step([]): a step of no rows forces [0, k] ids
+              return to_torch(HostTensor(DType::kI32, {0, static_cast<int64_t>(r.captures().info.top_k())}));
             }
             return copy_to_torch(r.forced_ids(layer));
           }, nb::arg("layer"))

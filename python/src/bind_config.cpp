@@ -3,6 +3,10 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #include "bind.h"
 #include "convert.h"
 #include "moekit/config.h"
@@ -23,25 +27,51 @@ DType dtype_named(const std::string& field, const std::string& name) {
   return *d;
 }
 
-MoeConfig make_config(int64_t num_experts, int top_k, int64_t hidden_size, int64_t intermediate_size,
-                      const std::string& routing, int num_groups, int topk_groups, float routed_scaling_factor,
-                      const std::string& activation, int64_t max_num_tokens, const std::string& backend,
+// deepseek_v3's keywords, with the CLI's rule (tools/cli_util.cpp,
+// routing_config_from): given for another method, they are refused, never ignored.
+void refuse_unless_deepseek_v3(RoutingMethod method, const std::string& routing, const char* name, bool given) {
+  if (given && method != RoutingMethod::kDeepseekV3) {
+    throw nb::value_error((std::string(name) + " applies to routing='deepseek_v3' only (this config routes with '" +
+                           routing + "')").c_str());
+  }
+}
+
+MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidden_size,
+                      nb::handle intermediate_size, const std::string& routing, nb::handle num_groups,
+                      nb::handle topk_groups, std::optional<double> routed_scaling_factor,
+                      const std::string& activation, nb::handle max_num_tokens, const std::string& backend,
                       const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
-                      bool capture, std::optional<bool> replay, bool renormalize, bool batch_invariant,
-                      const std::string& quant, const std::string& act_scale) {
+                      bool capture, std::optional<bool> replay, std::optional<bool> renormalize,
+                      bool batch_invariant, const std::string& quant, const std::string& act_scale) {
   MoeConfig c;
-  c.num_experts = num_experts;
-  c.hidden = hidden_size;
-  c.intermediate = intermediate_size;
-  c.max_num_tokens = max_num_tokens;
+  // Every integer is range-checked as the Python int it is, before it is
+  // narrowed to its C++ field (2**32 + 16 experts once read as 16).
+  c.num_experts = int_arg("num_experts", num_experts, 1, 32767);
+  c.hidden = int_arg("hidden_size", hidden_size, 1, INT64_MAX);
+  c.intermediate = int_arg("intermediate_size", intermediate_size, 1, INT64_MAX);
+  c.max_num_tokens = int_arg("max_num_tokens", max_num_tokens, 1, INT64_MAX);
   const std::optional<RoutingMethod> method = parse_routing_method(routing);
   if (!method) throw nb::value_error(("routing: unknown routing method '" + routing + "'").c_str());
   c.routing.method = *method;
-  c.routing.top_k = top_k;
-  c.routing.num_groups = num_groups;
-  c.routing.topk_groups = topk_groups;
-  c.routing.routed_scaling_factor = routed_scaling_factor;
-  c.routing.renormalize = renormalize;
+  c.routing.top_k = static_cast<int>(int_arg("top_k", top_k, 1, INT32_MAX));
+  refuse_unless_deepseek_v3(*method, routing, "num_groups", !num_groups.is_none());
+  refuse_unless_deepseek_v3(*method, routing, "topk_groups", !topk_groups.is_none());
+  refuse_unless_deepseek_v3(*method, routing, "routed_scaling_factor", routed_scaling_factor.has_value());
+  // renormalize=True is every method's behaviour; only False (the CLI's --no-renormalize) is deepseek_v3's.
+  refuse_unless_deepseek_v3(*method, routing, "renormalize=False", renormalize == false);
+  if (!num_groups.is_none()) c.routing.num_groups = static_cast<int>(int_arg("num_groups", num_groups, 1, INT32_MAX));
+  if (!topk_groups.is_none()) {
+    c.routing.topk_groups = static_cast<int>(int_arg("topk_groups", topk_groups, 1, INT32_MAX));
+  }
+  if (routed_scaling_factor) {
+    const double f = *routed_scaling_factor;
+    if (!std::isfinite(f) || !(f > 0.0) || f > static_cast<double>(std::numeric_limits<float>::max())) {
+      throw nb::value_error(("routed_scaling_factor: must be finite, > 0 and fit a float32, got " +
+                             std::string(nb::repr(nb::float_(f)).c_str())).c_str());
+    }
+    c.routing.routed_scaling_factor = static_cast<float>(f);
+  }
+  c.routing.renormalize = renormalize.value_or(true);
   const std::optional<Activation> act = parse_activation(activation);
   if (!act) throw nb::value_error(("activation: unknown activation '" + activation + "'").c_str());
   c.activation.kind = *act;
@@ -74,11 +104,12 @@ void bind_config(nb::module_& m) {
   nb::class_<MoeConfig>(m, "MoeConfig",
                         "An MoE layer's configuration (plain data, validated on construction).")
       .def(nb::new_(&make_config), nb::kw_only(), nb::arg("num_experts"), nb::arg("top_k"), nb::arg("hidden_size"),
-           nb::arg("intermediate_size"), nb::arg("routing") = "softmax_topk", nb::arg("num_groups") = 1,
-           nb::arg("topk_groups") = 1, nb::arg("routed_scaling_factor") = 1.0f, nb::arg("activation") = "silu",
+           nb::arg("intermediate_size"), nb::arg("routing") = "softmax_topk", nb::arg("num_groups").none() = nb::none(),
+           nb::arg("topk_groups").none() = nb::none(), nb::arg("routed_scaling_factor").none() = nb::none(),
+           nb::arg("activation") = "silu",
            nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
            nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
-           nb::arg("replay") = nb::none(), nb::arg("renormalize") = true,
+           nb::arg("replay").none() = nb::none(), nb::arg("renormalize").none() = nb::none(),
            nb::arg("batch_invariant") = false, nb::arg("quant") = "none", nb::arg("act_scale") = "dynamic")
       .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
       .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })

@@ -48,8 +48,18 @@ std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13
   w.a13_scale = view_of(a13_scale, "a13_scale");
   w.a2_scale = view_of(a2_scale, "a2_scale");
   const Device device = parse_device(device_type, device_index);
-  nb::gil_scoped_release release;
-  return value_or_throw(MoeLayer::create(c, w, device, platform()));
+  const Platform& p = platform();  // probed (once) with the GIL held
+  std::unique_ptr<MoeLayer> made;
+  // The Status leaves the released region as a value: raising it there (as
+  // value_or_throw does) set a Python error without the GIL and killed the
+  // interpreter on the first failed allocation.
+  throw_if_error(without_gil([&]() -> Status {
+    StatusOr<std::unique_ptr<MoeLayer>> r = MoeLayer::create(c, w, device, p);
+    if (!r.ok()) return r.status();
+    made = std::move(r).value();
+    return Status::Ok();
+  }));
+  return std::shared_ptr<MoeLayer>(std::move(made));
 }
 
 void forward(MoeLayer& layer, const Array& hidden, const OptArray& router_logits, const Array& out,
@@ -63,12 +73,7 @@ void forward(MoeLayer& layer, const Array& hidden, const OptArray& router_logits
   a.forced_ids = view_of(forced_ids, "forced_ids");
   a.topk_ids = view_of(topk_ids, "topk_ids");
   a.topk_weights = view_of(topk_weights, "topk_weights");
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = layer.forward(a, reinterpret_cast<Stream>(stream));
-  }
-  throw_if_error(s);
+  throw_if_error(without_gil([&] { return layer.forward(a, reinterpret_cast<Stream>(stream)); }));
 }
 
 nb::list select(const MoeConfig& config, const std::string& device_type) {
@@ -92,12 +97,7 @@ void route_into(const MoeConfig& config, const Array& logits, const OptArray& sc
     throw nb::value_error(("router_logits: " + std::to_string(a.logits.dim(1)) + " experts per row, the config has " +
                            std::to_string(config.num_experts)).c_str());
   }
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = route(rc, a, reinterpret_cast<Stream>(stream));
-  }
-  throw_if_error(s);
+  throw_if_error(without_gil([&] { return route(rc, a, reinterpret_cast<Stream>(stream)); }));
 }
 
 }  // namespace

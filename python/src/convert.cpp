@@ -1,6 +1,8 @@
 #include "convert.h"
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,6 +86,24 @@ Device parse_device(const std::string& type, int index) {
   if (type == "cpu") return Device::cpu();
   if (type == "cuda") return Device::cuda(index);
   throw nb::value_error(("device: '" + type + "' is not supported (cpu, cuda)").c_str());
+}
+
+int64_t int_arg(const char* name, nb::handle v, int64_t lo, int64_t hi) {
+  PyObject* o = v.ptr();
+  if (PyBool_Check(o) || !PyIndex_Check(o)) {
+    throw nb::type_error((std::string(name) + ": expected an int, got " + nb::type_name(v.type()).c_str()).c_str());
+  }
+  nb::object i = nb::steal(PyNumber_Index(o));
+  if (!i.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || x < lo || x > hi) {
+    throw nb::value_error((std::string(name) + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + std::string(nb::repr(i).c_str()))
+                              .c_str());
+  }
+  return x;
 }
 
 void throw_if_error(const Status& status) {

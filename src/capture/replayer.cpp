@@ -135,6 +135,7 @@ Status RoutedExpertsReplayer::begin_step(const StepLayout& layout) {
   for (const StepSegment& s : layout.segments) cursor_[s.request] += s.num_rows;
   forced_ = std::move(forced);
   step_rows_ = m;
+  has_step_ = true;
   return Status::Ok();
 }
 

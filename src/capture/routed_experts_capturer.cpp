@@ -2,8 +2,10 @@
 // check, and the per-request accounting of captured rows.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
+#include "core/checked_size.h"
 #include "moekit/device_buffer.h"
 #include "moekit/capture.h"
 
@@ -106,8 +108,23 @@ StatusOr<std::unique_ptr<RoutedExpertsCapturer>> RoutedExpertsCapturer::create(i
   c->device_ = device;
   c->impl_ = std::make_unique<Impl>();
   if (!enabled) return c;  // NOTE: a disabled capturer must never allocate (tested).
+  // Checked: a wrapped product would allocate a small buffer that begin_step then overruns.
+  std::optional<int64_t> ids = checked_mul(num_moe_layers, max_num_tokens);
+  if (ids) ids = checked_mul(*ids, top_k);
+  if (ids) ids = checked_mul(*ids, static_cast<int64_t>(sizeof(float)));  // the router weights' bytes fit too
+  if (!ids) {
+    return ResourceExhausted("capturer: a buffer of " + std::to_string(num_moe_layers) + " x " +
+                             std::to_string(max_num_tokens) + " x " + std::to_string(top_k) +
+                             " ids exceeds any address space");
+  }
   const size_t bytes = static_cast<size_t>(num_moe_layers) * max_num_tokens * top_k * sizeof(int16_t);
-  MOEKIT_ASSIGN_OR_RETURN(c->impl_->buffer, DeviceBuffer::allocate(device, bytes));
+  StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(), "capturer: the ids buffer of " + std::to_string(num_moe_layers) + " x " +
+                                              std::to_string(max_num_tokens) + " x " + std::to_string(top_k) +
+                                              ": " + buffer.status().message());
+  }
+  c->impl_->buffer = std::move(buffer).value();
   MOEKIT_RETURN_IF_ERROR(fill_sentinel(c->impl_->buffer, device));
   if (device.type == DeviceType::kCuda) {
     MOEKIT_ASSIGN_OR_RETURN(c->impl_->staging, DeviceBuffer::allocate_pinned_host(bytes));

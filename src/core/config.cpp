@@ -218,6 +218,11 @@ Status MoeConfig::validate() const {
   if (activation.kind == Activation::kSwigluOai && !(activation.swiglu_limit > 0.0f)) {
     return InvalidArgument(field("activation.swiglu_limit", "must be > 0"));
   }
+  // Range first: routing.validate takes an int, and narrowing 2^32 + 16 would check 16.
+  if (num_experts > 32767) {
+    return InvalidArgument(field("num_experts", "must be <= 32767 (ids are captured as int16), got " +
+                                                    std::to_string(num_experts)));
+  }
   MOEKIT_RETURN_IF_ERROR(routing.validate(static_cast<int>(num_experts)));
   MOEKIT_RETURN_IF_ERROR(parallel.validate());
   if (shared_intermediate < 0) {

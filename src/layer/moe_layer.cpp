@@ -1,8 +1,12 @@
 // MoeLayer: a chosen kernel with its prepared weights, workspace and routing
 // outputs, run as one call per forward.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "core/checked_size.h"
 #include "moekit/device_buffer.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
@@ -93,6 +97,30 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
                                : "weights.score_bias: a bias was given but routing.has_score_bias is not set");
   }
 
+  // The buffers are sized from max_num_tokens by size arithmetic in the kernels
+  // (workspace_size) and here, unchecked. Bound it first: when the bytes of one
+  // token's rows (every per-token extent, 64 bytes each, a wide margin over any
+  // buffer's element size and count) times max_num_tokens do not fit int64, a
+  // size would wrap into a small buffer. Such a layer could never be allocated:
+  // refuse it as the failed allocation it is.
+  {
+    auto add = [](std::optional<int64_t> a, int64_t b) -> std::optional<int64_t> {
+      if (!a || b < 0 || *a > INT64_MAX - b) return std::nullopt;
+      return *a + b;
+    };
+    std::optional<int64_t> per_token = checked_mul(config.top_k(), std::max<int64_t>(config.intermediate, 0));
+    if (per_token) per_token = checked_mul(*per_token, 2);
+    per_token = add(add(add(add(per_token, 1), config.hidden), config.num_experts), config.shared_intermediate);
+    if (per_token) per_token = checked_mul(*per_token, 64);
+    if (per_token) per_token = checked_mul(*per_token, config.max_num_tokens);
+    if (!per_token) {
+      return ResourceExhausted("layer: buffers for max_num_tokens = " + std::to_string(config.max_num_tokens) +
+                               " (H = " + std::to_string(config.hidden) + ", I = " +
+                               std::to_string(config.intermediate) + ", k = " + std::to_string(config.top_k()) +
+                               ") exceed any address space");
+    }
+  }
+
   std::unique_ptr<MoeLayer> layer(new MoeLayer());
   layer->config_ = config;
   layer->buffers_ = std::make_unique<Buffers>();
@@ -101,13 +129,22 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
   Buffers& b = *layer->buffers_;
   const Device device = layer->kernel_->device();
   const int64_t rows = config.max_num_tokens, k = config.top_k();
-  MOEKIT_ASSIGN_OR_RETURN(b.workspace, DeviceBuffer::allocate(device, layer->kernel_->workspace_size(rows)));
+  // A failed allocation names the buffer and the setting that sized it.
+  auto allocate = [&](const char* what, size_t bytes) -> StatusOr<DeviceBuffer> {
+    StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
+    if (!buffer.ok()) {
+      return Status(buffer.status().code(), std::string("layer: ") + what + " for max_num_tokens = " +
+                                                std::to_string(rows) + ": " + buffer.status().message());
+    }
+    return buffer;
+  };
+  MOEKIT_ASSIGN_OR_RETURN(b.workspace, allocate("workspace", layer->kernel_->workspace_size(rows)));
   if (!layer->kernel_->is_monolithic()) {
-    MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
-    MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, DeviceBuffer::allocate(device, rows * k * sizeof(float)));
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, allocate("topk_ids", rows * k * sizeof(int32_t)));
+    MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, allocate("topk_weights", rows * k * sizeof(float)));
   }
   if (device.type == DeviceType::kCuda && config.routing.method != RoutingMethod::kCustom) {
-    MOEKIT_ASSIGN_OR_RETURN(b.forced_ids, DeviceBuffer::allocate(device, rows * k * sizeof(int32_t)));
+    MOEKIT_ASSIGN_OR_RETURN(b.forced_ids, allocate("forced_ids", rows * k * sizeof(int32_t)));
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32},

@@ -143,6 +143,15 @@ TEST(Capturer, DisabledCaptureNeverReachesTheKernel) {
   EXPECT_FALSE(g_spy.saw_capture_target);
 }
 
+TEST(Capturer, ABufferThatCannotExistIsResourceExhausted) {
+  // 2^40 rows fit int64 but no host; 2^61 rows overflow the byte count (it wrapped to 0 before).
+  for (const int64_t rows : {int64_t{1} << 40, int64_t{1} << 61}) {
+    auto cap = RoutedExpertsCapturer::create(2, rows, 4);
+    ASSERT_FALSE(cap.ok()) << rows;
+    EXPECT_EQ(cap.status().code(), StatusCode::kResourceExhausted) << rows << ": " << cap.status().to_string();
+  }
+}
+
 TEST(Capturer, EnabledAllocatesTheBufferOnceAtCreate) {
   auto cap = RoutedExpertsCapturer::create(3, 40, 8);
   ASSERT_TRUE(cap.ok());

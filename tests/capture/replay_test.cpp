@@ -272,5 +272,23 @@ TEST(Replayer, AStepBeyondTheCaptureFailsAndChangesNothing) {
   EXPECT_TRUE((*rp)->start_token("r", 2).ok());
 }
 
+TEST(Replayer, SaysWhetherAStepWasBegunAndHowManyRowsItHas) {
+  ModelShape s;
+  auto model = make_model(s, "CpuModular", 45);
+  ASSERT_TRUE(model);
+  CaptureSet c = capture_of(*model, 4, s.E, static_cast<int>(s.k));
+  auto rp = RoutedExpertsReplayer::create(c, *model);
+  ASSERT_TRUE(rp.ok());
+  EXPECT_FALSE((*rp)->has_step());  // before the first step: nothing to force
+  EXPECT_FALSE((*rp)->forced_ids(0).defined());
+  ASSERT_TRUE((*rp)->begin_step(StepLayout{}).ok());  // a step of no rows
+  EXPECT_TRUE((*rp)->has_step());
+  EXPECT_EQ((*rp)->step_rows(), 0);
+  EXPECT_FALSE((*rp)->forced_ids(0).defined());
+  ASSERT_TRUE((*rp)->begin_step(StepLayout{{{"r", 2}}}).ok());
+  EXPECT_EQ((*rp)->step_rows(), 2);
+  EXPECT_EQ((*rp)->forced_ids(0).dim(0), 2);
+}
+
 }  // namespace
 }  // namespace moekit

@@ -129,5 +129,30 @@ TEST(MoeLayerIdsOut, TooFewRowsIsRejected) {
   EXPECT_NE(s.message().find("routing_replay_out: needs at least M"), std::string::npos) << s.message();
 }
 
+TEST(MoeConfigValidate, ChecksNumExpertsBeforeNarrowingIt) {
+  MoeConfig c = config();
+  c.num_experts = (int64_t{1} << 32) + kE;  // narrowed to int, this would read as 16
+  Status st = c.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("got 4294967312"), std::string::npos) << st.message();
+  c.num_experts = int64_t{1} << 40;  // narrowed, 0
+  st = c.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("<= 32767"), std::string::npos) << st.message();
+}
+
+TEST(MoeLayerCreate, BuffersThatCannotBeAllocatedAreResourceExhausted) {
+  Inputs in(testing::seed_from({6}));
+  // 2^40 tokens: sizes fit int64 but no host can allocate them (fails at once, nothing touched).
+  // 2^58 tokens: the byte counts themselves overflow; never a small wrapped buffer.
+  for (const int64_t tokens : {int64_t{1} << 40, int64_t{1} << 58, INT64_MAX}) {
+    MoeConfig c = config();
+    c.max_num_tokens = tokens;
+    auto layer = MoeLayer::create(c, in.weights(), Device::cpu(), Platform::cpu_only());
+    ASSERT_FALSE(layer.ok()) << tokens;
+    EXPECT_EQ(layer.status().code(), StatusCode::kResourceExhausted) << tokens << ": " << layer.status().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace moekit
