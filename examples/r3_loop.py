@@ -5,9 +5,11 @@
    a speculative-decoding step whose drafts are rejected (trim), and a preemption with recompute;
 2. the finished routes are written as a capture file, converted to a trainer's padded batch, and
    validated (moekit.r3.check);
-3. the trainer runs each sample in one batch (not the engine's batches), forcing the captured experts
-   (forced_ids) and computing the router weights with moekit.torch.replay_routing, so the loss has
-   gradients to the router matrices;
+3. the trainer runs each sample in one batch (not the engine's batches) through
+   moekit.torch.replayed_moe: the moekit layer with the captured experts forced as the value, the
+   gradients of the same forced routing in torch (router weights from moekit.torch.replay_routing,
+   experts from moekit.torch.forced_experts on the model's expert parameters), so the loss has
+   gradients to the router matrices, the expert weights and every layer's input;
 4. every MoE layer output of the training forward equals the rollout's for the same token prefix, bit
    for bit.
 
@@ -16,6 +18,7 @@
 Exit 0 when everything holds. (docs/r3.md)
 """
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -49,8 +52,6 @@ class TinyLM:
         self.cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I,
                                     routing="deepseek_v3", num_groups=4, topk_groups=2, routed_scaling_factor=2.5,
                                     max_num_tokens=64, batch_invariant=batch_invariant)
-        custom = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="custom",
-                                  max_num_tokens=64, capture=False, batch_invariant=batch_invariant)
         self.routers, self.bias, self.layers, self.experts = [], [], [], []
         for _ in range(LAYERS):
             w13 = (torch.randn((E, 2 * I, H), generator=g) / H ** 0.5).bfloat16()
@@ -59,8 +60,10 @@ class TinyLM:
             self.routers.append(torch.nn.Parameter((torch.randn((E, H), generator=g) / H ** 0.5).to(device)))
             self.bias.append(bias)
             self.layers.append(moekit.MoeLayer(self.cfg, w13, w2, score_bias=bias, device=device))
-            # The same experts under custom routing: y_e(h) for the weights' gradient (backward below).
-            self.experts.append(moekit.MoeLayer(custom, w13, w2, device=device))
+            # The trainer's copy of the same experts, as parameters: the torch side of replayed_moe.
+            p13 = torch.nn.Parameter(w13.float().to(device))
+            p2 = torch.nn.Parameter(w2.float().to(device))
+            self.experts.append((p13, p2))
         self.model_layers = [1, 3]
 
     def inputs(self, seq, positions):
@@ -71,29 +74,6 @@ class TinyLM:
                 torch.zeros(H, device=self.device)
             rows.append((self.embed[seq[p]].float() + prev).bfloat16())
         return torch.stack(rows)
-
-
-class ReplayedMoe(torch.autograd.Function):
-    """out = the moekit layer with the captured experts forced (bit for bit the engine's computation);
-    d out / d weights[t, j] = y_{ids[t, j]}(h[t]), so the router weights (hence the router) get gradients.
-    The experts' own backward is not moekit's business here (hidden gets none)."""
-
-    @staticmethod
-    def forward(ctx, weights, hidden, logits, ids, layer, experts):
-        ctx.save_for_backward(hidden, ids)
-        ctx.experts = experts
-        return layer(hidden, logits, forced_ids=ids)
-
-    @staticmethod
-    def backward(ctx, g):
-        hidden, ids = ctx.saved_tensors
-        grad_w = torch.empty(ids.shape, dtype=torch.float32, device=g.device)
-        for j in range(ids.shape[1]):
-            onehot = torch.zeros(ids.shape, dtype=torch.float32, device=g.device)
-            onehot[:, j] = 1
-            y = ctx.experts(hidden, None, topk_ids=ids, topk_weights=onehot)
-            grad_w[:, j] = (g.float() * y.float()).sum(1)
-        return grad_w, None, None, None, None, None
 
 
 def rollout_forward(model, seqs, segments, outputs):
@@ -182,11 +162,12 @@ def train_forward(model, sample_tokens, ids, rows):
     forced = torch.from_numpy(ids[:rows]).to(torch.int32)  # [rows, L, k]
     outs = []
     for l, layer in enumerate(model.layers):
-        h = rowwise(rms_norm, x.detach())
+        h = rowwise(rms_norm, x)
         logits = rowwise(lambda v: v.float() @ model.routers[l].t(), h)       # differentiable in the router
         f = forced[:, l].contiguous().to(logits.device)
-        weights = moekit.torch.replay_routing(logits, f, model.cfg, score_bias=model.bias[l])
-        out = ReplayedMoe.apply(weights, h, logits.detach(), f, layer, model.experts[l])
+        w13, w2 = model.experts[l]
+        experts = functools.partial(moekit.torch.forced_experts, w13=w13, w2=w2, activation="silu")
+        out = moekit.torch.replayed_moe(layer, h, logits, f, experts, score_bias=model.bias[l])
         outs.append(out)
         x = x + out
     return x, outs
@@ -241,10 +222,13 @@ def run(argv) -> int:
         targets = torch.tensor(tokens[q.first_generated_token:], device=device)
         loss = loss - logp.gather(1, targets[:, None]).sum()
     loss.backward()
-    grads = [float(rt.grad.abs().sum()) if rt.grad is not None else 0.0 for rt in model.routers]
+    size = lambda t: float(t.grad.abs().sum()) if t.grad is not None else 0.0  # noqa: E731
+    grads = [size(rt) for rt in model.routers]
+    expert_grads = [size(w) for pair in model.experts for w in pair]
     print(f"training forward: {equal}/{total} MoE layer rows equal to the rollout's bit for bit; "
-          f"loss {float(loss.detach()):.4f}; |d loss / d router| per layer {[f'{g:.3e}' for g in grads]}")
-    ok = equal == total and all(g > 0 and g == g for g in grads)
+          f"loss {float(loss.detach()):.4f}; |d loss / d router| per layer {[f'{g:.3e}' for g in grads]}; "
+          f"|d loss / d experts| (w13, w2 per layer) {[f'{g:.3e}' for g in expert_grads]}")
+    ok = equal == total and all(g > 0 and g == g for g in grads + expert_grads)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -1,6 +1,13 @@
 """Trainer-side routing replay: the router weights of forced expert ids, with gradients.
 
     weights = moekit.torch.replay_routing(router_logits, forced_ids, cfg, score_bias=None)
+    out = moekit.torch.replayed_moe(layer, hidden, router_logits, forced_ids, experts)
+
+replayed_moe is the training path of a replayed MoE layer: its value is the
+moekit layer's forward with the ids forced (bit for bit the rollout's), its
+gradients those of the same forced routing evaluated in torch (`experts`, e.g.
+forced_experts on the checkpoint's weights), so hidden, the router (through
+replay_routing) and the expert weights all get theirs.
 
 The forward is the routing kernel itself (moekit.route with forced ids, on the
 logits' device), so the weights are bit for bit those the layer computes for
@@ -159,3 +166,96 @@ def _check_ids_host(ids: torch.Tensor, num_experts: int) -> None:
 
 
 __all__ = ["replay_routing"]
+
+
+def _activation(z: torch.Tensor, kind: str, intermediate: int, swiglu_limit: float,
+                swiglu_alpha: float) -> torch.Tensor:
+    """The layer's activations (config.h) on GEMM1's output z [n, N1], in plain torch."""
+    if kind == "silu":
+        return torch.nn.functional.silu(z[:, :intermediate]) * z[:, intermediate:]
+    if kind == "gelu":  # the tanh form, as the kernels
+        return torch.nn.functional.gelu(z[:, :intermediate], approximate="tanh") * z[:, intermediate:]
+    if kind == "swiglu_oai":  # gate 2i, up 2i + 1
+        g = z[:, 0::2].clamp(max=swiglu_limit)
+        u = z[:, 1::2].clamp(min=-swiglu_limit, max=swiglu_limit)
+        return g * torch.sigmoid(swiglu_alpha * g) * (u + 1)
+    if kind == "relu2":
+        return torch.relu(z).square()
+    raise ValueError(f"activation: expected silu, gelu, swiglu_oai or relu2, got {kind!r}")
+
+
+def forced_experts(hidden: torch.Tensor, forced_ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                   w2: torch.Tensor, activation: str = "silu", swiglu_limit: float = 7.0,
+                   swiglu_alpha: float = 1.702) -> torch.Tensor:
+    """out[t] = sum_j weights[t, j] * W2[e] act(W13[e] hidden[t]), e = forced_ids[t, j]: the routed experts of a
+    forced routing in plain torch, differentiable in hidden, weights, w13 and w2. Layouts as the layer's
+    (w13 [E, N1, H] with gate/up halves, swiglu_oai's interleaved; w2 [E, H, I]). Computed per expert in
+    float32 (float64 when an input is float64), returned in that dtype."""
+    for name, t in (("hidden", hidden), ("forced_ids", forced_ids), ("weights", weights), ("w13", w13), ("w2", w2)):
+        tensor_arg(name, t, optional=False)
+    if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or w13.shape[2] != hidden.shape[1] or \
+            w2.shape[0] != w13.shape[0] or w2.shape[1] != hidden.shape[1]:
+        raise ValueError(f"forced_experts: expected hidden [M, H], w13 [E, N1, H], w2 [E, H, I]; got "
+                         f"{list(hidden.shape)}, {list(w13.shape)}, {list(w2.shape)}")
+    if forced_ids.shape != weights.shape or forced_ids.dim() != 2 or forced_ids.shape[0] != hidden.shape[0]:
+        raise ValueError(f"forced_experts: forced_ids and weights must both be [M, k] with M = {hidden.shape[0]}; "
+                         f"got {list(forced_ids.shape)} and {list(weights.shape)}")
+    E, intermediate = w13.shape[0], w2.shape[2]
+    if w13.shape[1] != (intermediate if activation == "relu2" else 2 * intermediate):
+        raise ValueError(f"forced_experts: w13 has {w13.shape[1]} rows for I = {intermediate} and {activation}")
+    ids = forced_ids.long().reshape(-1)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= E):
+        raise ValueError(f"forced_experts: ids must lie in [0, {E})")
+    dtype = torch.float64 if torch.float64 in (hidden.dtype, weights.dtype, w13.dtype, w2.dtype) else torch.float32
+    k = forced_ids.shape[1]
+    tokens = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(k)
+    slot_w = weights.reshape(-1).to(dtype)
+    out = torch.zeros((hidden.shape[0], hidden.shape[1]), dtype=dtype, device=hidden.device)
+    for e in ids.unique().tolist():
+        pick = (ids == e).nonzero().squeeze(1)
+        tok = tokens[pick]
+        z = hidden[tok].to(dtype) @ w13[e].to(dtype).t()
+        y = _activation(z, activation, intermediate, swiglu_limit, swiglu_alpha) @ w2[e].to(dtype).t()
+        out = out.index_add(0, tok, y * slot_w[pick, None])
+    return out
+
+
+class _StraightThrough(torch.autograd.Function):
+    """value in the forward, the gradient into reference in the backward."""
+
+    @staticmethod
+    def forward(ctx, value, reference):
+        ctx.reference_dtype = reference.dtype
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g.to(ctx.reference_dtype)
+
+
+def replayed_moe(layer, hidden: torch.Tensor, router_logits: torch.Tensor, forced_ids: torch.Tensor, experts,
+                 score_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A MoE layer of a training forward that replays a rollout's experts.
+
+    Value: layer(hidden, router_logits, forced_ids=forced_ids), the moekit layer's own output (bit for bit
+    the engine's for the same ids and batch-invariant layers), in the layer's dtype. Gradients: those of
+    experts(hidden, forced_ids, weights) with weights = replay_routing(router_logits, forced_ids, ...),
+    i.e. of the same forced routing evaluated in torch: to hidden, to the router (through the logits) and
+    to whatever `experts` reads (forced_experts on the model's own weight parameters, or the model's own
+    expert modules). The two agree in value to the layer's accuracy (docs/r3.md); the gradient is the
+    torch model's, exactly.
+
+    experts: callable (hidden, forced_ids, weights) -> [M, H], e.g.
+      functools.partial(moekit.torch.forced_experts, w13=w13, w2=w2, activation="silu").
+    score_bias: as replay_routing's (deepseek_v3: selection only, never a weight)."""
+    if not callable(experts):
+        raise TypeError(f"experts: expected a callable (hidden, forced_ids, weights) -> [M, H], got "
+                        f"{type(experts).__qualname__}")
+    weights = replay_routing(router_logits, forced_ids, layer.config, score_bias=score_bias)
+    reference = experts(hidden, forced_ids, weights)
+    with torch.no_grad():
+        ids32 = forced_ids if forced_ids.dtype == torch.int32 else forced_ids.to(torch.int32)  # range-checked above
+        value = layer(hidden.detach(), router_logits.detach(), forced_ids=ids32)
+    if reference.shape != value.shape:
+        raise ValueError(f"experts returned {list(reference.shape)}, the layer {list(value.shape)}")
+    return _StraightThrough.apply(value, reference)
