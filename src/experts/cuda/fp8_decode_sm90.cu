@@ -5,8 +5,10 @@
 // cp.async pipeline; the group's token rows ride along as the narrow MMA
 // operand. MMA: mma.sync m16n8k32 e4m3 x e4m3 -> f32 (sm_89+), weights as A
 // (16 rows x 32 bytes: the same ldmatrix fragments as bf16's 16 x 16), tokens
-// as B. One pipeline stage is one 128-deep K block: its partial sums are
-// scaled by sa(token, kb) * sw(row, kb) and added to f32 accumulators.
+// as B. A pipeline stage holds one or two 128-deep K blocks; each block's
+// partial sums are scaled by sa(token, kb) * sw(row, kb), which land in shared
+// memory with the stage, and added to f32 accumulators. Token rows are read
+// through a_row_index (GEMM1: the quantized token rows, no permuted copy).
 //
 // Gated GEMM1: a warp's 32 rows are 16 gate rows (mt 0) and the 16 up rows
 // (mt 1) of the same 16 intermediate columns, gathered from the checkpoint
@@ -42,8 +44,7 @@ struct Fp8StreamTraits {
   static constexpr int kTokenTiles = kTokenTiles_;
   static constexpr int kTokens = 8 * kTokenTiles;
   static constexpr int kStages = kStages_;
-  // K per stage: whole scale blocks (e4m3: bytes = elements). Longer runs per
-  // weight row per stage keep DRAM reads in long bursts and halve the barriers.
+  // K per stage: whole scale blocks (e4m3: bytes = elements).
   static constexpr int kBlocksPerStage = kBlocksPerStage_;
   static constexpr int kBlockK = kScaleBlock * kBlocksPerStage;
   static constexpr int kChunks = kBlockK / 16;
