@@ -79,3 +79,14 @@ class Case:
 def torch_ref_route(logits, cfg, bias):
     from reference import route
     return route(logits, cfg.routing, cfg.top_k, cfg.num_groups, cfg.topk_groups, cfg.routed_scaling_factor, bias)
+
+
+# The bad-input tests' layer (test_errors.py, test_bad_input_battery.py): one per module.
+@pytest.fixture(scope="module")
+def case():
+    return Case("renormalize", M=8)
+
+
+@pytest.fixture(scope="module")
+def layer(case):
+    return case.layer()

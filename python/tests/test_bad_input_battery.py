@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import moekit
-from conftest import E, H, I, K, Case, small_config
+from conftest import E, H, I, K, small_config
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,16 +26,6 @@ def run_python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def assert_ran(p: subprocess.CompletedProcess) -> None:
     assert p.returncode == 0, f"exit status {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr[-4000:]}"
-
-
-@pytest.fixture(scope="module")
-def case():
-    return Case("renormalize", M=8)
-
-
-@pytest.fixture(scope="module")
-def layer(case):
-    return case.layer()
 
 
 # 1. A failed allocation is a MemoryError (it used to be raised without the GIL: a crash).

@@ -4,17 +4,7 @@ import pytest
 import torch
 
 import moekit
-from conftest import E, H, I, K, Case, small_config
-
-
-@pytest.fixture(scope="module")
-def case():
-    return Case("renormalize", M=8)
-
-
-@pytest.fixture(scope="module")
-def layer(case):
-    return case.layer()
+from conftest import E, H, I, K, small_config
 
 
 def test_wrong_shape(case, layer):
