@@ -12,6 +12,7 @@
 #include "gpu_moe_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -170,6 +171,7 @@ struct CaseResult {
   bool floor_is_memory = true;
   size_t workspace_bytes = 0;
   int launches = 0;
+  double enqueue_s = 0;  // host time of one eager forward (no graph), median over batches
   std::vector<uint32_t> hidden_seeds, logits_seeds;
   std::string dump_file;  // empty when not dumped
   std::vector<double> variant_time_s;    // median per --variant, in order
@@ -565,6 +567,7 @@ class ShapeRunner {
         // One eager forward first: errors surface outside capture, and lazy setup happens here.
         MOEKIT_RETURN_IF_ERROR(step());
         BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+        if (v == 0 && s == 0) MOEKIT_RETURN_IF_ERROR(time_enqueue(step, stream, &r->enqueue_s));
         cudaGraph_t graph;
         BENCH_CUDA_RETURN(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         const Status fwd = layer.forward(args, stream);
@@ -638,6 +641,24 @@ class ShapeRunner {
       r->dump_file = spec_.name + "_m" + std::to_string(m) + "_set0.npy";
       MOEKIT_RETURN_IF_ERROR(write_npy_u16(opt_.dump_dir + "/" + r->dump_file, host_default, m, H));
     }
+    return Status::Ok();
+  }
+
+  // What an eager caller pays on the host per forward: batches of forwards enqueued
+  // back to back (few enough that the launch queue never fills), median per call.
+  template <class Step>
+  static Status time_enqueue(Step& step, cudaStream_t stream, double* per_call_s) {
+    constexpr int kBatches = 7, kCalls = 8;
+    std::vector<double> per_call;
+    for (int b = 0; b < kBatches; ++b) {
+      BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int c = 0; c < kCalls; ++c) MOEKIT_RETURN_IF_ERROR(step());
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      per_call.push_back(dt.count() / kCalls);
+    }
+    BENCH_CUDA_RETURN(cudaStreamSynchronize(stream));
+    *per_call_s = median(per_call);
     return Status::Ok();
   }
 
@@ -726,6 +747,7 @@ json case_json(const CaseResult& r) {
           {"time_us_min", r.time_min_s * 1e6},
           {"time_us_max", r.time_max_s * 1e6},
           {"launches", r.launches},
+          {"enqueue_us", r.enqueue_s * 1e6},
           {"tflops", r.flops / r.time_s * 1e-12},
           {"weight_gbps", r.weight_bytes / r.time_s * 1e-9},
           {"touched_experts", r.touched_experts},
@@ -762,17 +784,18 @@ void print_table(const Ceilings& ceil, const std::vector<CaseResult>& results, c
                   ceil.fp8_matmul_flops_per_s * 1e-12, ceil.matmul_n);
     os << line;
   }
-  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s", "shape", "M", "time_us",
-                "TFLOP/s", "wGB/s", "exp", "max/mu", "floor_us", "bnd", "%floor", "ws_MiB");
+  std::snprintf(line, sizeof(line), "%-18s %6s %10s %8s %8s %6s %7s %10s %4s %7s %8s %7s", "shape", "M", "time_us",
+                "TFLOP/s", "wGB/s", "exp", "max/mu", "floor_us", "bnd", "%floor", "ws_MiB", "host_us");
   os << line;
   // Variants: their time over the default's (< 1: faster), and their output's distance from it.
   for (size_t v = 1; v < variants.size(); ++v) os << "  " << variants[v].name << "(x, diff)";
   os << "\n";
   for (const CaseResult& r : results) {
-    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %7.2f %10.1f %4s %6.1f%% %8.1f",
+    std::snprintf(line, sizeof(line), "%-18s %6lld %10.1f %8.1f %8.0f %6.1f %7.2f %10.1f %4s %6.1f%% %8.1f %7.1f",
                   r.shape.c_str(), static_cast<long long>(r.m), r.time_s * 1e6, r.flops / r.time_s * 1e-12,
                   r.weight_bytes / r.time_s * 1e-9, r.touched_experts, r.max_over_mean, r.floor_s * 1e6,
-                  r.floor_is_memory ? "mem" : "mma", 100.0 * r.floor_s / r.time_s, r.workspace_bytes / 1048576.0);
+                  r.floor_is_memory ? "mem" : "mma", 100.0 * r.floor_s / r.time_s, r.workspace_bytes / 1048576.0,
+                  r.enqueue_s * 1e6);
     os << line;
     for (size_t v = 0; v < r.variant_time_s.size(); ++v) {
       std::snprintf(line, sizeof(line), "  %6.3f %7.1e", r.variant_time_s[v] / r.time_s, r.variant_rel_diff[v]);

@@ -20,6 +20,8 @@
 #   BENCH_ARGS   extra arguments for every benchmark run
 #   TESTS        gpu test binaries to build and run first (default none), e.g. "test_layer_cuda"
 #   BALANCED_M   M values of the balanced run (default: the shape list's)
+#   OVERHEAD     1: also build the Python module in the same build folder and run
+#                python/benchmarks/overhead.py (the host cost of an eager forward)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -30,10 +32,15 @@ mkdir -p "$out"
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | head -1 | tee "$out/device.txt"
 
+py_args=() py_target=""
+if [ "${OVERHEAD:-0}" = 1 ]; then
+  py_args=(-DMOEKIT_PYTHON=ON -Dnanobind_DIR="$(python3 -m nanobind --cmake_dir)")
+  py_target=_moekit
+fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_DEPS_DIR="$root/.deps" \
-  >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+  "${py_args[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 # shellcheck disable=SC2086
-ninja -C "$build" -j"$(nproc)" moekit_gpu_bench_bin ${TESTS:-} >"$out/build.log" 2>&1 \
+ninja -C "$build" -j"$(nproc)" moekit_gpu_bench_bin ${TESTS:-} $py_target >"$out/build.log" 2>&1 \
   || { grep -E 'error|FAILED' "$out/build.log" | head -20; exit 1; }
 echo "[perf] build ok in $(( $(date +%s) - t0 ))s"
 bench="$build/bench/moekit_gpu_bench"
@@ -44,6 +51,13 @@ for t in ${TESTS:-}; do
   grep -E '^\[  FAILED  \]' "$out/$t.log" | head -n 6
 done
 shapes="$root/bench/shapes/moe_layers.json"
+if [ -n "$py_target" ]; then
+  for tokens in 1 64; do
+    (cd "$out" && PYTHONPATH="$build/python" python3 "$root/python/benchmarks/overhead.py" --device cuda --tokens $tokens) \
+      >"$out/overhead_m$tokens.log" 2>&1
+    echo "[perf] overhead M=$tokens rc=$?"
+  done
+fi
 
 # ---- the benchmark, balanced then skewed, with output dumps for the peers' checks
 run_bench() {  # tag, extra args...
@@ -113,6 +127,7 @@ fi
 
 echo
 echo "==== perf round ($(( $(date +%s) - t0 ))s) on $(cat "$out/device.txt") ===="
+for f in "$out"/overhead_m*.log; do [ -f "$f" ] && { echo "-- $(basename "$f" .log)"; cat "$f"; }; done
 for f in "$out"/ncu_*.csv; do
   [ -f "$f" ] || continue
   echo "-- $(basename "$f" .csv): kernel, us, dram%, grid, regs, warps%"
@@ -135,7 +150,7 @@ for (i, name), m in k.items():
           f"{m.get('sm__warps_active.avg.pct_of_peak_sustained_active','-'):>6}")
 PY
 done
-for ab in "$out"/ab_*.log; do [ -f "$ab" ] && { echo "-- $(basename "$ab" .log) (variant time / default time, output diff)"; grep -E '^(shape|\S+ +[0-9]+ )' "$ab" | awk '{printf "   %-18s %6s %9s %7s", $1, $2, $3, $10; for (i = 12; i <= NF; ++i) printf " %s", $i; printf "\n"}'; }; done
+for ab in "$out"/ab_*.log; do [ -f "$ab" ] && { echo "-- $(basename "$ab" .log) (variant time / default time, output diff)"; grep -E '^(shape|\S+ +[0-9]+ )' "$ab" | awk '{printf "   %-18s %6s %9s %7s", $1, $2, $3, $10; for (i = 13; i <= NF; ++i) printf " %s", $i; printf "\n"}'; }; done
 for tag in balanced skewed; do
   [ -f "$out/moekit_$tag.log" ] || continue
   echo "-- moekit $tag"; grep -E '^(ceilings|shape|\S+ +[0-9]+ )' "$out/moekit_$tag.log" | tail -n 30

@@ -65,11 +65,18 @@ def main():
     def torch_op():
         torch.ops.moekit.moe_forward(layer._handle, h, l, out, None, None, None, None)
 
+    def dlpack():  # what the binding's tensor conversion asks torch for, per tensor
+        h.__dlpack__()
+        l.__dlpack__()
+        out.__dlpack__()
+
+    t_dl = host_us(dlpack, device, repeats=a.repeats)
     t_cxx = host_us(cxx, device, repeats=a.repeats)
     t_py = host_us(python_layer, device, repeats=a.repeats)
     t_op = host_us(torch_op, device, repeats=a.repeats)
     print(f"device {device}, backend {layer.backend}/{layer.kernel}, M={a.tokens}, H={H}, E={E}, k={K}")
     print(f"  C++ forward through the module : {t_cxx:8.2f} us/call (host)")
+    print(f"  3 DLPack exports alone       : {t_dl:8.2f} us/call (host)")
     print(f"  moekit.MoeLayer.__call__        : {t_py:8.2f} us/call (host)  -> Python layer adds {t_py - t_cxx:6.2f} us")
     print(f"  torch.ops.moekit.moe_forward    : {t_op:8.2f} us/call (host)  -> the op adds {t_op - t_cxx:6.2f} us")
 

@@ -59,6 +59,10 @@ Status check_weight_values(const TensorView& w, const char* name) {
     default: return Status::Ok();
   }
   if (bad < 0) return Status::Ok();
+  return non_finite_weight_error(w, name, bad, nan);
+}
+
+Status non_finite_weight_error(const TensorView& w, const char* name, int64_t bad, bool nan) {
   std::string index;
   int64_t rest = bad;
   for (int d = w.rank - 1; d >= 0; --d) {

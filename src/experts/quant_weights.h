@@ -25,8 +25,12 @@ Status check_scale_values(const TensorView& scale, const char* name);
 // Values of a host weight tensor (f32, bf16, f16 or f8_e4m3): every one finite
 // (no NaN or Inf; for e4m3, none of the NaN codes 0x7F/0xFF). The error names
 // the tensor and the index of the first bad element. Undefined views pass.
-// NOTE: the CPU backend calls it in prepare_weights; a device backend needs it
-// on a host copy (or a kernel of its own) too.
+// NOTE: the CPU backend calls it in prepare_weights; the CUDA backend too, and
+// check_device_weight_values (experts/cuda/weight_values.h) for device tensors.
 Status check_weight_values(const TensorView& weight, const char* name);
+
+// The error check_weight_values returns for element `flat_index` of `weight`
+// (NaN when `nan`, else infinite): one message for host and device checks.
+Status non_finite_weight_error(const TensorView& weight, const char* name, int64_t flat_index, bool nan);
 
 }  // namespace moekit

@@ -244,6 +244,46 @@ TEST(CudaLayer, WorkspaceReuseAcrossTokenCounts) {
   EXPECT_EQ(mono->run(a, Workspace{fresh.data(), fresh.bytes()}, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// NaN or Inf expert weights are refused at prepare time, naming the tensor and
+// the first bad element, whether the caller's tensor is on the host or already
+// on the device (scanned there).
+TEST(CudaLayer, NonFiniteWeightsAreRefusedOnHostAndDevice) {
+  MOEKIT_REQUIRE_SM90();
+  const LayerCase c{4, 8, 2, Activation::kSiluGated, RoutingMethod::kRenormalize, 256, 128, DType::kF32};
+  const KernelClass k = cuda_test::sm90_kernel_class("Sm90Modular");
+  struct Bad {
+    const char* tensor;
+    uint16_t code;
+    const char* what;
+  };
+  for (const Bad bad : {Bad{"w13", 0x7fc1, "NaN"}, Bad{"w2", 0xff80, "infinite"}, Bad{"w13", 0xff81, "NaN"}}) {
+    for (const bool on_device : {false, true}) {
+      SCOPED_TRACE(std::string(bad.tensor) + " " + bad.what + (on_device ? " on the device" : " on the host"));
+      LayerData d = draw(c, 11);
+      HostTensor& t = std::string(bad.tensor) == "w13" ? d.w13 : d.w2;
+      // element [1, 3, 5] and a later one: the first is named
+      const int64_t first = (1 * t.shape()[1] + 3) * t.shape()[2] + 5;
+      t.data<uint16_t>()[first] = bad.code;
+      t.data<uint16_t>()[first + 77] = 0x7fc0;
+      DeviceTensor w13(d.w13), w2(d.w2);
+      const MoeWeights w{on_device ? w13.view() : d.w13.view(), on_device ? w2.view() : d.w2.view(), {}};
+      auto kernel = k.create(c.config(), Platform::probe());
+      ASSERT_TRUE(kernel.ok()) << kernel.status().to_string();
+      const Status st = (*kernel)->prepare_weights(w);
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+      const std::string want = std::string(bad.tensor) + ": element [1, 3, 5] (flat index " + std::to_string(first) +
+                               ") is " + bad.what + "; weights must be finite";
+      EXPECT_NE(st.message().find(want), std::string::npos) << st.message() << "\nwanted: " << want;
+    }
+  }
+  // Finite device weights pass the scan.
+  const LayerData ok = draw(c, 12);
+  DeviceTensor w13(ok.w13), w2(ok.w2);
+  auto kernel = k.create(c.config(), Platform::probe());
+  ASSERT_TRUE(kernel.ok());
+  EXPECT_TRUE((*kernel)->prepare_weights(MoeWeights{w13.view(), w2.view(), {}}).ok());
+}
+
 TEST(CudaLayer, InvalidIdsGiveNaNRowsNotCrashes) {
   MOEKIT_REQUIRE_SM90();
   // Device ids cannot be checked without a sync: an id outside [0, E) (or the

@@ -168,6 +168,8 @@ size_t cutlass_gemm_workspace_size(CutlassTile tile, int64_t num_groups) {
   switch (tile) {
     case CutlassTile::kM128N256: return cutlass_m128n256_workspace_size(num_groups);
     case CutlassTile::kM64N256: return cutlass_m64n256_workspace_size(num_groups);
+    case CutlassTile::kSwapN32: return cutlass_swap_n32_workspace_size(num_groups);
+    case CutlassTile::kSwapN64: return cutlass_swap_n64_workspace_size(num_groups);
   }
   return 0;
 }
@@ -176,6 +178,8 @@ Status cutlass_gemm(CutlassTile tile, const CutlassGemmLaunch& launch, cudaStrea
   switch (tile) {
     case CutlassTile::kM128N256: return cutlass_m128n256_gemm(launch, stream);
     case CutlassTile::kM64N256: return cutlass_m64n256_gemm(launch, stream);
+    case CutlassTile::kSwapN32: return cutlass_swap_n32_gemm(launch, stream);
+    case CutlassTile::kSwapN64: return cutlass_swap_n64_gemm(launch, stream);
   }
   return Internal("CUTLASS grouped GEMM: unknown tile");
 }

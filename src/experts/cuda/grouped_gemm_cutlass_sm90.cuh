@@ -3,6 +3,10 @@
 // file: one takes minutes to compile.
 //
 // Per group g:  D_g [M_g, N] = A_g [M_g, K] · B_gᵀ,  B_g [N, K] K-major.
+// A swapped instantiation (kSwapAB) computes D_gᵀ = B_g · A_gᵀ instead: the
+// weight rows N fill the 128-row MMA side and the few token rows M_g the narrow
+// side (16..64 wide), so a group of 16 rows pads to a 32-wide tile, not a 64-row
+// one. D_gᵀ in column-major order is D_g in row-major order: the same memory.
 // The grouped problem (shapes, pointer and stride arrays) lives in device
 // memory, written by setup_kernel from group_start/group_rows; the host passes
 // no problem shapes, so the persistent grid is one CTA per SM and the tile
@@ -15,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -34,12 +39,16 @@
 namespace moekit::cuda::sm90 {
 
 // Tile parameters of one instantiation (STYLE.md rule 7).
-template <int kTileM_, int kTileN_, int kTileK_, int kClusterM_, class KernelSchedule_, class EpilogueSchedule_>
+// Tile sizes are in the kernel's (M, N, K) terms: with kSwapAB, M counts weight
+// rows and N token rows.
+template <int kTileM_, int kTileN_, int kTileK_, int kClusterM_, class KernelSchedule_, class EpilogueSchedule_,
+          bool kSwapAB_ = false>
 struct CutlassTileTraits {
   static constexpr int kTileM = kTileM_;
   static constexpr int kTileN = kTileN_;
   static constexpr int kTileK = kTileK_;
   static constexpr int kClusterM = kClusterM_;  // CTAs of one cluster along M share (multicast) the B tile
+  static constexpr bool kSwapAB = kSwapAB_;
   using KernelSchedule = KernelSchedule_;
   using EpilogueSchedule = EpilogueSchedule_;
   static_assert(kTileK * 2 % 128 == 0, "a K tile spans whole 128-byte swizzle rows");
@@ -52,9 +61,11 @@ struct CutlassGroupedGemm {
   using ElementB = cutlass::bfloat16_t;
   using ElementD = cutlass::bfloat16_t;
   using ElementAccumulator = float;
-  using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // (K, N) column-major = [N, K] K contiguous
-  using LayoutD = cutlass::layout::RowMajor;     // [M, N]
+  static constexpr bool kSwapAB = Traits::kSwapAB;
+  using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous (swapped: the weights [N, K])
+  using LayoutB = cutlass::layout::ColumnMajor;  // (K, N) column-major = [N, K] K contiguous (swapped: the tokens)
+  // [M, N] row-major; swapped, the kernel's (weight row, token row) output is column-major: [rows, N] row-major.
+  using LayoutD = std::conditional_t<kSwapAB, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlignment = 8;           // 16 bytes of bf16: TMA's granule
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
   using TileShape = cute::Shape<cute::Int<Traits::kTileM>, cute::Int<Traits::kTileN>, cute::Int<Traits::kTileK>>;
@@ -107,16 +118,23 @@ __global__ void setup_kernel(CutlassGemmLaunch p, typename G::Shape* shapes, con
   const int start = p.group_start[g];
   const int lo = max(start, p.row_begin), hi = min(start + p.group_rows[g], p.row_end);
   const int rows = p.group_rows[g] >= p.min_group_rows ? max(0, hi - lo) : 0;
-  shapes[g] = typename G::Shape{rows, p.n, p.k};
-  ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k;
-  ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(p.b) + static_cast<int64_t>(g) * p.n * p.k;
+  const auto* tokens = reinterpret_cast<const uint16_t*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k;
+  const auto* weights = reinterpret_cast<const uint16_t*>(p.b) + static_cast<int64_t>(g) * p.n * p.k;
+  ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(G::kSwapAB ? weights : tokens);
+  ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(G::kSwapAB ? tokens : weights);
   ptr_d[g] = reinterpret_cast<typename G::ElementD*>(p.d) + static_cast<int64_t>(lo - p.d_row0) * p.n;
   typename G::StrideA sa{};
   cute::get<0>(sa) = p.k;  // A: row stride K (M mode), K mode unit
   typename G::StrideB sb{};
   cute::get<0>(sb) = p.k;  // B: row stride K (N mode), K mode unit
   typename G::StrideD sd{};
-  cute::get<0>(sd) = p.n;  // D: row stride N (M mode), N mode unit
+  if constexpr (G::kSwapAB) {
+    shapes[g] = typename G::Shape{p.n, rows, p.k};
+    cute::get<1>(sd) = p.n;  // D: (weight row, token row), token-row stride N, weight-row mode unit
+  } else {
+    shapes[g] = typename G::Shape{rows, p.n, p.k};
+    cute::get<0>(sd) = p.n;  // D: row stride N (M mode), N mode unit
+  }
   stride_a[g] = sa;
   stride_b[g] = sb;
   stride_d[g] = sd;
@@ -139,6 +157,12 @@ typename G::Gemm::Arguments make_arguments(int num_groups, int sm_count, char* w
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
+  // NOTE: swapped, the tiles of one weight block (all token tiles of a group) run
+  // next to each other, so a weight tile is read from DRAM once and its other
+  // readers hit L2; along M the next token tile would read the whole group again.
+  if constexpr (G::kSwapAB) {
+    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+  }
   return args;
 }
 

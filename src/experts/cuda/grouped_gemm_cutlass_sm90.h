@@ -14,7 +14,7 @@
 // take at most about C's size (max_rows x n_out) plus 32 rows per group of
 // (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of H.
 // Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
-// in two tile shapes, one per .cu file.
+// in four tile shapes, one per .cu file.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,13 +30,17 @@
 
 namespace moekit::cuda {
 
-// The instantiated tiles (rows x output columns per CTA tile, K 64, clusters of
-// 2 CTAs along M sharing the B tile by TMA multicast).
+// The instantiated tiles: rows x output columns per CTA tile, K 64, clusters of
+// 2 CTAs along M sharing the B tile by TMA multicast; or swapped (output columns
+// x rows, K 128, no cluster), for groups of a few dozen rows.
 enum class CutlassTile : uint8_t {
   kM128N256,  // cooperative: two consumer warpgroups on one 128x256 tile
   kM64N256,   // ping-pong: two consumer warpgroups on alternate 64x256 tiles
+  kSwapN32,   // swapped, cooperative: 128 output columns x 32 rows
+  kSwapN64,   // swapped, cooperative: 128 output columns x 64 rows
 };
-inline constexpr CutlassTile kAllCutlassTiles[] = {CutlassTile::kM128N256, CutlassTile::kM64N256};
+inline constexpr CutlassTile kAllCutlassTiles[] = {CutlassTile::kM128N256, CutlassTile::kM64N256,
+                                                   CutlassTile::kSwapN32, CutlassTile::kSwapN64};
 const char* cutlass_tile_name(CutlassTile t);  // "m128_n256", ...
 std::optional<CutlassTile> parse_cutlass_tile(std::string_view name);
 
@@ -86,6 +90,10 @@ size_t cutlass_m128n256_workspace_size(int64_t num_groups);
 Status cutlass_m128n256_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 size_t cutlass_m64n256_workspace_size(int64_t num_groups);
 Status cutlass_m64n256_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+size_t cutlass_swap_n32_workspace_size(int64_t num_groups);
+Status cutlass_swap_n32_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+size_t cutlass_swap_n64_workspace_size(int64_t num_groups);
+Status cutlass_swap_n64_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace moekit::cuda

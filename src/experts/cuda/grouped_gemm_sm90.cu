@@ -56,8 +56,17 @@ std::optional<CutlassTile> forced_cutlass_tile() {
 // 1.01x); m128 wins at 4096 rows (Mixtral M=16384: m64 1.02x).
 constexpr int64_t kCutlassM64MaxRowsPerGroup = 1024;
 
+// Rows per expert up to which a swapped tile (weights on the 128-wide MMA side,
+// token rows on the narrow one) beats the 64-row tile: a group of 16 rows pads to
+// 32, not 64, and no cluster partner idles on a group of one 64-row tile.
+// TODO(measure): thresholds set by that argument; the A/B in bench/NOTES.md decides.
+constexpr int64_t kSwapN32MaxRowsPerGroup = 32;
+constexpr int64_t kSwapN64MaxRowsPerGroup = 64;
+
 CutlassTile cutlass_tile_for(int64_t rows_per_group) {
   if (const auto forced = forced_cutlass_tile()) return *forced;
+  if (rows_per_group <= kSwapN32MaxRowsPerGroup) return CutlassTile::kSwapN32;
+  if (rows_per_group <= kSwapN64MaxRowsPerGroup) return CutlassTile::kSwapN64;
   return rows_per_group <= kCutlassM64MaxRowsPerGroup ? CutlassTile::kM64N256 : CutlassTile::kM128N256;
 }
 
@@ -115,6 +124,8 @@ const char* cutlass_tile_name(CutlassTile t) {
   switch (t) {
     case CutlassTile::kM128N256: return "m128_n256";
     case CutlassTile::kM64N256: return "m64_n256";
+    case CutlassTile::kSwapN32: return "swap_n32";
+    case CutlassTile::kSwapN64: return "swap_n64";
   }
   return "?";
 }

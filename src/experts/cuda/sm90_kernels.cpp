@@ -20,6 +20,7 @@
 #include "experts/cuda/moe_pipeline_fp8.h"
 #include "experts/quant_weights.h"
 #include "experts/cuda/weight_layout.h"
+#include "experts/cuda/weight_values.h"
 #include "routing/cuda/route_cuda.h"
 
 namespace moekit::cuda {
@@ -240,12 +241,17 @@ class Sm90Kernel : public MoeKernel {
 
   Status prepare_weights(const MoeWeights& w) override {
     // NaN or Inf weights would run and return NaN rows: refused, as the cpu
-    // backend refuses them. TODO(cuda): weights already on the device are not
-    // checked (check_weight_values reads host tensors only; a device kernel).
+    // backend refuses them, on the host or on the device where they are.
     const std::pair<const TensorView*, const char*> values[] = {
         {&w.w13, "w13"}, {&w.w2, "w2"}, {&w.w13_bias, "w13_bias"}, {&w.w2_bias, "w2_bias"},
         {&w.shared_w13, "shared_w13"}, {&w.shared_w2, "shared_w2"}, {&w.shared_gate, "shared_gate"}};
-    for (const auto& [t, name] : values) MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
+    for (const auto& [t, name] : values) {
+      MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
+      if (t->defined() && t->device == device()) {  // on another device: check_tensor refuses it below
+        MOEKIT_RETURN_IF_ERROR(require_current_device());
+        MOEKIT_RETURN_IF_ERROR(check_device_weight_values(*t, name));
+      }
+    }
     if (config_.quant.is_fp8()) return prepare_fp8_weights(w);
     const int64_t E = shape_.num_experts, H = shape_.hidden, I = shape_.intermediate, N1 = shape_.n1();
     const Device dev = device();
