@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 py_args=() py_target=""
 if [ "${OVERHEAD:-0}" = 1 ]; then
   py_args=(-DMOEKIT_PYTHON=ON -Dnanobind_DIR="$(python3 -m nanobind --cmake_dir)")
-  py_target=_moekit
+  py_target="_moekit moekit_host_api_costs"
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON -DMOEKIT_DEPS_DIR="$root/.deps" \
   "${py_args[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
@@ -52,6 +52,7 @@ for t in ${TESTS:-}; do
 done
 shapes="$root/bench/shapes/moe_layers.json"
 if [ -n "$py_target" ]; then
+  "$build/bench/moekit_host_api_costs" >"$out/overhead_runtime_calls.log" 2>&1
   for tokens in 1 64; do
     (cd "$out" && PYTHONPATH="$build/python" python3 "$root/python/benchmarks/overhead.py" --device cuda --tokens $tokens) \
       >"$out/overhead_m$tokens.log" 2>&1

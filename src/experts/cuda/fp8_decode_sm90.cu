@@ -28,6 +28,7 @@
 #include <tuple>
 
 #include "core/cuda_check.h"
+#include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
 #include "experts/cuda/moe_decode_sm90.cuh"
 
@@ -323,8 +324,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) fp8_streami
 
 template <class Tr>
 cudaError_t launch(const Fp8StreamParams& p, int max_nonempty_groups, cudaStream_t stream) {
-  const cudaError_t e = cudaFuncSetAttribute(fp8_streaming_gemm_kernel<Tr>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t e =
+      ensure_kernel_smem(reinterpret_cast<const void*>(fp8_streaming_gemm_kernel<Tr>), Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
   const int64_t blocks = static_cast<int64_t>(max_nonempty_groups) * p.n_slabs * p.k_splits;
   if (blocks == 0) return cudaSuccess;

@@ -21,6 +21,7 @@
 #include "cutlass/kernel_hardware_info.h"
 
 #include "core/cuda_check.h"
+#include "experts/cuda/cutlass_launch_sm90.cuh"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 
@@ -52,7 +53,8 @@ struct Fp8Gemm {
   static constexpr int kAlignmentD = 4;          // 16 bytes of f32
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using TileShape = cute::Shape<cute::Int<Traits::kTileM>, cute::Int<Traits::kTileN>, cute::Int<kScaleBlock>>;
-  using ClusterShape = cute::Shape<cute::Int<Traits::kClusterM>, cute::_1, cute::_1>;
+  static constexpr int kClusterM = Traits::kClusterM;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
   // Scales: A per (row, 128 K), B per (128 N, 128 K); both with the M/N index fastest.
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleBlock, kScaleBlock>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
@@ -197,16 +199,8 @@ Status run(const Fp8GemmLaunch& p, cudaStream_t stream) {
     return Unsupported(std::string("fp8 CUTLASS grouped GEMM cannot implement N=") + std::to_string(p.n) +
                        ", K=" + std::to_string(p.k) + ": " + cutlassGetStatusString(s));
   }
-  s = gemm.initialize(args, static_cast<char*>(p.workspace) + t.cutlass, stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Internal(std::string("fp8 CUTLASS grouped GEMM initialize: ") + cutlassGetStatusString(s));
-  }
-  s = gemm.run(stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Internal(std::string("fp8 CUTLASS grouped GEMM run: ") + cutlassGetStatusString(s));
-  }
-  MOEKIT_CUDA_CHECK_LAUNCH("fp8 cutlass grouped GEMM");
-  return Status::Ok();
+  return launch_cutlass_kernel<typename G::Kernel, G::kClusterM>(args, static_cast<char*>(p.workspace) + t.cutlass,
+                                                                 stream, "fp8 CUTLASS grouped GEMM");
 }
 
 }  // namespace moekit::cuda::fp8_sm90

@@ -34,6 +34,7 @@
 #include "cutlass/kernel_hardware_info.h"
 
 #include "core/cuda_check.h"
+#include "experts/cuda/cutlass_launch_sm90.cuh"
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 
 namespace moekit::cuda::sm90 {
@@ -69,7 +70,8 @@ struct CutlassGroupedGemm {
   static constexpr int kAlignment = 8;           // 16 bytes of bf16: TMA's granule
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
   using TileShape = cute::Shape<cute::Int<Traits::kTileM>, cute::Int<Traits::kTileN>, cute::Int<Traits::kTileK>>;
-  using ClusterShape = cute::Shape<cute::Int<Traits::kClusterM>, cute::_1, cute::_1>;
+  static constexpr int kClusterM = Traits::kClusterM;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
 
   // No source C (void): D = acc, rounded once to bf16.
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -222,16 +224,7 @@ Status run_cutlass_gemm(const CutlassGemmLaunch& p, cudaStream_t stream) {
     return Unsupported(std::string("CUTLASS grouped GEMM cannot implement N=") + std::to_string(p.n) +
                        ", K=" + std::to_string(p.k) + ": " + cutlassGetStatusString(s));
   }
-  s = gemm.initialize(args, ws + t.cutlass, stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Internal(std::string("CUTLASS grouped GEMM initialize: ") + cutlassGetStatusString(s));
-  }
-  s = gemm.run(stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Internal(std::string("CUTLASS grouped GEMM run: ") + cutlassGetStatusString(s));
-  }
-  MOEKIT_CUDA_CHECK_LAUNCH("cutlass grouped GEMM");
-  return Status::Ok();
+  return launch_cutlass_kernel<typename G::Kernel, G::kClusterM>(args, ws + t.cutlass, stream, "CUTLASS grouped GEMM");
 }
 
 }  // namespace moekit::cuda::sm90

@@ -57,11 +57,14 @@ std::optional<CutlassTile> forced_cutlass_tile() {
 constexpr int64_t kCutlassM64MaxRowsPerGroup = 1024;
 
 // Rows per expert up to which a swapped tile (weights on the 128-wide MMA side,
-// token rows on the narrow one) beats the 64-row tile: a group of 16 rows pads to
-// 32, not 64, and no cluster partner idles on a group of one 64-row tile.
-// TODO(measure): thresholds set by that argument; the A/B in bench/NOTES.md decides.
-constexpr int64_t kSwapN32MaxRowsPerGroup = 32;
-constexpr int64_t kSwapN64MaxRowsPerGroup = 64;
+// token rows on the narrow one) beats the 64-row tile. Measured in one process
+// (bench --variant, bench/NOTES.md r8): at 16 rows per expert swap_n32 takes
+// 0.91x the m64_n256 time (Mixtral-8x7B M=64) and 0.94x (Qwen3-30B-A3B M=256);
+// at 32 rows swap_n64 beats swap_n32 (DeepSeek-V3 M=1024: 0.99x, gpt-oss M=1024:
+// 0.94x); at 64 rows m64_n256 wins (Mixtral M=256: swap_n64 1.08x of it,
+// Qwen3 M=1024: 1.01x).
+constexpr int64_t kSwapN32MaxRowsPerGroup = 16;
+constexpr int64_t kSwapN64MaxRowsPerGroup = 48;
 
 CutlassTile cutlass_tile_for(int64_t rows_per_group) {
   if (const auto forced = forced_cutlass_tile()) return *forced;
@@ -181,8 +184,17 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
   const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
   std::string why_streaming, why_cutlass = "CUTLASS headers were not found at build time";
+  // Streaming's fast instances take K in steps of 128. Where K is not a multiple
+  // of 128 it falls back to 64-wide steps, and then the swapped CUTLASS tile is
+  // faster from a few tokens on (gpt-oss, K = 2880: 0.98x at M=16, 0.95x at M=256).
+  // A lone token or two keep streaming: its K slices give GEMM2 the CTAs a
+  // handful of CUTLASS tiles would not.
+  constexpr int64_t kStreamKStep = 128, kFewTokensMaxRows = 16;
+  const bool streaming_fits = pr.k % kStreamKStep == 0 || pr.max_rows <= kFewTokensMaxRows ||
+                              !sm90_cutlass_supports(pr).ok;
   const bool want_streaming =
-      forced == Forced::kStreaming || (forced == Forced::kAuto && rows_per_group <= kStreamingMaxRowsPerGroup);
+      forced == Forced::kStreaming ||
+      (forced == Forced::kAuto && rows_per_group <= kStreamingMaxRowsPerGroup && streaming_fits);
   if (want_streaming) {
     Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
     if (c.path == Sm90GemmPath::kStreaming) {

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
 #include "experts/cuda/grouped_gemm.h"
 
@@ -306,9 +307,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) streaming_gemm_kernel(const S
 // Launches the kernel for traits Tr. The caller checked N % kRows == 0 and K % kBlockK == 0.
 template <class Tr>
 cudaError_t launch_streaming_gemm(const StreamParams& p, int max_nonempty_groups, cudaStream_t stream) {
-  // Cheap, and legal while a stream is being captured.
-  const cudaError_t e =
-      cudaFuncSetAttribute(streaming_gemm_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t e = ensure_kernel_smem(reinterpret_cast<const void*>(streaming_gemm_kernel<Tr>), Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
   const int64_t blocks = static_cast<int64_t>(max_nonempty_groups) * p.n_slabs * p.k_splits;
   if (blocks == 0) return cudaSuccess;

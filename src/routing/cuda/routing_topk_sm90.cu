@@ -208,39 +208,46 @@ __global__ void routing_kernel(KernelParams p) {
     denom = warp_sum(part);
   }
 
+  // x of each selected id, the logit (re-read: deepseek_v3 keys are biased
+  // scores), loaded by lane j for slot j at once: lane 0 reading them one by one
+  // was a chain of k dependent global loads (~10 us of a one-token layer).
+  auto safe = [&](int id) { return id >= 0 && id < E; };
+  if (lane < k) {
+    const int id = sel[lane];
+    selk[lane] = safe(id) ? load_logit(p.logits, p.logits_bf16, row * E + id) : NAN;  // keys are no longer needed
+  }
+  __syncwarp();
   if (lane == 0) {
     float w[kMaxDeviceTopk];
-    // x of a selected id: the logit (re-read: deepseek_v3 keys are biased scores).
-    auto logit = [&](int id) { return load_logit(p.logits, p.logits_bf16, row * E + id); };
-    auto safe = [&](int id) { return id >= 0 && id < E; };
+    auto logit_of_slot = [&](int j) { return selk[j]; };
     switch (p.method) {
       case RoutingMethod::kSoftmaxTopk:
       case RoutingMethod::kRenormalizeNaive:
-        for (int j = 0; j < k; ++j) w[j] = safe(sel[j]) ? expf(logit(sel[j]) - m) / denom : NAN;
+        for (int j = 0; j < k; ++j) w[j] = expf(logit_of_slot(j) - m) / denom;
         if (p.method == RoutingMethod::kRenormalizeNaive) renormalize(w, k);
         break;
       case RoutingMethod::kRenormalize: {
-        float mk = safe(sel[0]) ? logit(sel[0]) : NAN;
-        for (int j = 1; j < k; ++j) mk = fmaxf(mk, safe(sel[j]) ? logit(sel[j]) : NAN);
+        float mk = logit_of_slot(0);
+        for (int j = 1; j < k; ++j) mk = fmaxf(mk, logit_of_slot(j));
         float d = 0.0f;
         for (int j = 0; j < k; ++j) {
-          w[j] = safe(sel[j]) ? expf(logit(sel[j]) - mk) : NAN;
+          w[j] = expf(logit_of_slot(j) - mk);
           d += w[j];
         }
         for (int j = 0; j < k; ++j) w[j] /= d;
         break;
       }
       case RoutingMethod::kTopk:
-        for (int j = 0; j < k; ++j) w[j] = safe(sel[j]) ? logit(sel[j]) : NAN;
+        for (int j = 0; j < k; ++j) w[j] = logit_of_slot(j);
         break;
       case RoutingMethod::kSigmoid:
       case RoutingMethod::kSigmoidRenorm:
       case RoutingMethod::kLlama4:
-        for (int j = 0; j < k; ++j) w[j] = safe(sel[j]) ? sigmoid_f(logit(sel[j])) : NAN;
+        for (int j = 0; j < k; ++j) w[j] = sigmoid_f(logit_of_slot(j));
         if (p.method == RoutingMethod::kSigmoidRenorm) renormalize(w, k);
         break;
       case RoutingMethod::kDeepseekV3:
-        for (int j = 0; j < k; ++j) w[j] = safe(sel[j]) ? sigmoid_f(logit(sel[j])) : NAN;  // unbiased
+        for (int j = 0; j < k; ++j) w[j] = sigmoid_f(logit_of_slot(j));  // unbiased
         if (p.renormalize) renormalize(w, k);
         for (int j = 0; j < k; ++j) w[j] *= p.scaling;
         break;

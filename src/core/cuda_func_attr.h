@@ -1,0 +1,19 @@
+// Kernel attributes set once per (kernel, device) instead of on every launch:
+// an eager forward launches the same few kernels each time, and the runtime call
+// that raises a kernel's shared-memory limit costs host time on every call.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+namespace moekit::cuda {
+
+// cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
+// on the current device, unless this (func, device) already got `bytes` or more.
+// Thread-safe; legal while a stream is being captured.
+cudaError_t ensure_kernel_smem(const void* func, int bytes);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA
