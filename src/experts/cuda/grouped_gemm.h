@@ -50,6 +50,11 @@ struct GroupedGemmProblem {
   int64_t a_rows = 0;      // rows of A (== max_rows unless gathered)
   int64_t n = 0;           // N: rows of each B[g]
   int64_t k = 0;           // K: reduction length
+  // The rows the caller's workspace was sized for (>= max_rows; 0 = max_rows): a
+  // path that needs scratch per row (CUTLASS: gathered A, pre-activation) may use
+  // that room instead of cutting a smaller problem into row chunks, each of which
+  // streams the weights again.
+  int64_t scratch_rows = 0;
   DType out_dtype = DType::kBF16;  // bf16 | f32
   bool gather_a = false;           // A rows read through a_row_index
   GemmEpilogue epilogue = GemmEpilogue::kNone;

@@ -63,6 +63,7 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.a_rows = num_tokens;
   p.n = s.n1();
   p.k = s.hidden;
+  p.scratch_rows = std::max(num_tokens, s.max_num_tokens) * s.top_k;
   p.out_dtype = DType::kBF16;
   p.gather_a = true;
   // With a gate/up bias the activation needs the biased sum: it runs in its
@@ -80,6 +81,7 @@ GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_token
   p.a_rows = num_tokens;
   p.n = s.shared_n1();
   p.k = s.hidden;
+  p.scratch_rows = std::max(num_tokens, s.max_num_tokens);
   p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kActivation;
   p.activation = s.activation;

@@ -31,6 +31,9 @@ struct ExpertsShape {
   bool shared_gate = false;          // shared output scaled by sigmoid(x . gate)
   bool batch_invariant = false;  // GEMM problems get it: one path for every M, no K slices
   bool shared_overlap = false;   // the shared expert on a side stream (ExpertsRun::shared_side)
+  // The workspace is sized for this many tokens: a forward of fewer may give its
+  // GEMMs' scratch the room (GroupedGemmProblem::scratch_rows). 0: the forward's own M.
+  int64_t max_num_tokens = 0;
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
   int64_t shared_n1() const { return activation.gated() ? 2 * shared_intermediate : shared_intermediate; }
 };

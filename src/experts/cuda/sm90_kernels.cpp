@@ -94,6 +94,7 @@ ExpertsShape shape_of(const MoeConfig& c) {
   s.shared_gate = c.has_shared_gate;
   s.batch_invariant = c.batch_invariant;
   s.shared_overlap = c.shared_expert_overlap && c.shared_intermediate > 0;
+  s.max_num_tokens = c.max_num_tokens;
   return s;
 }
 
