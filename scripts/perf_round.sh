@@ -47,8 +47,8 @@ bench="$build/bench/moekit_gpu_bench"
 for t in ${TESTS:-}; do
   bin="$(find "$build/tests" -name "$t" -type f -perm -u+x | head -1)"
   "$bin" >"$out/$t.log" 2>&1
-  echo "[perf] $t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | paste -sd' ')"
-  grep -E '^\[  FAILED  \]' "$out/$t.log" | head -n 6
+  echo "[perf] $t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | paste -sd' ')" | tee -a "$out/tests.txt"
+  grep -E '^\[  FAILED  \]' "$out/$t.log" | sort -u | head -n 6 | tee -a "$out/tests.txt"
 done
 shapes="$root/bench/shapes/moe_layers.json"
 if [ -n "$py_target" ]; then
@@ -130,7 +130,8 @@ fi
 
 echo
 echo "==== perf round ($(( $(date +%s) - t0 ))s) on $(cat "$out/device.txt") ===="
-for f in "$out"/overhead_m*.log; do [ -f "$f" ] && { echo "-- $(basename "$f" .log)"; cat "$f"; }; done
+[ -f "$out/tests.txt" ] && cat "$out/tests.txt"
+for f in "$out"/overhead_*.log; do [ -f "$f" ] && { echo "-- $(basename "$f" .log)"; cat "$f"; }; done
 for f in "$out"/ncu_*.csv; do
   [ -f "$f" ] || continue
   echo "-- $(basename "$f" .csv): kernel, us, dram%, grid, regs, warps%"
