@@ -31,7 +31,7 @@ __global__ void align_count_kernel(const int32_t* __restrict__ ids, int pairs, i
 
 // One block: chunk_counts[c][e] -> absolute first row of expert e's pairs in chunk c;
 // group_rows / group_start / expert_counts.
-__global__ void align_scan_kernel(int chunks, int num_experts, int32_t* chunk_counts, int32_t* group_start,
+__global__ void __launch_bounds__(kScanThreads) align_scan_kernel(int chunks, int num_experts, int32_t* chunk_counts, int32_t* group_start,
                                   int32_t* group_rows, int32_t* expert_counts) {
   __shared__ int32_t partial[kScanThreads];
   const int t = threadIdx.x;
