@@ -29,36 +29,68 @@ __global__ void align_count_kernel(const int32_t* __restrict__ ids, int pairs, i
   atomicAdd(&chunk_counts[static_cast<int64_t>(p / chunk) * num_experts + e], 1);  // integer: order-free
 }
 
-// One block: chunk_counts[c][e] -> absolute first row of expert e's pairs in chunk c;
-// group_rows / group_start / expert_counts.
-__global__ void __launch_bounds__(kScanThreads) align_scan_kernel(int chunks, int num_experts, int32_t* chunk_counts, int32_t* group_start,
-                                  int32_t* group_rows, int32_t* expert_counts) {
-  __shared__ int32_t partial[kScanThreads];
-  const int t = threadIdx.x;
-  // A column of kBatch chunks is loaded before any of it is stored: with a store
-  // between them the loads of one column were a chain of dependent global round
-  // trips (~33 us for 128 chunks).
-  constexpr int kBatch = 16;
-  for (int e = t; e < num_experts; e += kScanThreads) {
-    int32_t run = 0;
-    for (int c0 = 0; c0 < chunks; c0 += kBatch) {
-      int32_t v[kBatch];
+constexpr int kScanBatch = 16;    // cells of one column loaded before any is used
+constexpr int kMaxScanParts = 8;  // slices of one expert's column summed by different threads
+
+// Sum of chunk_counts[c][e] over c in [begin, end): loads issued in batches, not one by one.
+__device__ int32_t column_sum(const int32_t* chunk_counts, int num_experts, int e, int begin, int end) {
+  int32_t sum = 0;
+  for (int c0 = begin; c0 < end; c0 += kScanBatch) {
+    int32_t v[kScanBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        v[i] = c0 + i < chunks ? chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] : 0;
-      }
+    for (int i = 0; i < kScanBatch; ++i) v[i] = c0 + i < end ? chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] : 0;
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (c0 + i < chunks) chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] = run;
-        run += v[i];
-      }
-    }
-    group_rows[e] = run;
-    if (expert_counts != nullptr) expert_counts[e] = run;
+    for (int i = 0; i < kScanBatch; ++i) sum += v[i];
   }
-  __syncthreads();
-  const int per = (num_experts + kScanThreads - 1) / kScanThreads;
-  const int begin = min(num_experts, t * per), end = min(num_experts, begin + per);
+  return sum;
+}
+
+// chunk_counts[c][e] for c in [begin, end) -> run + the counts before it (exclusive scan from `run`).
+__device__ void column_scan(int32_t* chunk_counts, int num_experts, int e, int begin, int end, int32_t run) {
+  for (int c0 = begin; c0 < end; c0 += kScanBatch) {
+    int32_t v[kScanBatch];
+#pragma unroll
+    for (int i = 0; i < kScanBatch; ++i) v[i] = c0 + i < end ? chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] : 0;
+#pragma unroll
+    for (int i = 0; i < kScanBatch; ++i) {
+      if (c0 + i < end) chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] = run;
+      run += v[i];
+    }
+  }
+}
+
+// One block: chunk_counts[c][e] -> absolute first row of expert e's pairs in chunk c;
+// group_rows / group_start / expert_counts. Each expert's column of chunks is cut
+// into up to kMaxScanParts slices summed by different threads, so a thread's
+// chain of dependent global round trips is short (one thread per column took
+// ~19-33 us at 128 chunks).
+__global__ void __launch_bounds__(kScanThreads) align_scan_kernel(int chunks, int num_experts, int32_t* chunk_counts,
+                                                                  int32_t* group_start, int32_t* group_rows,
+                                                                  int32_t* expert_counts) {
+  __shared__ int32_t part_sum[kScanThreads];  // [part][expert of the pass]
+  __shared__ int32_t partial[kScanThreads];   // the expert scan's per-thread sums
+  const int t = threadIdx.x;
+  const int E = num_experts;
+  // parts x span <= kScanThreads; span >= E unless parts == 1 (then experts come in passes).
+  const int parts = max(1, min(kMaxScanParts, min(chunks, kScanThreads / E)));
+  const int span = kScanThreads / parts;
+  const int per_part = (chunks + parts - 1) / parts;
+  const int part = t / span, lane_e = t % span;
+  const int c_begin = min(chunks, part * per_part), c_end = min(chunks, c_begin + per_part);
+  for (int e0 = 0; e0 < E; e0 += span) {
+    const int e = e0 + lane_e;
+    part_sum[t] = e < E && part < parts ? column_sum(chunk_counts, E, e, c_begin, c_end) : 0;
+    __syncthreads();
+    if (part == 0 && e < E) {
+      int32_t total = 0;
+      for (int q = 0; q < parts; ++q) total += part_sum[q * span + lane_e];
+      group_rows[e] = total;
+      if (expert_counts != nullptr) expert_counts[e] = total;
+    }
+    __syncthreads();
+  }
+  const int per = (E + kScanThreads - 1) / kScanThreads;
+  const int begin = min(E, t * per), end = min(E, begin + per);
   int32_t sum = 0;
   for (int e = begin; e < end; ++e) sum += group_rows[e];
   partial[t] = sum;
@@ -75,19 +107,14 @@ __global__ void __launch_bounds__(kScanThreads) align_scan_kernel(int chunks, in
     run += group_rows[e];
   }
   __syncthreads();
-  for (int e = t; e < num_experts; e += kScanThreads) {
-    const int32_t start = group_start[e];
-    for (int c0 = 0; c0 < chunks; c0 += kBatch) {
-      int32_t v[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        v[i] = c0 + i < chunks ? chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] : 0;
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (c0 + i < chunks) chunk_counts[static_cast<int64_t>(c0 + i) * num_experts + e] = v[i] + start;
-      }
-    }
+  // Slice q of expert e starts at group_start[e] plus the slices before it
+  // (part_sum still holds them: with parts > 1 there was a single pass).
+  for (int e0 = 0; e0 < E; e0 += span) {
+    const int e = e0 + lane_e;
+    if (e >= E || part >= parts) continue;
+    int32_t first = group_start[e];
+    for (int q = 0; q < part; ++q) first += part_sum[q * span + lane_e];
+    column_scan(chunk_counts, E, e, c_begin, c_end, first);
   }
 }
 

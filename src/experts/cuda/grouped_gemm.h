@@ -57,6 +57,10 @@ struct GroupedGemmProblem {
   int64_t scratch_rows = 0;
   DType out_dtype = DType::kBF16;  // bf16 | f32
   bool gather_a = false;           // A rows read through a_row_index
+  // With gather_a: the caller lends GroupedGemmArgs::gather_room, [max_rows, K] bf16
+  // that is idle during this GEMM, for a path that copies the gathered rows first
+  // (CUTLASS); that copy then takes no share of the workspace and no row chunks.
+  bool gather_room = false;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   ActivationConfig activation;     // used by GemmEpilogue::kActivation
   // > 1: K is cut into this many slices and C is [k_splits, max_rows, n] f32, slice s
@@ -81,6 +85,7 @@ struct GroupedGemmArgs {
   void* c = nullptr;                      // [max_rows, n_out] out_dtype
   const int32_t* group_start = nullptr;   // [G] i32 first row of each group
   const int32_t* group_rows = nullptr;    // [G] i32 rows in each group (may be 0)
+  void* gather_room = nullptr;            // [max_rows, K] bf16, required iff problem.gather_room (16-byte aligned)
   void* workspace = nullptr;              // >= grouped_gemm_workspace_size(problem) bytes, 256-byte aligned
 };
 

@@ -48,7 +48,8 @@ struct CutlassPlan {
 CutlassPlan plan(const GroupedGemmProblem& pr) {
   CutlassPlan p;
   const bool activation = pr.epilogue == GemmEpilogue::kActivation;
-  const int64_t scratch_per_row = (pr.gather_a ? pr.k : 0) + (activation ? pr.n : 0);  // bf16 elements
+  const bool own_gather = pr.gather_a && !pr.gather_room;  // the gathered rows in our workspace
+  const int64_t scratch_per_row = (own_gather ? pr.k : 0) + (activation ? pr.n : 0);  // bf16 elements
   p.chunk_rows = std::max<int64_t>(1, pr.max_rows);
   if (scratch_per_row > 0) {
     const int64_t room_rows = std::max(pr.max_rows, pr.scratch_rows);  // sized for room_rows: all of it is ours
@@ -59,7 +60,7 @@ CutlassPlan plan(const GroupedGemmProblem& pr) {
   size_t c = 0;
   for (CutlassTile t : kAllCutlassTiles) c = std::max(c, round_up(sm90::cutlass_gemm_workspace_size(t, pr.num_groups)));
   p.gemm = 0;
-  if (pr.gather_a) {
+  if (own_gather) {
     p.gathered = c;
     c += round_up(static_cast<size_t>(p.chunk_rows) * static_cast<size_t>(pr.k) * 2);
   }
@@ -218,11 +219,13 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
   const Support sup = cutlass_grouped_gemm_supports(pr);
   if (!sup.ok) return Unsupported(sup.reason);
   if (args.a == nullptr || args.b == nullptr || args.c == nullptr || args.group_start == nullptr ||
-      args.group_rows == nullptr || args.workspace == nullptr || (pr.gather_a && args.a_row_index == nullptr)) {
+      args.group_rows == nullptr || args.workspace == nullptr || (pr.gather_a && args.a_row_index == nullptr) ||
+      (pr.gather_a && pr.gather_room && args.gather_room == nullptr)) {
     return InvalidArgument("CUTLASS grouped GEMM: a required pointer is null in " + pr.to_string());
   }
-  if (!aligned16(args.a) || !aligned16(args.b) || !aligned16(args.c) || !aligned16(args.workspace)) {
-    return InvalidArgument("CUTLASS grouped GEMM: a, b, c and workspace must be 16-byte aligned");
+  if (!aligned16(args.a) || !aligned16(args.b) || !aligned16(args.c) || !aligned16(args.workspace) ||
+      !aligned16(args.gather_room)) {
+    return InvalidArgument("CUTLASS grouped GEMM: a, b, c, gather_room and workspace must be 16-byte aligned");
   }
   if (pr.max_rows == 0) return Status::Ok();
   const int sms = std::min(device_sm_count(), sm90::kCutlassMaxSmCount);
@@ -232,7 +235,7 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
   char* ws = static_cast<char*>(args.workspace);
   const dim3 grid = sweep_grid(pr, w.chunk_rows);
   const bool activation = pr.epilogue == GemmEpilogue::kActivation;
-  auto* gathered = reinterpret_cast<uint16_t*>(ws + w.gathered);  // [chunk_rows, K] bf16 (gather_a)
+  auto* gathered = static_cast<uint16_t*>(pr.gather_room ? args.gather_room : ws + w.gathered);  // [chunk_rows, K]
   auto* pre_act = reinterpret_cast<uint16_t*>(ws + w.pre_act);    // [chunk_rows, N] bf16 (kActivation)
   for (int64_t chunk = 0; chunk < w.chunks; ++chunk) {
     const int row_begin = static_cast<int>(chunk * w.chunk_rows);

@@ -66,6 +66,7 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.scratch_rows = std::max(num_tokens, s.max_num_tokens) * s.top_k;
   p.out_dtype = DType::kBF16;
   p.gather_a = true;
+  p.gather_room = true;  // run_experts lends expert_out, which GEMM2 fills only later
   // With a gate/up bias the activation needs the biased sum: it runs in its
   // own pass (bias_activation) over GEMM1's plain output.
   p.epilogue = s.expert_bias ? GemmEpilogue::kNone : GemmEpilogue::kActivation;
@@ -220,6 +221,7 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
   g1.c = s.expert_bias ? static_cast<void*>(ws + l.gemm1_raw) : inter;
   g1.group_start = group_start;
   g1.group_rows = group_rows;
+  g1.gather_room = y;  // [M·k, H] bf16 at least: GEMM1's gathered rows fit (K = H)
   g1.workspace = ws + l.gemm1_scratch;
   MOEKIT_RETURN_IF_ERROR(grouped_gemm(gemm1_problem(s, M), g1, stream));
   if (s.expert_bias) {
