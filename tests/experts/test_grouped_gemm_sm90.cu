@@ -184,7 +184,13 @@ void run_case(const Case& c, int path, int k_splits = 1) {
   // Outputs are rounded once (bf16: relative 2^-9 per element, ~1e-3 in L2) after an fp32
   // sum of exact bf16 products (relative ~1e-6 for these K), so bf16 must land under 4e-3
   // and f32 under 1e-4; a wrong row, column or group gives O(1), a NaN gives inf.
-  const double bound = pr.out_dtype == DType::kF32 ? 1e-4 : 4e-3;
+  // With an activation epilogue the CUTLASS tiles round the pre-activation to bf16
+  // too, and the activation scales that error by its relative condition number
+  // (2 for relu2's x^2, ~1 for silu(g)*u in each input): sqrt(2^2 + 1) roundings'
+  // worth, ~3.6e-3 in L2 (one relu2 case measured 4.01e-3); 6e-3 still flags any
+  // wrong element pattern.
+  const double bf16_bound = c.epilogue == GemmEpilogue::kActivation ? 6e-3 : 4e-3;
+  const double bound = pr.out_dtype == DType::kF32 ? 1e-4 : bf16_bound;
   const double err = testing::rel_l2_error(got, want);
   EXPECT_LE(err, bound) << pr.to_string() << " path " << path;
   // Rows outside every group keep the poison bits.
