@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include <unistd.h>
+
 #ifdef MOEKIT_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -15,6 +17,14 @@ namespace {
 constexpr size_t kHostAlignment = 64;
 
 std::string size_text(size_t bytes) { return std::to_string(bytes) + " bytes"; }
+
+// Bytes of physical memory (0 if unknown). A host buffer larger than that can
+// never be backed: where the kernel overcommits, malloc would hand it out and the
+// first pass over it (a sentinel fill) would end with the process killed.
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
 }  // namespace
 
 DeviceBuffer::~DeviceBuffer() { release(); }
@@ -63,6 +73,10 @@ StatusOr<DeviceBuffer> DeviceBuffer::allocate(Device device, size_t bytes) {
   if (bytes == 0) return b;
   switch (device.type) {
     case DeviceType::kCpu: {
+      if (const size_t ram = physical_memory_bytes(); ram > 0 && bytes > ram) {
+        return ResourceExhausted("host allocation of " + size_text(bytes) + " exceeds this machine's physical memory (" +
+                                 size_text(ram) + ")");
+      }
       const size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
       b.data_ = std::aligned_alloc(kHostAlignment, rounded);
       if (b.data_ == nullptr) return ResourceExhausted("host allocation of " + size_text(bytes) + " failed");
