@@ -10,7 +10,8 @@
 # Environment:
 #   BUILD_DIR    build folder (default build-gpu)
 #   SKEW         skew of the second table (default 1.0; 0 skips it)
-#   PEERS        peers to run, space-separated: "torch triton vllm" (default "triton"; vllm: .peer/)
+#   PEERS        peers to run, space-separated: "torch triton vllm" (default "vllm": vLLM's own Triton
+#                kernel and configs from .peer/, the bar; bench/peer_triton.py is a weaker home-made one)
 #   PEER_BUDGET_S  seconds the vllm peer may spend per table (default 300)
 #   PEER_ARGS    extra arguments for the peers (e.g. --tune)
 #   NCU_CASES    "shape:M ..." cases whose kernels ncu times one forward of (default none)
@@ -27,7 +28,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
 out="${1:-$root/bench/results/latest}"
 skew="${SKEW:-1.0}"
-peers="${PEERS:-triton}"
+peers="${PEERS:-vllm}"
 mkdir -p "$out"
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | head -1 | tee "$out/device.txt"

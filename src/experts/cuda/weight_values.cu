@@ -17,35 +17,27 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
 constexpr unsigned long long kNone = ~0ull;
 
-// The exponent (and for e4m3 the mantissa) bits that make a code non-finite.
-template <class T>
-__device__ __forceinline__ bool non_finite(T v);
-template <>
-__device__ __forceinline__ bool non_finite(uint32_t v) { return (v & 0x7f800000u) == 0x7f800000u; }  // f32
-template <>
-__device__ __forceinline__ bool non_finite(uint8_t v) { return (v & 0x7fu) == 0x7fu; }  // e4m3fn: only NaN
+// Non-finite codes of each dtype, on the raw bits.
+struct F32NonFinite {
+  __device__ bool operator()(uint32_t v) const { return (v & 0x7f800000u) == 0x7f800000u; }
+};
+struct Half16NonFinite {  // bf16 or f16: the exponent field all ones
+  uint16_t exp;
+  __device__ bool operator()(uint16_t v) const { return (v & exp) == exp; }
+};
+struct E4m3NonFinite {  // e4m3fn has no Inf; S.1111.111 is NaN
+  __device__ bool operator()(uint8_t v) const { return (v & 0x7fu) == 0x7fu; }
+};
 
-__device__ __forceinline__ bool non_finite_16(uint16_t v, uint16_t exp) { return (v & exp) == exp; }
-
-// *first = the smallest flat index of a non-finite element (kNone if none).
-template <class T>
-__global__ void first_non_finite_kernel(const T* __restrict__ p, int64_t n, unsigned long long* first) {
+// *first = the smallest flat index whose code is non-finite (kNone if none).
+template <class T, class NonFinite>
+__global__ void first_non_finite_kernel(const T* __restrict__ p, int64_t n, NonFinite bad,
+                                        unsigned long long* first) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (non_finite(p[i])) {
+    if (bad(p[i])) {
       atomicMin(first, static_cast<unsigned long long>(i));
-      return;  // later indices of this thread are larger
-    }
-  }
-}
-
-__global__ void first_non_finite_16_kernel(const uint16_t* __restrict__ p, int64_t n, uint16_t exp,
-                                           unsigned long long* first) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (non_finite_16(p[i], exp)) {
-      atomicMin(first, static_cast<unsigned long long>(i));
-      return;
+      return;  // this thread's later indices are larger
     }
   }
 }
@@ -66,15 +58,16 @@ Status check_device_weight_values(const TensorView& w, const char* name) {
   uint16_t exp16 = 0;
   switch (w.dtype) {
     case DType::kF32:
-      first_non_finite_kernel<<<blocks, kThreads>>>(static_cast<const uint32_t*>(w.data), n, first);
+      first_non_finite_kernel<<<blocks, kThreads>>>(static_cast<const uint32_t*>(w.data), n, F32NonFinite{}, first);
       break;
     case DType::kBF16:
     case DType::kF16:
       exp16 = w.dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;
-      first_non_finite_16_kernel<<<blocks, kThreads>>>(static_cast<const uint16_t*>(w.data), n, exp16, first);
+      first_non_finite_kernel<<<blocks, kThreads>>>(static_cast<const uint16_t*>(w.data), n, Half16NonFinite{exp16},
+                                                    first);
       break;
     case DType::kF8E4M3:
-      first_non_finite_kernel<<<blocks, kThreads>>>(static_cast<const uint8_t*>(w.data), n, first);
+      first_non_finite_kernel<<<blocks, kThreads>>>(static_cast<const uint8_t*>(w.data), n, E4m3NonFinite{}, first);
       break;
     default: return Status::Ok();
   }
