@@ -6,15 +6,6 @@
 #include "flag_checks.h"
 
 namespace moekit::tools {
-namespace {
-
-constexpr RoutingMethod kMethods[] = {
-    RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
-    RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
-    RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3,
-};
-
-}  // namespace
 
 std::string one_line(std::string_view text) {
   static const char kHex[] = "0123456789abcdef";
@@ -62,7 +53,10 @@ void finish(int code) {
 
 std::string routing_method_list() {
   std::string s;
-  for (RoutingMethod m : kMethods) s += (s.empty() ? "" : "|") + std::string(routing_method_name(m));
+  for (RoutingMethod m : kAllRoutingMethods) {
+    if (m == RoutingMethod::kCustom) continue;  // ids come from a file, not from these flags
+    s += (s.empty() ? "" : "|") + std::string(routing_method_name(m));
+  }
   return s;
 }
 

@@ -25,6 +25,12 @@ enum class RoutingMethod : uint8_t {
   kCustom,            // ids/weights supplied by the caller (modular kernels only)
 };
 inline constexpr int kRoutingSpecVersion = 1;
+// Every method, in the spec's order: the one list that parsing, help texts, the
+// Python bindings (moekit._moekit.routing_methods()) and their tables read.
+inline constexpr RoutingMethod kAllRoutingMethods[] = {
+    RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
+    RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
+    RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3,  RoutingMethod::kCustom};
 
 const char* routing_method_name(RoutingMethod m);  // "softmax_topk", ...
 std::optional<RoutingMethod> parse_routing_method(std::string_view name);

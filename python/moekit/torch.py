@@ -17,73 +17,118 @@ trainer that replays a rollout's experts still trains its router. float64
 logits run the spec's formulas in float64 in torch (for gradcheck; no kernel
 computes in float64). docs/r3.md, "Trainer-side replay".
 """
-from typing import Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
 from . import _moekit
 from ._torch import tensor_arg
 
-# Methods whose weights are a sigmoid renormalized over the k ids (deepseek_v3 then scales).
-_SIGMOID_RENORM = ("sigmoid_renorm", "deepseek_v3")
+def _sigmoid(v: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-v))
+
+
+def _renormalized(v: torch.Tensor, k: int) -> torch.Tensor:
+    """v / sum(v) per row; a zero sum gives 1/k (the spec's zero-sum rule)."""
+    tot = v.sum(1, keepdim=True)
+    return torch.where(tot > 0, v / torch.where(tot > 0, tot, 1), torch.full_like(v, 1.0 / k))
+
+
+def _sigmoid_renorm_grad(s: torch.Tensor, g: torch.Tensor, c: float) -> torch.Tensor:
+    """d(sum g * c s / S)/dx_f for s = sigmoid(x_f), S = sum s: c (g - sum(g s) / S) / S * s (1 - s)."""
+    tot = s.sum(1, keepdim=True)
+    safe = torch.where(tot > 0, tot, torch.ones_like(tot))
+    return c * (g - (g * s).sum(1, keepdim=True) / safe) / safe * (tot > 0) * s * (1 - s)
+
+
+class _WeightRule(NamedTuple):
+    """One method's weight formula (docs/routing.md, section 6) and its derivative.
+    forward(x, xf, ids, scale, renormalize) -> w [M, k]; backward(x, xf, ids, w, g, scale, renormalize) ->
+    d(sum g * w)/dx, dense [M, E]. x [M, E] logits, xf = x at the ids, ids [M, k] int64."""
+    forward: Callable
+    backward: Callable
+
+
+def _scatter(x, ids, v):
+    return torch.zeros_like(x).scatter(1, ids, v)
+
+
+def _renormalize_naive_backward(x, xf, ids, w, g, scale, renorm):
+    # equal to softmax(x_f) in exact arithmetic; the zero-sum rule makes w a constant 1/k
+    alive = torch.exp(xf - x.max(dim=1, keepdim=True).values).sum(1, keepdim=True) > 0
+    return _scatter(x, ids, w * (g - (g * w).sum(1, keepdim=True)) * alive)
+
+
+def _deepseek_v3_forward(x, xf, ids, scale, renorm):
+    s = _sigmoid(xf)
+    return (_renormalized(s, ids.shape[1]) if renorm else s) * scale  # renormalize=False: no division
+
+
+def _deepseek_v3_backward(x, xf, ids, w, g, scale, renorm):
+    s = _sigmoid(xf)
+    return _scatter(x, ids, _sigmoid_renorm_grad(s, g, scale) if renorm else g * scale * s * (1 - s))
+
+
+# Every routing method of the library has an entry here or in _NO_WEIGHTS; checked at import
+# against moekit._moekit.routing_methods(), so a method added to the spec cannot replay silently wrong.
+_WEIGHT_RULES: Dict[str, _WeightRule] = {
+    "softmax_topk": _WeightRule(  # w_j = p_{f_j}: dw_j/dx_i = w_j (delta - p_i)
+        lambda x, xf, ids, scale, renorm: torch.softmax(x, dim=1).gather(1, ids),
+        lambda x, xf, ids, w, g, scale, renorm: (-torch.softmax(x, dim=1) * (g * w).sum(1, keepdim=True))
+        .scatter_add(1, ids, g * w)),
+    "renormalize": _WeightRule(
+        lambda x, xf, ids, scale, renorm: torch.softmax(xf, dim=1),
+        lambda x, xf, ids, w, g, scale, renorm: _scatter(x, ids, w * (g - (g * w).sum(1, keepdim=True)))),
+    "renormalize_naive": _WeightRule(
+        lambda x, xf, ids, scale, renorm: _renormalized(torch.exp(xf - x.max(dim=1, keepdim=True).values),
+                                                        ids.shape[1]),
+        _renormalize_naive_backward),
+    "topk": _WeightRule(
+        lambda x, xf, ids, scale, renorm: xf.clone(),
+        lambda x, xf, ids, w, g, scale, renorm: _scatter(x, ids, g)),
+    "sigmoid": _WeightRule(
+        lambda x, xf, ids, scale, renorm: _sigmoid(xf),
+        lambda x, xf, ids, w, g, scale, renorm: _scatter(x, ids, g * _sigmoid(xf) * (1 - _sigmoid(xf)))),
+    "sigmoid_renorm": _WeightRule(
+        lambda x, xf, ids, scale, renorm: _renormalized(_sigmoid(xf), ids.shape[1]),
+        lambda x, xf, ids, w, g, scale, renorm: _scatter(x, ids, _sigmoid_renorm_grad(_sigmoid(xf), g, 1.0))),
+    "llama4": _WeightRule(  # selection differs from sigmoid's; the weights do not
+        lambda x, xf, ids, scale, renorm: _sigmoid(xf),
+        lambda x, xf, ids, w, g, scale, renorm: _scatter(x, ids, g * _sigmoid(xf) * (1 - _sigmoid(xf)))),
+    "deepseek_v3": _WeightRule(_deepseek_v3_forward, _deepseek_v3_backward),
+}
+_NO_WEIGHTS = ("custom",)  # the caller supplies the weights: nothing to replay
+
+
+def _check_rules_cover(methods) -> None:
+    """Each of the library's routing methods has a weight rule or is listed in _NO_WEIGHTS, and nothing else."""
+    missing = [m for m in methods if m not in _WEIGHT_RULES and m not in _NO_WEIGHTS]
+    unknown = [m for m in list(_WEIGHT_RULES) + list(_NO_WEIGHTS) if m not in methods]
+    if missing or unknown:
+        raise RuntimeError(f"moekit.torch: the weight rules do not match the library's routing methods "
+                           f"(no rule for {missing}, rules for unknown {unknown})")
+
+
+_check_rules_cover(_moekit.routing_methods())
+
+
+def _rule(method: str) -> _WeightRule:
+    if method not in _WEIGHT_RULES:
+        raise ValueError(f"replay_routing: routing method {method!r} has no weights to replay")
+    return _WEIGHT_RULES[method]
 
 
 def _spec_forward_f64(x: torch.Tensor, ids: torch.Tensor, method: str, scale: float,
                       renormalize: bool = True) -> torch.Tensor:
-    """The section 6 formulas in x's dtype (float64), ids [M, k] int64. renormalize=False (deepseek_v3
-    only; other methods ignore the flag): w = sigmoid(x_f) * scale, no division, no zero-sum rule."""
-    k = ids.shape[1]
-    xf = x.gather(1, ids)
-    if method == "softmax_topk":
-        return torch.softmax(x, dim=1).gather(1, ids)
-    if method == "renormalize":
-        return torch.softmax(xf, dim=1)
-    if method == "renormalize_naive":
-        pf = torch.exp(xf - x.max(dim=1, keepdim=True).values)
-        s = pf.sum(1, keepdim=True)
-        return torch.where(s > 0, pf / torch.where(s > 0, s, 1), torch.full_like(pf, 1.0 / k))
-    if method == "topk":
-        return xf.clone()
-    s = 1.0 / (1.0 + torch.exp(-xf))
-    if method in ("sigmoid", "llama4"):
-        return s
-    if method == "deepseek_v3" and not renormalize:
-        return s * scale
-    if method in _SIGMOID_RENORM:
-        tot = s.sum(1, keepdim=True)
-        w = torch.where(tot > 0, s / torch.where(tot > 0, tot, 1), torch.full_like(s, 1.0 / k))
-        return w * scale if method == "deepseek_v3" else w
-    raise ValueError(f"replay_routing: routing method {method!r} has no weights to replay")
+    """The section 6 formula of `method` in x's dtype (float64), ids [M, k] int64. renormalize=False
+    (deepseek_v3 only; other methods ignore the flag): w = sigmoid(x_f) * scale, no division."""
+    return _rule(method).forward(x, x.gather(1, ids), ids, scale, renormalize)
 
 
 def _spec_backward(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, g: torch.Tensor, method: str,
                    scale: float, renormalize: bool = True) -> torch.Tensor:
     """d(sum g * w)/dx for the section 6 formulas, dense [M, E], in x's dtype (w = the forward's weights)."""
-    grad = torch.zeros_like(x)
-    xf = x.gather(1, ids)
-    if method == "softmax_topk":  # w_j = p_{f_j}: dw_j/dx_i = w_j (delta - p_i)
-        gw = g * w
-        grad = -torch.softmax(x, dim=1) * gw.sum(1, keepdim=True)
-        return grad.scatter_add(1, ids, gw)
-    if method in ("renormalize", "renormalize_naive"):  # w = softmax(x_f) (naive: equal in exact arithmetic)
-        gf = w * (g - (g * w).sum(1, keepdim=True))
-        if method == "renormalize_naive":  # the zero-sum rule makes w a constant 1/k
-            alive = torch.exp(xf - x.max(dim=1, keepdim=True).values).sum(1, keepdim=True) > 0
-            gf = gf * alive
-        return grad.scatter(1, ids, gf)
-    if method == "topk":
-        return grad.scatter(1, ids, g)
-    s = 1.0 / (1.0 + torch.exp(-xf))
-    if method in ("sigmoid", "llama4"):
-        return grad.scatter(1, ids, g * s * (1 - s))
-    if method == "deepseek_v3" and not renormalize:  # w = c * s: dw_j/dx_j = c s_j (1 - s_j)
-        return grad.scatter(1, ids, g * scale * s * (1 - s))
-    # sigmoid_renorm / deepseek_v3: w = c * s / S; dw_j/ds_i = c (delta_ij - s_j / S) / S
-    c = scale if method == "deepseek_v3" else 1.0
-    tot = s.sum(1, keepdim=True)
-    safe = torch.where(tot > 0, tot, torch.ones_like(tot))
-    gs = c * (g - (g * s).sum(1, keepdim=True) / safe) / safe * (tot > 0)
-    return grad.scatter(1, ids, gs * s * (1 - s))
+    return _rule(method).backward(x, x.gather(1, ids), ids, w, g, scale, renormalize)
 
 
 class _ReplayRouting(torch.autograd.Function):

@@ -2,10 +2,13 @@
 // and the whole config validated by the library (MoeConfig::validate).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "bind.h"
 #include "convert.h"
@@ -135,6 +138,14 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("shared_gate", [](const MoeConfig& c) { return c.has_shared_gate; })
       .def_prop_ro("batch_invariant", [](const MoeConfig& c) { return c.batch_invariant; })
       .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
+  m.def(
+      "routing_methods",
+      [] {
+        std::vector<std::string> names;
+        for (RoutingMethod r : kAllRoutingMethods) names.emplace_back(routing_method_name(r));
+        return names;
+      },
+      "Every routing method's name, in the spec's order (the library's own list).");
 }
 
 }  // namespace moekit::python

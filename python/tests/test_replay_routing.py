@@ -166,3 +166,26 @@ def test_cuda_forward_is_the_cuda_kernel_and_gradient_matches_the_cpu(method, re
         bad = ids.clone()
         bad[3, 1] = bad[3, 0]
         moekit.torch.replay_routing(x, bad.cuda(), cfg)
+
+
+def test_weight_rules_cover_exactly_the_library_methods():
+    """One table for replay's weights and gradients: every routing method of the library has a rule
+    (or is listed as having no weights), and a method the table does not know is an error, not a
+    silently wrong replay."""
+    from moekit import _moekit
+    from moekit import torch as mtorch
+    methods = _moekit.routing_methods()
+    assert methods[0] == "softmax_topk" and "custom" in methods and "deepseek_v3" in methods
+    mtorch._check_rules_cover(methods)  # the import ran it too
+    with pytest.raises(RuntimeError, match="no rule for \\['new_method'\\]"):
+        mtorch._check_rules_cover(methods + ["new_method"])
+    with pytest.raises(RuntimeError, match="rules for unknown \\['topk'\\]"):
+        mtorch._check_rules_cover([m for m in methods if m != "topk"])
+
+
+def test_capture_format_knows_the_library_methods():
+    """moekit.r3 (NumPy only, no native module) keeps its own list of method names for capture files:
+    it must be the library's."""
+    from moekit import _moekit
+    from moekit.r3 import format as r3format
+    assert list(r3format._METHODS) == _moekit.routing_methods()

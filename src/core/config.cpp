@@ -1,6 +1,7 @@
 #include "moekit/config.h"
 
 #include <cmath>
+#include <iterator>
 #include <sstream>
 
 namespace moekit {
@@ -32,12 +33,11 @@ const char* routing_method_name(RoutingMethod m) {
   return "?";
 }
 
+static_assert(std::size(kAllRoutingMethods) == static_cast<size_t>(RoutingMethod::kCustom) + 1,
+              "kAllRoutingMethods lists every RoutingMethod");
+
 std::optional<RoutingMethod> parse_routing_method(std::string_view name) {
-  static constexpr RoutingMethod kAll[] = {
-      RoutingMethod::kSoftmaxTopk, RoutingMethod::kRenormalize, RoutingMethod::kRenormalizeNaive,
-      RoutingMethod::kTopk,        RoutingMethod::kSigmoid,     RoutingMethod::kSigmoidRenorm,
-      RoutingMethod::kLlama4,      RoutingMethod::kDeepseekV3,  RoutingMethod::kCustom};
-  return parse_by_name(name, kAll, routing_method_name);
+  return parse_by_name(name, kAllRoutingMethods, routing_method_name);
 }
 
 const char* activation_name(Activation a) {

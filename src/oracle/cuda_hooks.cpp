@@ -11,11 +11,7 @@ void append_backends(const Platform& platform, std::vector<Backend>* registry) {
   // cuda_sm90 = [Sm90Monolithic, Sm90Modular], when an sm_90 device is present.
   if (!platform.has_sm90()) return;
   Backend sm90 = sm90_backend();
-  sm90.device_type = DeviceType::kCuda;
-  // NOTE: Sm90Monolithic writes routing_replay_out (sm90_kernels.h); declared
-  // here until sm90_backend() sets it itself. oracle_test checks every class's
-  // declaration against its kernels' supports_routing_replay_capture().
-  for (KernelClass& k : sm90.candidates) k.writes_routing_replay_out = k.monolithic && k.name == "Sm90Monolithic";
+  sm90.device_type = DeviceType::kCuda;  // each class declares its capture capability (oracle_test checks it)
   registry->push_back(std::move(sm90));
 }
 

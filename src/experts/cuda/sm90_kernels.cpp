@@ -603,19 +603,12 @@ class Sm90Monolithic final : public Sm90Kernel {
     const auto s = static_cast<cudaStream_t>(stream);
     MOEKIT_RETURN_IF_ERROR(fork_shared(a, ws, M, s));
 
-    RoutingLaunch rl;
-    rl.config = config_.routing;
-    rl.num_tokens = M;
-    rl.num_experts = E;
-    rl.logits = a.router_logits.data;
-    rl.logits_bf16 = a.router_logits.dtype == DType::kBF16;
-    rl.score_bias = config_.routing.has_score_bias ? bias_.as<const float>() : nullptr;
-    rl.forced_ids = a.forced_ids.defined() ? a.forced_ids.ptr<const int32_t>() : nullptr;
-    rl.topk_ids = ids;
-    rl.topk_weights = weights;
-    rl.routing_replay_out = a.routing_replay_out.defined() ? a.routing_replay_out.ptr<int16_t>() : nullptr;
-    rl.expert_counts = nullptr;  // counted by the align stage
-    MOEKIT_RETURN_IF_ERROR(launch_routing(rl, s));
+    // expert_counts: counted by the align stage.
+    MOEKIT_RETURN_IF_ERROR(launch_routing(
+        make_routing_launch(config_.routing, a.router_logits,
+                            config_.routing.has_score_bias ? bias_.as<const float>() : nullptr, a.forced_ids, ids,
+                            weights, a.routing_replay_out, /*expert_counts=*/nullptr),
+        s));
     if (a.router_weights_out.defined()) {  // capture of router weights: the routing's own output, copied
       MOEKIT_CUDA_CHECK(cudaMemcpyAsync(a.router_weights_out.data, weights, static_cast<size_t>(M * k) * sizeof(float),
                                         cudaMemcpyDeviceToDevice, s));
@@ -657,7 +650,9 @@ StatusOr<std::unique_ptr<MoeKernel>> create_sm90_monolithic(const MoeConfig& con
 Backend sm90_backend() {
   Backend b;
   b.name = kSm90BackendName;
-  b.candidates.push_back(KernelClass{"Sm90Monolithic", true, &sm90_monolithic_supports, &create_sm90_monolithic});
+  // Sm90Monolithic writes routing_replay_out (its kernels' supports_routing_replay_capture()).
+  b.candidates.push_back(KernelClass{"Sm90Monolithic", true, &sm90_monolithic_supports, &create_sm90_monolithic,
+                                     /*writes_routing_replay_out=*/true});
   b.candidates.push_back(KernelClass{"Sm90Modular", false, &sm90_modular_supports, &create_sm90_modular});
   return b;
 }

@@ -25,19 +25,30 @@ Status route_cuda(const RoutingConfig& config, const RoutingArgs& args, cudaStre
     return InvalidArgument("logits: on " + device.to_string() + " but the current CUDA device is cuda:" +
                            std::to_string(current));
   }
+  return launch_routing(
+      make_routing_launch(config, args.logits, config.has_score_bias ? args.score_bias.ptr<const float>() : nullptr,
+                          args.forced_ids, args.topk_ids.ptr<int32_t>(), args.topk_weights.ptr<float>(),
+                          args.routing_replay_out,
+                          args.expert_counts.defined() ? args.expert_counts.ptr<int32_t>() : nullptr),
+      stream);
+}
+
+RoutingLaunch make_routing_launch(const RoutingConfig& config, const TensorView& logits, const float* score_bias,
+                                  const TensorView& forced_ids, int32_t* topk_ids, float* topk_weights,
+                                  const TensorView& routing_replay_out, int32_t* expert_counts) {
   RoutingLaunch launch;
   launch.config = config;
-  launch.num_tokens = M;
-  launch.num_experts = E;
-  launch.logits = args.logits.data;
-  launch.logits_bf16 = args.logits.dtype == DType::kBF16;
-  launch.score_bias = config.has_score_bias ? args.score_bias.ptr<const float>() : nullptr;
-  launch.forced_ids = args.forced_ids.defined() ? args.forced_ids.ptr<const int32_t>() : nullptr;
-  launch.topk_ids = args.topk_ids.ptr<int32_t>();
-  launch.topk_weights = args.topk_weights.ptr<float>();
-  launch.routing_replay_out = args.routing_replay_out.defined() ? args.routing_replay_out.ptr<int16_t>() : nullptr;
-  launch.expert_counts = args.expert_counts.defined() ? args.expert_counts.ptr<int32_t>() : nullptr;
-  return launch_routing(launch, stream);
+  launch.num_tokens = logits.shape[0];
+  launch.num_experts = logits.shape[1];
+  launch.logits = logits.data;
+  launch.logits_bf16 = logits.dtype == DType::kBF16;
+  launch.score_bias = score_bias;
+  launch.forced_ids = forced_ids.defined() ? forced_ids.ptr<const int32_t>() : nullptr;
+  launch.topk_ids = topk_ids;
+  launch.topk_weights = topk_weights;
+  launch.routing_replay_out = routing_replay_out.defined() ? routing_replay_out.ptr<int16_t>() : nullptr;
+  launch.expert_counts = expert_counts;
+  return launch;
 }
 
 }  // namespace moekit::cuda

@@ -36,6 +36,12 @@ struct RoutingLaunch {
   int32_t* expert_counts = nullptr;      // [E] i32, optional: overwritten
 };
 
+// The launch of `config` over logits [M, E] (f32 or bf16): M and E from its shape,
+// each optional view's pointer or null. The one place a RoutingLaunch is filled.
+RoutingLaunch make_routing_launch(const RoutingConfig& config, const TensorView& logits, const float* score_bias,
+                                  const TensorView& forced_ids, int32_t* topk_ids, float* topk_weights,
+                                  const TensorView& routing_replay_out, int32_t* expert_counts);
+
 // ok, or why the device router cannot serve this configuration.
 Status routing_supported(const RoutingConfig& config, int64_t num_experts);
 
