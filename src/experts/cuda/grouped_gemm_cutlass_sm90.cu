@@ -31,8 +31,8 @@ constexpr size_t kAlign = 256;
 size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // NOTE: with the (M·k + E·64) rows bound of the MoE workspace (moe_pipeline.h,
-// tests/cuda/test_layer_cuda.cpp): the chunk buffers take at most C's size plus
-// kSlackRowsPerGroup rows per group of (N + K).
+// tests/cuda/test_layer_cuda.cpp): the chunk buffers take at most C's size for
+// max(max_rows, scratch_rows) rows plus kSlackRowsPerGroup rows per group of (N + K).
 constexpr int64_t kSlackRowsPerGroup = 32;
 
 // How a problem's rows are split, and where the buffers sit in the workspace.

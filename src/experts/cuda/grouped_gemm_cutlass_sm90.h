@@ -11,8 +11,9 @@
 //   kActivation   the GEMM writes the pre-activation [chunk, N] bf16, and a
 //                 small kernel applies the activation (kGateUpBlock pairs) into C
 // Where a problem needs those buffers, its rows are done in chunks so that they
-// take at most about C's size (max_rows x n_out) plus 32 rows per group of
-// (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of H.
+// take at most about C's size for scratch_rows (>= max_rows) rows plus 32 rows per
+// group of (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of
+// H. A gathered A in the caller's gather_room takes none of it.
 // Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
 // in four tile shapes, one per .cu file.
 #pragma once
