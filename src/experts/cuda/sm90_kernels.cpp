@@ -1,5 +1,6 @@
 // Sm90Modular and Sm90Monolithic: argument checks, weight preparation and the
-// launch sequence. The stages themselves live in moe_pipeline.h.
+// launch sequence. The stages themselves live in moe_pipeline.h; what the
+// classes support, and their registration, in sm90_backend.cpp.
 #include "experts/cuda/sm90_kernels.h"
 
 #ifdef MOEKIT_WITH_CUDA
@@ -18,6 +19,7 @@
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/moe_pipeline.h"
 #include "experts/cuda/moe_pipeline_fp8.h"
+#include "experts/cuda/sm90_support.h"
 #include "experts/quant_weights.h"
 #include "experts/cuda/weight_layout.h"
 #include "experts/cuda/weight_values.h"
@@ -82,22 +84,6 @@ class OwnedSideStream {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-ExpertsShape shape_of(const MoeConfig& c) {
-  ExpertsShape s;
-  s.num_experts = c.num_experts;
-  s.hidden = c.hidden;
-  s.intermediate = c.intermediate;
-  s.top_k = c.top_k();
-  s.activation = c.activation;
-  s.expert_bias = c.has_expert_bias;
-  s.shared_intermediate = c.shared_intermediate;
-  s.shared_gate = c.has_shared_gate;
-  s.batch_invariant = c.batch_invariant;
-  s.shared_overlap = c.shared_expert_overlap && c.shared_intermediate > 0;
-  s.max_num_tokens = c.max_num_tokens;
-  return s;
-}
-
 // A host copy of an optional f32|bf16 tensor (host or device) widened to f32.
 StatusOr<std::vector<float>> widened_f32(const TensorView& t) {
   std::vector<unsigned char> bytes(t.nbytes());
@@ -120,93 +106,10 @@ Device weight_device(const TensorView& t, Device dev) {
   return t.device.type == DeviceType::kCuda ? dev : Device::cpu();
 }
 
-// The reasons both classes share, in the order of DESIGN.md §2.2.
-Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolithic) {
-  // device / arch
-  if (!platform.cuda_built) return Support::no("this build has no CUDA kernels");
-  if (!platform.has_sm90()) {
-    return Support::no("needs a compute capability 9.0 device (H100/H200) and sm_90a kernels; platform: " +
-                       platform.to_string());
-  }
-  // dtypes / quant
-  const bool fp8 = c.quant.is_fp8();
-  switch (c.quant.method) {
-    case QuantMethod::kNone: break;
-    case QuantMethod::kFp8Block128:
-    case QuantMethod::kFp8PerTensor:
-      // The fp8 pipeline (moe_pipeline_fp8.h) serves both schemes, partial
-      // 128-blocks included.
-      if (c.quant.weight_dtype != DType::kF8E4M3) {
-        return Support::no(std::string("quant ") + quant_method_name(c.quant.method) + ": needs f8_e4m3 weights, got " +
-                           dtype_name(c.quant.weight_dtype));
-      }
-      break;
-  }
-  if (!fp8 && c.quant.weight_dtype != DType::kBF16) {
-    return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");
-  }
-  if (c.quant.act_dtype != DType::kBF16) {
-    return Support::no(std::string("activations ") + dtype_name(c.quant.act_dtype) + ": needs bf16 activations");
-  }
-  // activation: silu, gelu, swiglu_oai and relu2 are all served.
-  // routing method
-  if (c.routing.method == RoutingMethod::kCustom) {
-    if (monolithic) return Support::no("custom routing: a monolithic kernel knows only the built-in routing methods");
-  } else {
-    const Status r = routing_supported(c.routing, c.num_experts);
-    if (!r.ok()) return Support::no(r.message());
-  }
-  // logits dtype
-  if (c.logits_dtype != DType::kF32 && c.logits_dtype != DType::kBF16) {
-    return Support::no(std::string("logits ") + dtype_name(c.logits_dtype) + ": needs f32 or bf16 logits");
-  }
-  // parallel config
-  if (monolithic && c.parallel.use_all2all()) {
-    return Support::no("all-to-all dispatch (dp > 1 and ep > 1): a monolithic kernel cannot dispatch");
-  }
-  if (monolithic && c.parallel.enable_eplb) return Support::no("EPLB: a monolithic kernel has no expert remap");
-  if (monolithic && (c.parallel.ep_size > 1 || c.parallel.dp_size > 1)) {
-    return Support::no("expert/data parallelism (ep=" + str(c.parallel.ep_size) + ", dp=" + str(c.parallel.dp_size) +
-                       "): a monolithic kernel cannot dispatch tokens across ranks");
-  }
-  // NOTE: the modular kernel serves ep > 1 and EPLB as the experts stage of
-  // ExpertParallelLayer, which dispatches, remaps and combines around it
-  // (its run() then takes skip_negative_ids).
-  // shape / alignment
-  if (c.hidden % kSm90DimAlignment != 0) {
-    return Support::no("hidden H=" + str(c.hidden) + " must be a multiple of " + str(kSm90DimAlignment));
-  }
-  if (c.intermediate % kSm90DimAlignment != 0) {
-    return Support::no("intermediate I=" + str(c.intermediate) + " must be a multiple of " + str(kSm90DimAlignment));
-  }
-  if (c.shared_intermediate % kSm90DimAlignment != 0) {
-    return Support::no("shared expert intermediate Is=" + str(c.shared_intermediate) + " must be a multiple of " +
-                       str(kSm90DimAlignment));
-  }
-  if (c.max_num_tokens * c.top_k() > (int64_t{1} << 30)) {
-    return Support::no("max_num_tokens * top_k exceeds 2^30 permuted rows");
-  }
-  const ExpertsShape s = shape_of(c);
-  std::vector<GroupedGemmProblem> gemms = {gemm1_problem(s, c.max_num_tokens), gemm2_problem(s, c.max_num_tokens)};
-  if (s.shared_intermediate > 0) {
-    gemms.push_back(shared_gemm1_problem(s, c.max_num_tokens));
-    gemms.push_back(shared_gemm2_problem(s, c.max_num_tokens));
-  }
-  for (const GroupedGemmProblem& g : gemms) {
-    const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only (fp8: moe_pipeline_fp8.h)
-    if (!gs.ok) return gs;
-  }
-  // capture / replay: both classes serve them (the monolithic kernel writes
-  // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
-  // batch_invariant is served: the GEMM problems carry it (shape_of), and
-  // choose_sm90_gemm then takes one path for every M, without K slices.
-  return Support::yes();
-}
-
 class Sm90Kernel : public MoeKernel {
  public:
   Sm90Kernel(MoeConfig config, int device_index) : MoeKernel(std::move(config)), device_index_(device_index) {
-    shape_ = shape_of(config_);
+    shape_ = sm90_shape_of(config_);
   }
 
   Device device() const override { return Device::cuda(device_index_); }
@@ -634,27 +537,11 @@ StatusOr<std::unique_ptr<MoeKernel>> create(const MoeConfig& config, const Platf
 
 }  // namespace
 
-Support sm90_modular_supports(const MoeConfig& config, const Platform& platform) {
-  return sm90_supports(config, platform, false);
-}
-Support sm90_monolithic_supports(const MoeConfig& config, const Platform& platform) {
-  return sm90_supports(config, platform, true);
-}
 StatusOr<std::unique_ptr<MoeKernel>> create_sm90_modular(const MoeConfig& config, const Platform& platform) {
   return create<Sm90Modular>(config, platform, false);
 }
 StatusOr<std::unique_ptr<MoeKernel>> create_sm90_monolithic(const MoeConfig& config, const Platform& platform) {
   return create<Sm90Monolithic>(config, platform, true);
-}
-
-Backend sm90_backend() {
-  Backend b;
-  b.name = kSm90BackendName;
-  // Sm90Monolithic writes routing_replay_out (its kernels' supports_routing_replay_capture()).
-  b.candidates.push_back(KernelClass{"Sm90Monolithic", true, &sm90_monolithic_supports, &create_sm90_monolithic,
-                                     /*writes_routing_replay_out=*/true});
-  b.candidates.push_back(KernelClass{"Sm90Modular", false, &sm90_modular_supports, &create_sm90_modular});
-  return b;
 }
 
 }  // namespace moekit::cuda
