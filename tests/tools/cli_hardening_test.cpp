@@ -68,14 +68,14 @@ struct Tensors {
   }
 };
 
-// Per-expert tensors of one layer under `prefix`, bf16.
-Tensors expert_tensors(const std::string& prefix, std::mt19937_64& rng, int64_t E = kE) {
+// Per-expert tensors of one layer under `prefix` (intermediate size I), bf16.
+Tensors expert_tensors(const std::string& prefix, std::mt19937_64& rng, int64_t E = kE, int64_t I = kI) {
   Tensors t;
   for (int64_t e = 0; e < E; ++e) {
     const std::string p = prefix + "experts." + std::to_string(e) + ".";
-    t.add(p + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {kI, kH}, 0.2));
-    t.add(p + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {kI, kH}, 0.2));
-    t.add(p + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, kI}, 0.2));
+    t.add(p + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
+    t.add(p + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
+    t.add(p + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, I}, 0.2));
   }
   t.add(prefix + "gate.weight", testing::random_tensor(rng, DType::kBF16, {E, kH}, 0.3));
   return t;
@@ -377,17 +377,10 @@ TEST_F(CliHardening, SharedExpertsOfALayerFileRunAsTheModelFoldersDo) {
     const std::string dir = file(f.name);
     fs::create_directories(dir);
     std::ofstream(dir + "/config.json") << f.config;
-    const int64_t I = f.name == "qwen2_moe" ? kI : 6, Is = f.name == "qwen2_moe" ? 12 : 12;
+    const int64_t I = f.name == "qwen2_moe" ? kI : 6, Is = 12;
     std::mt19937_64 rng(testing::seed_from({kE, kH, I, 11}));
-    Tensors t;
     const std::string p = "model.layers.0.mlp.";
-    for (int64_t e = 0; e < kE; ++e) {
-      const std::string x = p + "experts." + std::to_string(e) + ".";
-      t.add(x + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
-      t.add(x + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {I, kH}, 0.2));
-      t.add(x + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, I}, 0.2));
-    }
-    t.add(p + "gate.weight", testing::random_tensor(rng, DType::kBF16, {kE, kH}, 0.3));
+    Tensors t = expert_tensors(p, rng, kE, I);
     t.add(p + f.shared + "gate_proj.weight", testing::random_tensor(rng, DType::kBF16, {Is, kH}, 0.2));
     t.add(p + f.shared + "up_proj.weight", testing::random_tensor(rng, DType::kBF16, {Is, kH}, 0.2));
     t.add(p + f.shared + "down_proj.weight", testing::random_tensor(rng, DType::kBF16, {kH, Is}, 0.2));
