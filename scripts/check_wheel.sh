@@ -31,9 +31,11 @@ fi
 PY=$(cd "$VENV" && pwd)/bin/python
 readonly PY
 binding=$(grep -E '^(nanobind|scikit-build-core)==' python/requirements.txt)
-echo "check_wheel: newest numpy/torch/transformers/pytest/hypothesis on $("$PY" --version) in $VENV/"
+echo "check_wheel: newest numpy/torch/transformers/pytest/hypothesis on $("$PY" --version) in $VENV/" \
+     "($(df -h --output=avail . | tail -1 | tr -d ' ') free on disk)"
+# No pip cache: torch's CUDA wheels would take their gigabytes twice.
 # shellcheck disable=SC2086  # $binding: one pinned requirement per word
-"$PY" -m pip install --quiet --disable-pip-version-check --upgrade numpy torch transformers pytest hypothesis $binding
+"$PY" -m pip install --quiet --disable-pip-version-check --no-cache-dir --upgrade numpy torch transformers pytest hypothesis $binding
 "$PY" - <<'PY'
 import numpy, torch, transformers
 print(f"check_wheel: numpy {numpy.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")

@@ -61,9 +61,10 @@ fi
 python_args=(-DMOEKIT_PYTHON=OFF)
 if [[ $PYTHON_PACKAGE == ON ]]; then
   # torch comes from PyPI: its CUDA wheel (about 4.7 GB installed), which also runs on a CPU-only machine.
+  # No pip cache: it would keep a second copy of those gigabytes on disk.
   [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV"
-  echo "setup: Python packages of python/requirements.txt into $VENV/"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements.txt
+  echo "setup: Python packages of python/requirements.txt into $VENV/ ($(df -h --output=avail . | tail -1 | tr -d ' ') free on disk)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir -r python/requirements.txt
   python_args=(-DMOEKIT_PYTHON=ON "-DPython_EXECUTABLE=$PWD/$VENV/bin/python")
 fi
 
