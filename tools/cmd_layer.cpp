@@ -16,7 +16,6 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "moekit/device_buffer.h"
-#include "layer_weights.h"
 #include "memory_budget.h"
 #include "moekit/capture.h"
 #include "moekit/checkpoint.h"
@@ -63,21 +62,6 @@ Status expect_shape(const std::string& path, const char* what, const io::NpyInfo
                          ", got " + TensorView::contiguous(nullptr, info.dtype, info.shape).shape_string());
 }
 
-// logits [M, E] f32 = hidden [M, H] . router [E, H]^T, fp32 accumulation in index order.
-HostTensor compute_logits(const HostTensor& hidden, const HostTensor& router) {
-  const int64_t M = hidden.shape()[0], H = hidden.shape()[1], E = router.shape()[0];
-  HostTensor x = io::convert(hidden.view(), DType::kF32).value();
-  HostTensor logits(DType::kF32, {M, E});
-  for (int64_t t = 0; t < M; ++t) {
-    for (int64_t e = 0; e < E; ++e) {
-      float acc = 0.0f;
-      for (int64_t h = 0; h < H; ++h) acc += x.data<float>()[t * H + h] * router.data<float>()[e * H + h];
-      logits.data<float>()[t * E + e] = acc;
-    }
-  }
-  return logits;
-}
-
 // A host tensor's copy on `device` (the same storage when the device is the CPU).
 struct OnDevice {
   DeviceBuffer buffer;
@@ -95,19 +79,24 @@ StatusOr<OnDevice> on_device(const HostTensor& t, Device device) {
 }
 
 // What the command holds at its peak for M tokens: the stacked weights and the
-// kernel's f32 copy of them, the router, the inputs with their converted
-// copies, the outputs and their encoded files, and the kernel's workspace
-// (each routed row: its input, GEMM1 and GEMM2 rows in f32).
-double layer_memory_bytes(const LayerSize& s, int64_t tokens, int top_k, DType act_dtype) {
-  const double E = static_cast<double>(s.num_experts), N = static_cast<double>(s.w13_rows),
-               H = static_cast<double>(s.hidden), I = static_cast<double>(s.intermediate),
+// kernel's f32 copy of them, the layer's other tensors as read (with the
+// kernel's f32 copy), the inputs with their converted copies, the outputs and
+// their encoded files, and the kernel's workspace (each routed row: its input,
+// GEMM1 and GEMM2 rows in f32). From the tensors' headers, before any is read.
+double layer_memory_bytes(const CheckpointLayerSize& s, int64_t tokens, int top_k, DType act_dtype) {
+  const MoeConfig& c = s.config;
+  const double E = static_cast<double>(c.num_experts), N = static_cast<double>(s.w13_rows),
+               H = static_cast<double>(c.hidden), I = static_cast<double>(c.intermediate),
                M = static_cast<double>(tokens), k = std::min<double>(top_k, E);
-  const double weights = E * H * (N + I) * (static_cast<double>(dtype_size(s.dtype)) + 4.0) + E * H * 4.0;
+  const double el = static_cast<double>(dtype_size(s.dtype));
+  const double experts = E * H * (N + I) * el;
+  const double weights = E * H * (N + I) * (el + 4.0) + E * H * 4.0;
+  const double rest = std::max(0.0, static_cast<double>(s.tensor_bytes) - experts) * (1.0 + 4.0 / el);
   const double act = static_cast<double>(dtype_size(act_dtype));
   const double inputs = M * H * (4.0 + act + 4.0) + M * E * 4.0 * 2.0;  // hidden as read, converted, f32 for logits
   const double outputs = M * H * act * 2.0 + M * k * 4.0 * 4.0;          // out and its file; ids captured/forced
   const double workspace = M * k * (2.0 * H + N) * 4.0 + M * H * 8.0 + M * k * 16.0;
-  return weights + inputs + outputs + workspace;
+  return weights + rest + inputs + outputs + workspace;
 }
 
 StatusOr<DType> compute_dtype(const std::string& flag) {
@@ -125,8 +114,7 @@ struct PreparedLayer {
   MoeConfig cfg;
   MoeWeights weights;
   HostTensor hidden, logits;
-  LayerCheckpoint file;    // --weights
-  CheckpointLayer folder;  // --model
+  CheckpointLayer ckpt;    // from --weights or --model
   std::string found;       // what was loaded, for the report
 };
 
@@ -155,25 +143,17 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   const std::optional<int> layer_index = o.layer >= 0 ? std::optional<int>(o.layer) : std::nullopt;
   MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
-  const LayerSizeCheck fits = [&](const LayerSize& s) {
+  const auto fits = [&](const CheckpointLayerSize& s) {
     const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
   };
-  MOEKIT_ASSIGN_OR_RETURN(p.file, load_layer_checkpoint(file, layer_index, fits));
-  const LayerCheckpoint& ckpt = p.file;
-  const int64_t E = ckpt.w13.shape()[0], N = ckpt.w13.shape()[1], H = ckpt.w13.shape()[2];
-  const int64_t I = ckpt.w2.shape()[2];
+  MOEKIT_ASSIGN_OR_RETURN(p.ckpt, load_layer_file(std::move(file), layer_index, fits));
+  CheckpointLayer& ckpt = p.ckpt;
+  const int64_t E = ckpt.config.num_experts, N = ckpt.w13.shape()[1], I = ckpt.config.intermediate;
 
-  MoeConfig& cfg = p.cfg;
-  cfg.num_experts = E;
-  cfg.hidden = H;
-  cfg.intermediate = I;
-  cfg.quant.weight_dtype = ckpt.w13.dtype();
-  cfg.quant.method = ckpt.fp8.method;
-  cfg.quant.act_scale = ckpt.fp8.act_scale;
-  // fp8 weights compute in bf16 by default (hidden and out).
-  const DType default_act = ckpt.w13.dtype() == DType::kF8E4M3 ? DType::kBF16 : ckpt.w13.dtype();
-  cfg.quant.act_dtype = o.dtype.empty() ? default_act : flag_dtype;
+  // The file gives sizes, quantization and the shared expert; the flags give the rest.
+  MoeConfig& cfg = ckpt.config;
+  if (!o.dtype.empty()) cfg.quant.act_dtype = flag_dtype;
   auto act = parse_activation(o.activation);
   if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
   cfg.activation.kind = *act;
@@ -182,38 +162,17 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
                            o.activation + " with I = " + std::to_string(I) + " needs " +
                            std::to_string(cfg.activation.gated() ? 2 * I : I));
   }
-  const bool use_bias = ckpt.has_bias() && !o.no_bias && o.routing.method == "deepseek_v3";
+  const bool use_bias = !ckpt.score_bias.shape().empty() && !o.no_bias && o.routing.method == "deepseek_v3";
   MOEKIT_ASSIGN_OR_RETURN(cfg.routing, routing_config_from(o.routing, E, use_bias));
+  if (!use_bias) ckpt.score_bias = HostTensor();
+  p.cfg = cfg;
   std::function<StatusOr<HostTensor>()> router;
-  if (ckpt.has_router()) router = [&p]() -> StatusOr<HostTensor> { return compute_logits(p.hidden, p.file.router); };
+  if (!ckpt.router_weight.shape().empty()) {
+    router = [&p]() { return checkpoint_router_logits(p.ckpt, p.hidden.view()); };
+  }
   MOEKIT_RETURN_IF_ERROR(load_inputs(o, p, router, o.weights_path + " has no router (" + ckpt.prefix + "gate.weight)"));
-  const auto optional_view = [](const HostTensor& t) { return t.shape().empty() ? TensorView{} : t.view(); };
-  p.weights = MoeWeights{};
-  p.weights.w13 = ckpt.w13.view();
-  p.weights.w2 = ckpt.w2.view();
-  p.weights.score_bias = use_bias ? ckpt.score_bias.view() : TensorView{};
-  p.weights.w13_scale = optional_view(ckpt.fp8.w13_scale);  // fp8 checkpoints (docs/fp8.md)
-  p.weights.w2_scale = optional_view(ckpt.fp8.w2_scale);
-  p.weights.a13_scale = optional_view(ckpt.fp8.a13_scale);
-  p.weights.a2_scale = optional_view(ckpt.fp8.a2_scale);
-  if (ckpt.has_shared()) {  // DeepSeek / Qwen2-MoE: the shared expert runs with the routed ones
-    cfg.shared_intermediate = ckpt.shared_w2.shape()[1];
-    cfg.has_shared_gate = !ckpt.shared_gate.shape().empty();
-    p.weights.shared_w13 = ckpt.shared_w13.view();
-    p.weights.shared_w2 = ckpt.shared_w2.view();
-    p.weights.shared_gate = optional_view(ckpt.shared_gate);
-  }
-  char line[512];
-  std::snprintf(line, sizeof line, "weights:  %s (%s naming%s), E=%lld, H=%lld, I=%lld, %s\n", o.weights_path.c_str(),
-                ckpt.naming.c_str(), ckpt.prefix.empty() ? "" : (", prefix '" + ckpt.prefix + "'").c_str(),
-                static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I),
-                cfg.quant.is_fp8() ? cfg.quant.to_string().c_str() : dtype_name(cfg.quant.weight_dtype));
-  p.found = line;
-  if (ckpt.has_shared()) {
-    std::snprintf(line, sizeof line, "shared:   %s{gate,up,down}_proj.weight, width %lld%s\n", ckpt.shared_prefix.c_str(),
-                  static_cast<long long>(cfg.shared_intermediate), cfg.has_shared_gate ? ", sigmoid-gated" : "");
-    p.found += line;
-  }
+  p.weights = ckpt.weights();
+  p.found = "weights:  " + o.weights_path + "\n" + ckpt.summary() + "\n";
   return Status::Ok();
 }
 
@@ -229,23 +188,16 @@ Status prepare_from_model(const LayerOptions& o, DType flag_dtype, PreparedLayer
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
   // Checked from config.json and the shards' headers, before any tensor is read.
   const auto fits = [&](const CheckpointLayerSize& s) {
-    const MoeConfig& c = s.config;
-    const DType act = o.dtype.empty() ? s.dtype : flag_dtype;
-    const LayerSize size{c.num_experts, s.w13_rows, c.hidden, c.intermediate, s.dtype};
-    // Beyond the experts (layer_memory_bytes): the other tensors as read, with the kernel's f32 copy.
-    const double el = static_cast<double>(dtype_size(s.dtype));
-    const double experts = static_cast<double>(c.num_experts) * static_cast<double>(c.hidden) *
-                           static_cast<double>(s.w13_rows + c.intermediate) * el;
-    const double rest = std::max(0.0, static_cast<double>(s.tensor_bytes) - experts) * (1.0 + 4.0 / el);
-    return check_memory("layer", layer_memory_bytes(size, tokens, c.top_k(), act) + rest);
+    const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
+    return check_memory("layer", layer_memory_bytes(s, tokens, s.config.top_k(), act));
   };
-  MOEKIT_ASSIGN_OR_RETURN(p.folder, load_checkpoint_layer(o.model_dir, o.layer, fits));
-  const CheckpointLayer& ckpt = p.folder;
+  MOEKIT_ASSIGN_OR_RETURN(p.ckpt, load_checkpoint_layer(o.model_dir, o.layer, fits));
+  const CheckpointLayer& ckpt = p.ckpt;
   p.cfg = ckpt.config;
   if (!o.dtype.empty()) p.cfg.quant.act_dtype = flag_dtype;
   std::function<StatusOr<HostTensor>()> router;
   if (!ckpt.router_weight.shape().empty()) {
-    router = [&p]() { return checkpoint_router_logits(p.folder, p.hidden.view()); };
+    router = [&p]() { return checkpoint_router_logits(p.ckpt, p.hidden.view()); };
   }
   MOEKIT_RETURN_IF_ERROR(load_inputs(o, p, router, o.model_dir + " has no router weight under '" + ckpt.prefix + "'"));
   p.weights = ckpt.weights();

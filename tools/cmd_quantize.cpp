@@ -14,7 +14,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "layer_names.h"
+#include "moekit/checkpoint.h"
 #include "moekit/io.h"
 #include "output_paths.h"
 

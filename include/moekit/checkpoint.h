@@ -1,16 +1,26 @@
-// One MoE layer of a model folder, as the `transformers` library's
-// save_pretrained writes it (config.json and safetensors shards, with
-// model.safetensors.index.json when sharded): the MoeConfig built from the
-// config's own fields and the layer's weights, found under every naming in use.
-// The shards are memory-mapped; only the layer's tensors are read.
+// One MoE layer of a checkpoint, read by one loader whatever holds it:
+//  - a model folder, as the `transformers` library's save_pretrained writes it
+//    (config.json and safetensors shards, with model.safetensors.index.json
+//    when sharded): the MoeConfig built from the config's own fields;
+//  - a layer file: one safetensors file of one layer's tensors, without a
+//    config (`moekit layer --weights`); the sizes come from the tensors.
+// Every naming in use is read (per-expert gate/up/down or w1/w3/w2, fused
+// gate_up_proj/down_proj, moekit's stacked w13/w2), in BF16, F32 or F8_E4M3
+// with its scales, with biases, the router and shared experts. A tensor under
+// the layer's prefix that the layer does not use is refused by name, never
+// ignored. Shards are memory-mapped; only the layer's tensors are read.
 // Families, namings and fields read: docs/layer_files.md.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/config.h"
+#include "moekit/io.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
@@ -25,6 +35,7 @@ struct CheckpointLayer {
   int num_layers = 0;      // num_hidden_layers
   std::string prefix;      // the layer's MoE block, e.g. "model.layers.3.mlp."
   std::string naming;      // how its experts are stored, e.g. "experts.<e>.{gate,up,down}_proj"
+  std::string shared_prefix;       // where its shared expert was found, e.g. "<prefix>shared_experts."
   std::vector<std::string> files;  // the shards its tensors came from
 
   HostTensor w13;            // [E, n1, H] checkpoint dtype, moekit's row layout (kernel.h)
@@ -37,6 +48,10 @@ struct CheckpointLayer {
   HostTensor shared_w13;     // [2 Is, H] checkpoint dtype, or empty
   HostTensor shared_w2;      // [H, Is]
   HostTensor shared_gate;    // [H] f32, or empty
+  // F8_E4M3 experts (config.quant says which scheme): scales in the
+  // MoeWeights layouts (kernel.h), f32; empty otherwise.
+  HostTensor w13_scale, w2_scale;
+  HostTensor a13_scale, a2_scale;  // [E], static activation scales only
 
   // Views of the tensors above, as MoeLayer::create takes them.
   MoeWeights weights() const;
@@ -62,6 +77,33 @@ struct CheckpointLayerSize {
 // anything is allocated for them (a memory check), and an error stops the load.
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size);
+
+// A layer file (docs/layer_files.md): the one MoE layer of `file`, or, when the
+// file holds several ("layers.<N>." in their names), layer `layer`. config
+// gets E, H, I and the quantization from the tensors, and the shared expert's
+// width; routing and activation are the caller's (the file says nothing of
+// them), so config is not validated here. w13 holds gate rows then up rows
+// ([E, 2I, H]) for per-expert namings; the stacked naming keeps its rows.
+StatusOr<CheckpointLayer> load_layer_file(io::SafetensorsFile file, std::optional<int> layer,
+                                          const std::function<Status(const CheckpointLayerSize&)>& check_size = {});
+
+// Tensor names of the per-expert namings: which expert and which projection.
+enum class Projection : uint8_t { kGate, kUp, kDown };
+// <prefix>experts.<expert>.<projection>.weight
+struct ExpertTensorName {
+  std::string prefix;  // everything before "experts."
+  int64_t expert = 0;
+  bool mixtral = false;  // w1/w3/w2, else gate_proj/up_proj/down_proj
+  Projection projection = Projection::kGate;
+};
+// NOTE: expert ids are captured as int16, so E <= 32767 (RoutingConfig::validate).
+inline constexpr int64_t kMaxExpertIndex = 32766;
+// nullopt: not an expert tensor's name. An error: it is one, but its index is
+// not a decimal number in [0, kMaxExpertIndex] without leading zeros (two
+// spellings of one index would make two tensors claim one expert).
+StatusOr<std::optional<ExpertTensorName>> parse_expert_tensor_name(std::string_view name);
+// The prefix of a stacked "<prefix>w13" tensor's name, else nullopt.
+std::optional<std::string> stacked_w13_prefix(std::string_view name);
 
 // The files of `model_dir` that load_checkpoint_layer reads: config.json,
 // model.safetensors.index.json and every shard it names, or model.safetensors;

@@ -65,6 +65,38 @@ class Fields {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
+// "quantization_config" of an fp8 checkpoint (DeepSeek-V3's: quant_method
+// "fp8", fmt "e4m3", weight_block_size [128, 128], activation_scheme
+// "dynamic"): the scheme its expert tensors must carry. Any other method or
+// field is refused by name: moekit would run it wrong.
+StatusOr<QuantMethod> fp8_scheme_of(const Json& q, const std::string& what) {
+  const std::string where = what + ": \"quantization_config\"";
+  if (!q.is_object()) return InvalidArgument(where + " must be an object");
+  const Fields f(q, where);
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> method, f.string("quant_method"));
+  if (method != "fp8") {
+    return Unsupported(where + ": quant_method " + (method ? "\"" + *method + "\"" : std::string("missing")) +
+                       "; moekit loads \"fp8\" checkpoints (e4m3, block-128 or per-tensor scales) and bf16/f32 ones");
+  }
+  for (const auto& [key, value] : q.items()) {
+    if (key != "quant_method" && key != "fmt" && key != "weight_block_size" && key != "activation_scheme") {
+      return Unsupported(where + ": \"" + key + "\" is not a setting moekit reads; refused rather than ignored");
+    }
+  }
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> fmt, f.string("fmt"));
+  if (fmt && *fmt != "e4m3") return Unsupported(where + ": fmt \"" + *fmt + "\"; moekit reads e4m3");
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> act, f.string("activation_scheme"));
+  if (act && *act != "dynamic" && *act != "static") {
+    return InvalidArgument(where + ": activation_scheme must be \"dynamic\" or \"static\", got \"" + *act + "\"");
+  }
+  if (!q.contains("weight_block_size") || q.at("weight_block_size").is_null()) return QuantMethod::kFp8PerTensor;
+  const Json& b = q.at("weight_block_size");
+  if (b != Json::array({kFp8BlockSize, kFp8BlockSize})) {
+    return Unsupported(where + ": weight_block_size " + b.dump() + "; moekit's block scheme is [128, 128]");
+  }
+  return QuantMethod::kFp8Block128;
+}
+
 StatusOr<Activation> activation_of(const Fields& f, const std::string& model_type) {
   if (model_type == "gpt_oss") return Activation::kSwigluOai;  // its experts' own clamped gate (no hidden_act)
   MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> act, f.string("hidden_act"));
@@ -189,9 +221,8 @@ StatusOr<ModelMoeConfig> parse_model_config(const Json& j, const std::string& wh
   if (norm && (t == "mixtral" || t == "gpt_oss") && !*norm) {
     return Unsupported(what + ": \"norm_topk_prob\" = false: " + t + " always renormalizes its top-k weights");
   }
-  // Settings moekit does not emulate, refused rather than ignored.
   if (j.contains("quantization_config")) {
-    return Unsupported(what + ": \"quantization_config\": quantized checkpoints are not loaded yet (bf16/f32 only)");
+    MOEKIT_ASSIGN_OR_RETURN(m.fp8_scheme, fp8_scheme_of(j.at("quantization_config"), what));
   }
   return m;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct ModelMoeConfig {
   int num_layers = 0;
   GateUpOrder gate_up_order = GateUpOrder::kChunked;
   bool fused_transposed = false;  // the family stores fused experts [E, H, 2I] / [E, I, H] (gpt-oss)
+  // "quantization_config" of an fp8 checkpoint: the scheme its experts carry.
+  std::optional<QuantMethod> fp8_scheme;
   // ok when model layer `layer` is an MoE layer by the config's own rule, else
   // why not (e.g. "first_k_dense_replace = 3: layers 0..2 are dense").
   Status moe_layer(int layer) const;

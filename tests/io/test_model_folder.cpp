@@ -6,6 +6,7 @@
 // python/tests/test_checkpoints.py.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -163,6 +164,112 @@ TEST_F(ModelFolder, DeepseekFusedSharedAndDenseLayer) {
       << empty.status().message();
 }
 
+// An fp8 checkpoint as DeepSeek-V3 ships one (per-expert F8_E4M3 weights with
+// weight_scale_inv, "quantization_config" block-128) loads with its scheme and
+// every scale in the MoeWeights layout; the same tensors as a layer file (no
+// config.json) load to the same bytes: one reader serves both.
+TEST_F(ModelFolder, Fp8BlockFolderAndLayerFileReadAlike) {
+  write_config(qwen3_config(R"(, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic", "weight_block_size": [128, 128]})"));
+  std::vector<std::pair<std::string, HostTensor>> w;
+  std::vector<float> scales;  // per expert: gate, up, down (one block each: H, I <= 128)
+  for (int e = 0; e < kE; ++e) {
+    const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+    const std::pair<const char*, std::vector<int64_t>> parts[3] = {
+        {"gate_proj", {kI, kH}}, {"up_proj", {kI, kH}}, {"down_proj", {kH, kI}}};
+    for (const auto& [name, shape] : parts) {
+      const HostTensor x = rand(shape);
+      auto q = io::quantize_fp8(x.view(), QuantMethod::kFp8Block128, name);
+      ASSERT_TRUE(q.ok()) << q.status().to_string();
+      scales.push_back(q->scale.data<float>()[0]);
+      w.emplace_back(p + name + ".weight", std::move(q->weight));
+      w.emplace_back(p + name + ".weight_scale_inv", std::move(q->scale));
+    }
+  }
+  w.emplace_back("model.layers.0.mlp.gate.weight", rand({kE, kH}));
+  write_weights(w);
+  auto ck = load(0);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->config.quant.method, QuantMethod::kFp8Block128);
+  EXPECT_EQ(ck->config.quant.weight_dtype, DType::kF8E4M3);
+  EXPECT_EQ(ck->config.quant.act_dtype, DType::kBF16);
+  ASSERT_EQ(ck->w13_scale.shape(), (std::vector<int64_t>{kE, 2, 1}));
+  ASSERT_EQ(ck->w2_scale.shape(), (std::vector<int64_t>{kE, 1, 1}));
+  for (int e = 0; e < kE; ++e) {
+    EXPECT_EQ(ck->w13_scale.data<float>()[2 * e], scales[3 * e]);
+    EXPECT_EQ(ck->w13_scale.data<float>()[2 * e + 1], scales[3 * e + 1]);
+    EXPECT_EQ(ck->w2_scale.data<float>()[e], scales[3 * e + 2]);
+    for (int64_t i = 0; i < kI * kH; ++i) {
+      ASSERT_EQ(ck->w13.data<uint8_t>()[e * 2 * kI * kH + i], w[6 * e].second.data<uint8_t>()[i]);
+      ASSERT_EQ(ck->w13.data<uint8_t>()[(e * 2 + 1) * kI * kH + i], w[6 * e + 2].second.data<uint8_t>()[i]);
+    }
+  }
+  EXPECT_NE(ck->summary().find("fp8"), std::string::npos) << ck->summary();
+
+  auto file = io::SafetensorsFile::open(this->file("model.safetensors"));
+  ASSERT_TRUE(file.ok());
+  auto lf = load_layer_file(std::move(*file), std::nullopt);
+  ASSERT_TRUE(lf.ok()) << lf.status().to_string();
+  EXPECT_EQ(lf->prefix, ck->prefix);
+  EXPECT_EQ(lf->config.num_experts, kE);
+  EXPECT_EQ(lf->config.hidden, kH);
+  EXPECT_EQ(lf->config.intermediate, kI);
+  EXPECT_EQ(lf->config.quant.method, QuantMethod::kFp8Block128);
+  const std::pair<const HostTensor*, const HostTensor*> same[] = {
+      {&lf->w13, &ck->w13}, {&lf->w2, &ck->w2}, {&lf->w13_scale, &ck->w13_scale},
+      {&lf->w2_scale, &ck->w2_scale}, {&lf->router_weight, &ck->router_weight}};
+  for (const auto& [a, b] : same) {
+    ASSERT_EQ(a->shape(), b->shape());
+    ASSERT_EQ(a->nbytes(), b->nbytes());
+    EXPECT_EQ(std::memcmp(a->data<uint8_t>(), b->data<uint8_t>(), a->nbytes()), 0);
+  }
+}
+
+// A layer file carries its shared expert (Qwen2-MoE's, gated): read, sized
+// from its tensors; a stray tensor under the block is refused by name.
+TEST_F(ModelFolder, LayerFileReadsSharedExpertAndRefusesStrays) {
+  std::vector<std::pair<std::string, HostTensor>> w;
+  for (int e = 0; e < kE; ++e) {
+    const std::string p = "mlp.experts." + std::to_string(e) + ".";
+    w.emplace_back(p + "gate_proj.weight", rand({kI, kH}));
+    w.emplace_back(p + "up_proj.weight", rand({kI, kH}));
+    w.emplace_back(p + "down_proj.weight", rand({kH, kI}));
+  }
+  w.emplace_back("mlp.shared_expert.gate_proj.weight", rand({10, kH}));
+  w.emplace_back("mlp.shared_expert.up_proj.weight", rand({10, kH}));
+  w.emplace_back("mlp.shared_expert.down_proj.weight", rand({kH, 10}));
+  w.emplace_back("mlp.shared_expert_gate.weight", rand({1, kH}));
+  write_weights(w);
+  auto file = io::SafetensorsFile::open(this->file("model.safetensors"));
+  ASSERT_TRUE(file.ok());
+  auto lf = load_layer_file(std::move(*file), std::nullopt);
+  ASSERT_TRUE(lf.ok()) << lf.status().to_string();
+  EXPECT_EQ(lf->config.shared_intermediate, 10);
+  EXPECT_TRUE(lf->config.has_shared_gate);
+  EXPECT_EQ(lf->shared_w13.shape(), (std::vector<int64_t>{20, kH}));
+  EXPECT_EQ(lf->shared_prefix, "mlp.shared_expert.");
+
+  w.emplace_back("mlp.experts.0.gate_proj.weight_scale", rand({1}));
+  write_weights(w);
+  file = io::SafetensorsFile::open(this->file("model.safetensors"));
+  ASSERT_TRUE(file.ok());
+  lf = load_layer_file(std::move(*file), std::nullopt);
+  ASSERT_FALSE(lf.ok());
+  EXPECT_NE(lf.status().message().find("mlp.experts.0.gate_proj.weight_scale: a scale for "
+                                       "mlp.experts.0.gate_proj.weight, which is F32, not F8_E4M3"),
+            std::string::npos)
+      << lf.status().message();
+  w.pop_back();
+  w.emplace_back("mlp.norm.weight", rand({kH}));
+  write_weights(w);
+  file = io::SafetensorsFile::open(this->file("model.safetensors"));
+  ASSERT_TRUE(file.ok());
+  lf = load_layer_file(std::move(*file), std::nullopt);
+  ASSERT_FALSE(lf.ok());
+  EXPECT_NE(lf.status().message().find("(mlp.norm.weight); refused rather than ignored"), std::string::npos)
+      << lf.status().message();
+}
+
 // A folder inside the test's temporary folder (removed with it).
 struct Subfolder {
   std::string dir;
@@ -198,8 +305,8 @@ TEST_F(ModelFolder, ErrorsNameTheProblem) {
   const BadFolder cases[] = {
       {"misshapen", qwen3_config(), experts(4, {kI, kH}),
        "model.layers.0.mlp.experts.0.down_proj.weight: shape [6, 16], expected [16, 6] from config.json"},
-      {"missing expert", qwen3_config(), experts(3), "model.layers.0.mlp.experts.3.gate_proj.weight is missing"},
-      {"extra expert", qwen3_config(), experts(5), "model.layers.0.mlp.experts.4.down_proj.weight: an expert past"},
+      {"missing expert", qwen3_config(), experts(3), "model.layers.0.mlp.experts.3: expert missing"},
+      {"extra expert", qwen3_config(), experts(5), "model.layers.0.mlp.experts.4.gate_proj.weight: an expert past"},
       {"expert 10 of 4", qwen3_config(), with(experts(4), {"model.layers.0.mlp.experts.10.up_proj.weight", {kI, kH}}),
        "model.layers.0.mlp.experts.10.up_proj.weight: an expert past the 4 of config.json"},
       {"unknown naming", qwen3_config(),
@@ -218,8 +325,16 @@ TEST_F(ModelFolder, ErrorsNameTheProblem) {
       {"activation", qwen3_config("", "relu"), experts(4), "\"hidden_act\" = \"relu\""},
       {"missing field", R"({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 16})", experts(4),
        "\"num_local_experts\" or \"num_experts\" or \"n_routed_experts\" is missing"},
-      {"quantized", qwen3_config(R"(, "quantization_config": {"quant_method": "fp8"})"), experts(4),
-       "\"quantization_config\": quantized checkpoints are not loaded yet"},
+      {"fp8 config, bf16 tensors", qwen3_config(R"(, "quantization_config": {"quant_method": "fp8"})"), experts(4),
+       "\"quantization_config\" says fp8_per_tensor, but the experts under 'model.layers.0.mlp.' are f32"},
+      {"another quantization", qwen3_config(R"(, "quantization_config": {"quant_method": "gptq", "bits": 4})"),
+       experts(4), "quant_method \"gptq\"; moekit loads \"fp8\" checkpoints"},
+      {"another fp8 block", qwen3_config(R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]})"),
+       experts(4), "weight_block_size [64,64]; moekit's block scheme is [128, 128]"},
+      {"stray tensor under the block", qwen3_config(),
+       with(experts(4), {"model.layers.0.mlp.experts.0.gate_proj.bias", {kI}}),
+       "1 tensor of the MoE block 'model.layers.0.mlp.' that the layer does not use "
+       "(model.layers.0.mlp.experts.0.gate_proj.bias); refused rather than ignored"},
       {"mlp only layer", qwen3_config(R"(, "mlp_only_layers": [0])"), experts(4),
        "layer 0 is a dense (non-MoE) layer: it is in mlp_only_layers"},
   };

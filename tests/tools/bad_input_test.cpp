@@ -408,10 +408,10 @@ TEST_F(BadInput, LayerCheckpoints) {
       "experts.3: expert missing",
       "experts.2.down_proj.weight is missing",
       "mixes the",
-      "(as expert 0)",
-      "differs from expert 0's",
-      "weights must be BF16, F32 or F8_E4M3, got I16",
-      "gate.weight: expected shape [8, 32]",
+      "experts.5.up_proj.weight: shape [16, 33], expected [16, 32]",
+      "experts.4.gate_proj.weight: dtype F32 differs from the layer's other weights (bf16)",
+      "dtype I16 (moekit loads BF16 or F32, or F8_E4M3 with its scales, weights)",
+      "gate.weight: shape [8, 31], expected [8, 32]",
       "--logits is required",
   };
   ASSERT_EQ(files.size(), std::size(needles));

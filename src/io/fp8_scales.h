@@ -1,4 +1,4 @@
-// The fp8 scales next to a layer file's expert weights (docs/fp8.md), read
+// The fp8 scales next to a checkpoint's expert weights (docs/fp8.md), read
 // into the layout MoeWeights takes. Per-expert files follow the checkpoint
 // convention: <proj>.weight in F8_E4M3 with <proj>.weight_scale_inv
 // [ceil(rows/128), ceil(cols/128)] (block-128) or <proj>.weight_scale [] or [1]
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "moekit/config.h"
-#include "moekit/io.h"
+#include "io/tensor_files.h"
 #include "moekit/status.h"
 #include "moekit/tensor.h"
 
-namespace moekit::tools {
+namespace moekit::io {
 
 struct Fp8Scales {
   QuantMethod method = QuantMethod::kNone;
@@ -26,14 +26,14 @@ struct Fp8Scales {
 
 // experts[e] = {gate, up, down} weight entries, F8_E4M3, gate/up [I, H], down
 // [H, I] (checked by the caller). Errors name the tensor at fault.
-StatusOr<Fp8Scales> read_expert_fp8_scales(const io::SafetensorsFile& file,
-                                            const std::vector<std::array<const io::SafetensorsEntry*, 3>>& experts,
+StatusOr<Fp8Scales> read_expert_fp8_scales(TensorFiles& files,
+                                            const std::vector<std::array<const SafetensorsEntry*, 3>>& experts,
                                             int64_t I, int64_t H);
 
 // The stacked naming: <prefix>w13_scale and <prefix>w2_scale (and
 // a13_scale/a2_scale) in the MoeWeights layouts; the scheme from w13_scale's
 // rank (3: block-128, 2: per tensor). Shapes and values are checked when the
 // layer is built (the kernel's prepare_weights names the tensor).
-StatusOr<Fp8Scales> read_stacked_fp8_scales(const io::SafetensorsFile& file, const std::string& prefix);
+StatusOr<Fp8Scales> read_stacked_fp8_scales(TensorFiles& files, const std::string& prefix);
 
-}  // namespace moekit::tools
+}  // namespace moekit::io

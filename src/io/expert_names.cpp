@@ -1,8 +1,12 @@
-#include "layer_names.h"
-
+// parse_expert_tensor_name and stacked_w13_prefix (include/moekit/checkpoint.h):
+// parsed by hand from the end of the name, in time linear in its length (a
+// regular expression over a 100 MiB header's names could recurse deep enough
+// to overflow the stack).
 #include <charconv>
 
-namespace moekit::tools {
+#include "moekit/checkpoint.h"
+
+namespace moekit {
 namespace {
 
 constexpr std::string_view kWeight = ".weight";
@@ -63,4 +67,4 @@ std::optional<std::string> stacked_w13_prefix(std::string_view name) {
   return std::string(name.substr(0, name.size() - 3));
 }
 
-}  // namespace moekit::tools
+}  // namespace moekit

@@ -1,0 +1,505 @@
+#include "io/layer_reader.h"
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "io/fp8_scales.h"
+
+namespace moekit::io {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+std::string list_names(const std::vector<std::string>& names, size_t most = 24) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < most; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > most) s += ", ... (" + std::to_string(names.size()) + " in all)";
+  return s;
+}
+
+constexpr const char* kScaleSuffixes[] = {".weight_scale_inv", ".weight_scale", ".input_scale"};
+
+// The projections of one expert found under the per-expert naming.
+struct ExpertTensors {
+  std::array<std::string, 3> name;  // gate, up, down; empty when missing
+};
+
+class BlockReader {
+ public:
+  BlockReader(TensorFiles& files, const ModelMoeConfig* model, std::string prefix, CheckpointLayer* out)
+      : files_(files), model_(model), p_(std::move(prefix)), out_(out) {}
+
+  Status read(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    MOEKIT_RETURN_IF_ERROR(read_experts(check_size));
+    MOEKIT_RETURN_IF_ERROR(read_router());
+    MOEKIT_RETURN_IF_ERROR(read_shared());
+    MOEKIT_RETURN_IF_ERROR(refuse_unused());
+    auto& q = out_->config.quant;
+    q.weight_dtype = dtype_;
+    q.act_dtype = dtype_ == DType::kF8E4M3 ? DType::kBF16 : dtype_;  // fp8 weights compute in bf16
+    q.method = fp8_.method;
+    q.act_scale = fp8_.act_scale;
+    out_->w13_scale = std::move(fp8_.w13_scale);
+    out_->w2_scale = std::move(fp8_.w2_scale);
+    out_->a13_scale = std::move(fp8_.a13_scale);
+    out_->a2_scale = std::move(fp8_.a2_scale);
+    return Status::Ok();
+  }
+
+ private:
+  // " from config.json" where a folder's config set the size, for messages.
+  const char* from_config() const { return model_ != nullptr ? " from config.json" : ""; }
+  bool has(const std::string& n) const { return files_.contains(n); }
+
+  // A tensor of this name, marked as read (refuse_unused() spares it).
+  StatusOr<const SafetensorsEntry*> use(const std::string& name) {
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, files_.entry(name));
+    used_.insert(name);
+    return e;
+  }
+
+  // A required weight of this exact shape: BF16, F32 or (expert weights) F8_E4M3.
+  StatusOr<const SafetensorsEntry*> need(const std::string& name, const std::vector<int64_t>& shape,
+                                         bool fp8_allowed, const std::string& why = "") {
+    if (!has(name)) return NotFound(name + " is missing" + why);
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, use(name));
+    const bool fp8 = fp8_allowed && e->dtype == DType::kF8E4M3;
+    if (e->dtype != DType::kBF16 && e->dtype != DType::kF32 && !fp8) {
+      return InvalidArgument(name + ": dtype " + e->dtype_name + " (moekit loads BF16 or F32" +
+                             (fp8_allowed ? std::string(", or F8_E4M3 with its scales,") : std::string()) +
+                             " weights)");
+    }
+    if (e->shape != shape) {
+      return InvalidArgument(name + ": shape " + shape_text(e->shape) + ", expected " + shape_text(shape) +
+                             from_config());
+    }
+    return e;
+  }
+
+  // The expert weights' dtype is the first one seen; every weight shares it.
+  Status same_dtype(const SafetensorsEntry& e) {
+    if (!dtype_set_) {
+      dtype_ = *e.dtype;
+      dtype_set_ = true;
+    } else if (*e.dtype != dtype_) {
+      return InvalidArgument(e.name + ": dtype " + e.dtype_name + " differs from the layer's other weights (" +
+                             dtype_name(dtype_) + ")");
+    }
+    return Status::Ok();
+  }
+
+  // A scale beside an unquantized weight would be silently ignored: refuse it.
+  Status no_scale(const SafetensorsEntry& w) {
+    const std::string base = w.name.substr(0, w.name.size() - std::string(".weight").size());
+    for (const char* suffix : kScaleSuffixes) {
+      if (has(base + suffix)) {
+        return InvalidArgument(base + suffix + ": a scale for " + w.name + ", which is " + w.dtype_name +
+                               ", not F8_E4M3");
+      }
+    }
+    return Status::Ok();
+  }
+
+  StatusOr<HostTensor> optional_f32(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
+    for (const std::string& n : names) {
+      if (!has(n)) continue;
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, need(n, shape, false));
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor t, files_.read(e->name));
+      return convert(t.view(), DType::kF32);
+    }
+    return HostTensor();
+  }
+
+  // Copies tensor `name` into dst at element offset `at`.
+  Status copy_into(const std::string& name, HostTensor& dst, int64_t at) {
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t, files_.read(name));
+    std::memcpy(dst.data<unsigned char>() + at * dtype_size(dst.dtype()), t.data<unsigned char>(), t.nbytes());
+    return Status::Ok();
+  }
+
+  Status size_check(const std::function<Status(const CheckpointLayerSize&)>& check_size, int64_t w13_rows) {
+    if (!check_size) return Status::Ok();
+    CheckpointLayerSize size;
+    size.config = out_->config;
+    size.dtype = dtype_;
+    size.w13_rows = w13_rows;
+    for (const std::string& n : files_.names_under(p_)) {
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, files_.entry(n));
+      size.tensor_bytes += e->nbytes;
+    }
+    return check_size(size);
+  }
+
+  // E, H and I: config.json's, or (a layer file) the tensors'.
+  void set_sizes(int64_t E, int64_t H, int64_t I) {
+    out_->config.num_experts = E;
+    out_->config.hidden = H;
+    out_->config.intermediate = I;
+  }
+
+  Status read_experts(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    const std::string experts = p_ + "experts.";
+    std::map<int64_t, ExpertTensors> per_expert;
+    std::string per_expert_naming;
+    for (const std::string& n : files_.names_under(experts)) {
+      MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> name, parse_expert_tensor_name(n));
+      if (!name || name->prefix != p_) continue;
+      const std::string naming = name->mixtral ? "experts.<e>.{w1,w3,w2}.weight" : "experts.<e>.{gate,up,down}_proj.weight";
+      if (!per_expert_naming.empty() && per_expert_naming != naming) {
+        return InvalidArgument(experts + "* mixes the " + per_expert_naming + " and " + naming + " namings");
+      }
+      per_expert_naming = naming;
+      per_expert[name->expert].name[static_cast<int>(name->projection)] = n;
+    }
+    const bool fused = has(experts + "gate_up_proj") || has(experts + "down_proj");
+    const bool stacked = has(p_ + "w13") && has(p_ + "w2");
+    if (fused + stacked + !per_expert.empty() > 1) {
+      return InvalidArgument(p_ + ": experts under two namings (" +
+                             std::string(fused ? "fused experts.gate_up_proj" : "stacked w13/w2") + " and " +
+                             (per_expert.empty() ? "stacked w13/w2" : "per-expert experts.<e>.*") +
+                             "); which is meant?");
+    }
+    if (fused) return read_fused(check_size);
+    if (stacked) return read_stacked(check_size);
+    if (!per_expert.empty()) {
+      out_->naming = per_expert_naming;
+      return read_per_expert(per_expert, check_size);
+    }
+    return InvalidArgument("no expert naming recognised under '" + experts + "'; names found there: " +
+                           list_names(files_.names_under(experts)));
+  }
+
+  Status read_per_expert(const std::map<int64_t, ExpertTensors>& found,
+                         const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    const std::string experts = p_ + "experts.";
+    const bool mixtral = out_->naming.find("w1") != std::string::npos;
+    const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
+    int64_t E = found.rbegin()->first + 1;
+    if (model_ != nullptr) {
+      E = model_->config.num_experts;
+      if (auto past = found.lower_bound(E); past != found.end()) {
+        std::string name;
+        for (const std::string& n : past->second.name) name = name.empty() ? n : name;
+        return InvalidArgument(name + ": an expert past the " + std::to_string(E) + " of config.json");
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      auto it = found.find(e);
+      if (it == found.end()) return NotFound(experts + std::to_string(e) + ": expert missing");
+      for (int p = 0; p < 3; ++p) {
+        if (it->second.name[p].empty()) {
+          return NotFound(experts + std::to_string(e) + "." + names[p] + ".weight is missing");
+        }
+      }
+    }
+    int64_t H = 0, I = 0;
+    if (model_ != nullptr) {
+      H = model_->config.hidden;
+      I = model_->config.intermediate;
+    } else {
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* g0, files_.entry(found.at(0).name[0]));
+      if (g0->shape.size() != 2) return InvalidArgument(g0->name + ": expected [I, H], got " + shape_text(g0->shape));
+      I = g0->shape[0];
+      H = g0->shape[1];
+    }
+    set_sizes(E, H, I);
+    std::vector<std::array<const SafetensorsEntry*, 3>> parts;  // [E][3], all checked before anything is read
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<int64_t> shapes[3] = {{I, H}, {I, H}, {H, I}};
+      std::array<const SafetensorsEntry*, 3> x{};
+      for (int p = 0; p < 3; ++p) {
+        MOEKIT_ASSIGN_OR_RETURN(x[p], need(found.at(e).name[p], shapes[p], true));
+        MOEKIT_RETURN_IF_ERROR(same_dtype(*x[p]));
+      }
+      parts.push_back(x);
+    }
+    if (dtype_ == DType::kF8E4M3) {
+      MOEKIT_ASSIGN_OR_RETURN(fp8_, read_expert_fp8_scales(files_, parts, I, H));
+      for (const auto& x : parts) {
+        for (const SafetensorsEntry* w : x) {
+          const std::string base = w->name.substr(0, w->name.size() - std::string(".weight").size());
+          for (const char* suffix : kScaleSuffixes) used_.insert(base + suffix);
+        }
+      }
+    } else {
+      for (const auto& x : parts) {
+        for (const SafetensorsEntry* w : x) MOEKIT_RETURN_IF_ERROR(no_scale(*w));
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
+    out_->w13 = HostTensor(dtype_, {E, 2 * I, H});
+    out_->w2 = HostTensor(dtype_, {E, H, I});
+    for (int64_t e = 0; e < E; ++e) {
+      MOEKIT_RETURN_IF_ERROR(copy_into(parts[e][0]->name, out_->w13, e * 2 * I * H));        // gate rows
+      MOEKIT_RETURN_IF_ERROR(copy_into(parts[e][1]->name, out_->w13, (e * 2 + 1) * I * H));  // up rows
+      MOEKIT_RETURN_IF_ERROR(copy_into(parts[e][2]->name, out_->w2, e * H * I));
+    }
+    return Status::Ok();
+  }
+
+  // moekit's own naming: <prefix>w13 [E, N, H], <prefix>w2 [E, H, I], with
+  // <prefix>w13_scale/w2_scale (and a13_scale/a2_scale) for F8_E4M3.
+  Status read_stacked(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* w13, use(p_ + "w13"));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* w2, use(p_ + "w2"));
+    for (const SafetensorsEntry* w : {w13, w2}) {
+      if (w->dtype != DType::kBF16 && w->dtype != DType::kF32 && w->dtype != DType::kF8E4M3) {
+        return InvalidArgument(w->name + ": weights must be BF16, F32 or F8_E4M3, got " + w->dtype_name);
+      }
+    }
+    if (w13->shape.size() != 3 || w2->shape.size() != 3 || w2->shape[0] != w13->shape[0] ||
+        w2->shape[1] != w13->shape[2]) {
+      return InvalidArgument(files_.where() + ": " + p_ + "w13 " + shape_text(w13->shape) + " and w2 " +
+                             shape_text(w2->shape) + " must be [E, 2I, H] and [E, H, I]");
+    }
+    if (w13->dtype != w2->dtype) return InvalidArgument(files_.where() + ": " + p_ + "w13 and w2 must share a dtype");
+    const int64_t E = w13->shape[0], N = w13->shape[1], H = w13->shape[2], I = w2->shape[2];
+    if (model_ != nullptr) {
+      const MoeConfig& c = model_->config;
+      const int64_t n1 = c.activation.gated() ? 2 * c.intermediate : c.intermediate;
+      if (E != c.num_experts || N != n1 || H != c.hidden || I != c.intermediate) {
+        return InvalidArgument(p_ + "w13 " + shape_text(w13->shape) + " / w2 " + shape_text(w2->shape) +
+                               ": expected " + shape_text({c.num_experts, n1, c.hidden}) + " / " +
+                               shape_text({c.num_experts, c.hidden, c.intermediate}) + " from config.json");
+      }
+    }
+    set_sizes(E, H, I);
+    MOEKIT_RETURN_IF_ERROR(same_dtype(*w13));
+    out_->naming = "w13/w2 (stacked)";
+    if (dtype_ == DType::kF8E4M3) {
+      MOEKIT_ASSIGN_OR_RETURN(fp8_, read_stacked_fp8_scales(files_, p_));
+      for (const char* s : {"w13_scale", "w2_scale", "a13_scale", "a2_scale"}) used_.insert(p_ + s);
+    } else if (has(p_ + "w13_scale") || has(p_ + "w2_scale")) {
+      return InvalidArgument(files_.where() + ": " + p_ + "w13_scale/w2_scale given for " + w13->dtype_name +
+                             " weights (scales belong to F8_E4M3 weights)");
+    }
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, N));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w13, files_.read(w13->name));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w2, files_.read(w2->name));
+    return Status::Ok();
+  }
+
+  // Which of [E, a, b] / [E, b, a] a fused tensor is; the family's own layout
+  // decides when a == b.
+  StatusOr<bool> fused_transposed(const std::string& name, int64_t E, int64_t a, int64_t b) {
+    if (!has(name)) return NotFound(name + " is missing (the fused naming needs both gate_up_proj and down_proj)");
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e, files_.entry(name));
+    const std::vector<int64_t> plain = {E, a, b}, transposed = {E, b, a};
+    if (e->shape == plain && (a != b || !model_->fused_transposed)) return false;
+    if (e->shape == transposed) return true;
+    return InvalidArgument(name + ": shape " + shape_text(e->shape) + ", expected " + shape_text(plain) + " or " +
+                           shape_text(transposed) + " from config.json");
+  }
+
+  // t [E, r, c] -> [E, c, r]
+  static HostTensor transpose_last(const HostTensor& t) {
+    const int64_t E = t.shape()[0], r = t.shape()[1], c = t.shape()[2];
+    HostTensor out(t.dtype(), {E, c, r});
+    const size_t el = dtype_size(t.dtype());
+    const unsigned char* src = t.data<unsigned char>();
+    unsigned char* dst = out.data<unsigned char>();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i = 0; i < r; ++i) {
+        for (int64_t j = 0; j < c; ++j) std::memcpy(dst + ((e * c + j) * r + i) * el, src + ((e * r + i) * c + j) * el, el);
+      }
+    }
+    return out;
+  }
+
+  // experts.gate_up_proj / experts.down_proj (+ _bias): transformers v5's
+  // fused layout. Its orientation and row order are the family's, so it is
+  // read from a model folder only.
+  Status read_fused(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    const std::string gu = p_ + "experts.gate_up_proj", dn = p_ + "experts.down_proj";
+    if (model_ == nullptr) {
+      return InvalidArgument(files_.where() + ": " + gu + ": the fused naming is read from a model folder "
+                             "(--model DIR): its orientation and gate/up row order are the family's, in config.json");
+    }
+    const MoeConfig& c = model_->config;
+    const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
+    MOEKIT_ASSIGN_OR_RETURN(const bool gu_t, fused_transposed(gu, E, 2 * I, H));
+    MOEKIT_ASSIGN_OR_RETURN(const bool dn_t, fused_transposed(dn, E, H, I));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* g, need(gu, gu_t ? std::vector<int64_t>{E, H, 2 * I}
+                                                                      : std::vector<int64_t>{E, 2 * I, H}, true));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* d,
+                            need(dn, dn_t ? std::vector<int64_t>{E, I, H} : std::vector<int64_t>{E, H, I}, true));
+    MOEKIT_RETURN_IF_ERROR(same_dtype(*g));
+    MOEKIT_RETURN_IF_ERROR(same_dtype(*d));
+    if (dtype_ == DType::kF8E4M3) {
+      return Unsupported(gu + ": F8_E4M3 fused experts are not read yet (per-expert fp8 names are)");
+    }
+    const bool interleaved = model_->gate_up_order == GateUpOrder::kInterleaved;
+    out_->naming = std::string("experts.{gate_up_proj") + (gu_t ? " [E, H, 2I]" : " [E, 2I, H]") +
+                   (interleaved ? " interleaved" : "") + ", down_proj" + (dn_t ? " [E, I, H]" : " [E, H, I]") + "}";
+    const std::string gub = gu + "_bias", dnb = dn + "_bias";
+    const bool biases = c.has_expert_bias || has(gub) || has(dnb);
+    const SafetensorsEntry* b1 = nullptr;
+    const SafetensorsEntry* b2 = nullptr;
+    if (biases) {
+      const std::string why = " (the experts' biases, which " + model_->model_type + " has)";
+      MOEKIT_ASSIGN_OR_RETURN(b1, need(gub, {E, 2 * I}, false, why));
+      MOEKIT_ASSIGN_OR_RETURN(b2, need(dnb, {E, H}, false, why));
+    }
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, files_.read(gu));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, files_.read(dn));
+    // Rows keep their order: chunked rows are moekit's gated layout, interleaved
+    // rows are swiglu_oai's (kernel.h), which is the only activation such families use.
+    out_->w13 = gu_t ? transpose_last(w13) : std::move(w13);
+    out_->w2 = dn_t ? transpose_last(w2) : std::move(w2);
+    if (biases) {
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor t1, files_.read(b1->name));
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor t2, files_.read(b2->name));
+      MOEKIT_ASSIGN_OR_RETURN(out_->w13_bias, convert(t1.view(), DType::kF32));
+      MOEKIT_ASSIGN_OR_RETURN(out_->w2_bias, convert(t2.view(), DType::kF32));
+      out_->config.has_expert_bias = true;
+    }
+    return Status::Ok();
+  }
+
+  Status read_router() {
+    const int64_t E = out_->config.num_experts, H = out_->config.hidden;
+    MOEKIT_ASSIGN_OR_RETURN(out_->router_weight, optional_f32({p_ + "gate.weight", p_ + "router.weight"}, {E, H}));
+    MOEKIT_ASSIGN_OR_RETURN(out_->router_bias, optional_f32({p_ + "router.bias", p_ + "gate.bias"}, {E}));
+    MOEKIT_ASSIGN_OR_RETURN(out_->score_bias,
+                            optional_f32({p_ + "gate.e_score_correction_bias", p_ + "e_score_correction_bias"}, {E}));
+    if (!out_->score_bias.shape().empty() && model_ != nullptr) {
+      if (model_->config.routing.method != RoutingMethod::kDeepseekV3) {
+        return InvalidArgument(p_ + "...e_score_correction_bias: a selection bias, but " + model_->model_type +
+                               " routing has none");
+      }
+      out_->config.routing.has_score_bias = true;
+    }
+    return Status::Ok();
+  }
+
+  // DeepSeek's <prefix>shared_experts.* or Qwen2-MoE's <prefix>shared_expert.*
+  // with <prefix>shared_expert_gate.weight. A folder's config.json says whether
+  // there is one and its width; a layer file's tensors do.
+  Status read_shared() {
+    MoeConfig& c = out_->config;
+    const int64_t H = c.hidden;
+    std::string sp;  // shared expert prefix
+    for (const char* s : {"shared_experts.", "shared_expert."}) {
+      if (!files_.names_under(p_ + s).empty()) {
+        if (!sp.empty()) return InvalidArgument(p_ + ": both shared_experts.* and shared_expert.*; which is meant?");
+        sp = p_ + s;
+      }
+    }
+    const std::string gate_name = p_ + "shared_expert_gate.weight";
+    int64_t Is = model_ != nullptr ? c.shared_intermediate : 0;
+    if (model_ != nullptr && Is == 0 && !sp.empty()) {
+      return InvalidArgument(sp + "*: shared expert tensors, but config.json sets no shared expert "
+                                  "(n_shared_experts / shared_expert_intermediate_size)");
+    }
+    if (model_ != nullptr && Is > 0 && sp.empty()) {
+      return NotFound(p_ + "shared_experts.{gate,up,down}_proj.weight (or shared_expert.*) missing: config.json "
+                           "sets a shared expert of width " + std::to_string(Is));
+    }
+    if (sp.empty()) {
+      if (has(gate_name)) return InvalidArgument(gate_name + ": a shared expert gate, but no shared expert tensors");
+      return Status::Ok();
+    }
+    const std::vector<std::string> found = files_.names_under(sp);
+    if (dtype_ == DType::kF8E4M3) {
+      return InvalidArgument(files_.where() + ": shared expert tensors (" + list_names(found, 6) +
+                             ") beside F8_E4M3 experts; moekit runs a shared expert with BF16/F32 weights only, "
+                             "and would otherwise ignore them");
+    }
+    for (const std::string& n : found) {
+      if (n != sp + "gate_proj.weight" && n != sp + "up_proj.weight" && n != sp + "down_proj.weight") {
+        return InvalidArgument(n + ": not a shared expert tensor moekit reads (" + sp +
+                               "{gate,up,down}_proj.weight); refused rather than ignored");
+      }
+    }
+    if (!has(sp + "gate_proj.weight") || !has(sp + "up_proj.weight") || !has(sp + "down_proj.weight")) {
+      return NotFound(sp + "{gate,up,down}_proj.weight: the shared expert is incomplete (found " +
+                      list_names(found, 6) + ")");
+    }
+    if (model_ == nullptr) {  // the width from the tensor
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* g, files_.entry(sp + "gate_proj.weight"));
+      if (g->shape.size() != 2 || g->shape[1] != H || g->shape[0] < 1) {
+        return InvalidArgument(g->name + ": expected [Is, " + std::to_string(H) + "], got " + shape_text(g->shape));
+      }
+      Is = g->shape[0];
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* g, need(sp + "gate_proj.weight", {Is, H}, false));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* u, need(sp + "up_proj.weight", {Is, H}, false));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* d, need(sp + "down_proj.weight", {H, Is}, false));
+    for (const SafetensorsEntry* e : {g, u, d}) {
+      MOEKIT_RETURN_IF_ERROR(same_dtype(*e));
+      MOEKIT_RETURN_IF_ERROR(no_scale(*e));
+    }
+    out_->shared_w13 = HostTensor(dtype_, {2 * Is, H});
+    MOEKIT_RETURN_IF_ERROR(copy_into(g->name, out_->shared_w13, 0));
+    MOEKIT_RETURN_IF_ERROR(copy_into(u->name, out_->shared_w13, Is * H));
+    MOEKIT_ASSIGN_OR_RETURN(out_->shared_w2, files_.read(d->name));
+    const bool gated = model_ != nullptr ? c.has_shared_gate : has(gate_name);
+    if (gated) {
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor gate, optional_f32({gate_name}, {1, H}));
+      if (gate.shape().empty()) return NotFound(gate_name + " [1, " + std::to_string(H) + "] missing");
+      out_->shared_gate = HostTensor(DType::kF32, {H});
+      std::memcpy(out_->shared_gate.data<float>(), gate.data<float>(), sizeof(float) * H);
+    }
+    c.shared_intermediate = Is;
+    c.has_shared_gate = gated;
+    out_->shared_prefix = sp;
+    return Status::Ok();
+  }
+
+  // Nothing under the block's prefix is skipped without a word.
+  Status refuse_unused() {
+    std::vector<std::string> unused;
+    for (const std::string& n : files_.names_under(p_)) {
+      if (used_.count(n) == 0) unused.push_back(n);
+    }
+    if (unused.empty()) return Status::Ok();
+    return InvalidArgument(files_.where() + ": " + std::to_string(unused.size()) + " tensor" +
+                           (unused.size() > 1 ? "s" : "") + " of the MoE block '" + p_ +
+                           "' that the layer does not use (" + list_names(unused, 8) +
+                           "); refused rather than ignored (docs/layer_files.md lists the names read)");
+  }
+
+  TensorFiles& files_;
+  const ModelMoeConfig* model_;
+  std::string p_;
+  CheckpointLayer* out_;
+  DType dtype_ = DType::kBF16;
+  bool dtype_set_ = false;
+  Fp8Scales fp8_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+Status read_moe_block(TensorFiles& files, const ModelMoeConfig* model, const std::string& prefix,
+                      const std::function<Status(const CheckpointLayerSize&)>& check_size, CheckpointLayer* out) {
+  out->prefix = prefix;
+  return BlockReader(files, model, prefix, out).read(check_size);
+}
+
+StatusOr<std::vector<std::string>> moe_block_prefixes(const TensorFiles& files) {
+  std::set<std::string> found;
+  for (const auto& [name, shard] : files.names()) {
+    if (const std::optional<std::string> stacked = stacked_w13_prefix(name)) {
+      if (files.contains(*stacked + "w2")) found.insert(*stacked);
+      continue;
+    }
+    if (name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj")) {
+      const std::string p = name.substr(0, name.rfind("experts."));
+      if (p.empty() || p.back() == '.') found.insert(p);
+      continue;
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(name));
+    if (expert) found.insert(expert->prefix);
+  }
+  return std::vector<std::string>(found.begin(), found.end());
+}
+
+}  // namespace moekit::io
