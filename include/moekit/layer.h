@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moekit/config.h"
+#include "moekit/device_buffer.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
@@ -78,7 +79,16 @@ class MoeLayer {
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
   Device device() const { return kernel_->device(); }
+  // The bytes of kernel workspace this layer needs (for max_num_tokens).
   size_t workspace_bytes() const;
+  // The workspace it runs with: its own, or its Model's shared one.
+  const std::shared_ptr<DeviceBuffer>& workspace_buffer() const;
+  // Runs with `buffer` (on its device, >= workspace_bytes()) from now on,
+  // releasing its own: for layers that never run at the same time (a Model's,
+  // one at a time on one stream). Refused once the layer has run, since a
+  // captured CUDA graph may hold the old address.
+  Status use_workspace(std::shared_ptr<DeviceBuffer> buffer);
+  bool has_run() const { return has_run_; }
 
  private:
   struct Buffers;
@@ -97,13 +107,26 @@ class MoeLayer {
   TensorView score_bias_;      // [E] f32 on the layer's device (deepseek_v3 with a bias), else empty
   TensorView capture_target_;  // [>= max_num_tokens, k] i16, optional
   TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
+  bool has_run_ = false;  // a forward reached the kernel
 };
 
+// The layers of a model run one at a time on one stream, so they share one
+// kernel workspace per device, sized for the largest (engines do the same):
+// add_layer hands the model's buffer to each new layer and frees the layer's
+// own (48 layers hold one layer's workspace, not 48). A larger layer grows the
+// buffer while no layer on it has run; once one has (a captured graph may hold
+// the address), a larger newcomer keeps its own. Layers of a Model must not
+// run concurrently (other streams or threads): construct it with
+// share_workspace = false for that.
 class Model {
  public:
+  explicit Model(bool share_workspace = true) : share_workspace_(share_workspace) {}
+
   // Appends an MoE layer; model_layer_index is its index among all layers of the
   // model and must increase from one MoE layer to the next.
   Status add_layer(std::shared_ptr<MoeLayer> layer, int model_layer_index);
+  // Bytes of kernel workspace the model's layers hold, each buffer counted once.
+  size_t workspace_bytes() const;
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   MoeLayer& layer(int i) { return *layers_[i]; }
@@ -112,6 +135,10 @@ class Model {
   const std::vector<int>& model_layer_indices() const { return model_layers_; }
 
  private:
+  void share_workspace_with(MoeLayer& layer);
+
+  bool share_workspace_ = true;
+  std::vector<std::shared_ptr<DeviceBuffer>> workspaces_;  // one per device its layers share
   std::vector<std::shared_ptr<MoeLayer>> layers_;
   std::vector<int> model_layers_;
 };

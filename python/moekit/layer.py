@@ -169,10 +169,15 @@ class MoeLayer:
 
 
 class Model:
-    """The MoE layers of one model in order, each with its index among all the model's layers."""
+    """The MoE layers of one model in order, each with its index among all the model's layers.
 
-    def __init__(self, layers: Optional[List[Tuple[MoeLayer, int]]] = None):
-        self._model = _moekit.Model()
+    The layers run one at a time on one stream, so they share one kernel workspace per
+    device, sized for the largest (workspace_bytes: what the model holds); a layer that
+    has already run keeps its own. Layers of a Model that run concurrently (other
+    streams or threads) need share_workspace=False."""
+
+    def __init__(self, layers: Optional[List[Tuple[MoeLayer, int]]] = None, share_workspace: bool = True):
+        self._model = _moekit.Model(bool(share_workspace))
         self.layers: List[MoeLayer] = []
         for layer, index in layers or []:
             self.add_layer(layer, index)
@@ -190,6 +195,10 @@ class Model:
     @property
     def model_layer_indices(self) -> List[int]:
         return self._model.model_layer_indices
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._model.workspace_bytes
 
 
 def select_backend(config: MoeConfig, device: DeviceLike = "cuda") -> List[Dict[str, str]]:

@@ -120,7 +120,7 @@ void bind_layer(nb::module_& m) {
         nb::arg("a2_scale").none() = nb::none());
 
   nb::class_<Model>(m, "Model", "The MoE layers of one model, in order, with their model-layer indices.")
-      .def(nb::init<>())
+      .def(nb::init<bool>(), nb::arg("share_workspace") = true)
       .def(
           "add_layer",
           [](Model& model, std::shared_ptr<MoeLayer> layer, int model_layer_index) {
@@ -128,6 +128,7 @@ void bind_layer(nb::module_& m) {
           },
           nb::arg("layer"), nb::arg("model_layer_index"))
       .def_prop_ro("num_layers", &Model::num_layers)
+      .def_prop_ro("workspace_bytes", &Model::workspace_bytes)
       .def_prop_ro("model_layer_indices", [](const Model& model) {
         nb::list out;
         for (int i : model.model_layer_indices()) out.append(i);

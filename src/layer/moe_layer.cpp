@@ -18,7 +18,9 @@
 namespace moekit {
 
 struct MoeLayer::Buffers {
-  DeviceBuffer workspace;     // kernel workspace: workspace_size(max_num_tokens) bytes, uninitialised
+  // Kernel workspace, >= workspace_size(max_num_tokens) bytes, uninitialised:
+  // the layer's own, or its Model's, shared by the model's layers (one runs at a time).
+  std::shared_ptr<DeviceBuffer> workspace;
   DeviceBuffer topk_ids;      // [max_num_tokens, k] i32, modular kernels: the router's ids
   DeviceBuffer topk_weights;  // [max_num_tokens, k] f32, modular kernels: the router's weights
   DeviceBuffer forced_ids;    // [max_num_tokens, k] i32, CUDA layers only: forced ids copied from the host
@@ -138,7 +140,8 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
     }
     return buffer;
   };
-  MOEKIT_ASSIGN_OR_RETURN(b.workspace, allocate("workspace", layer->kernel_->workspace_size(rows)));
+  MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer workspace, allocate("workspace", layer->kernel_->workspace_size(rows)));
+  b.workspace = std::make_shared<DeviceBuffer>(std::move(workspace));
   if (!layer->kernel_->is_monolithic()) {
     MOEKIT_ASSIGN_OR_RETURN(b.topk_ids, allocate("topk_ids", rows * k * sizeof(int32_t)));
     MOEKIT_ASSIGN_OR_RETURN(b.topk_weights, allocate("topk_weights", rows * k * sizeof(float)));
@@ -155,7 +158,21 @@ StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::create_with(const MoeConfig& confi
   return layer;
 }
 
-size_t MoeLayer::workspace_bytes() const { return buffers_->workspace.bytes(); }
+size_t MoeLayer::workspace_bytes() const { return kernel_->workspace_size(config_.max_num_tokens); }
+
+const std::shared_ptr<DeviceBuffer>& MoeLayer::workspace_buffer() const { return buffers_->workspace; }
+
+Status MoeLayer::use_workspace(std::shared_ptr<DeviceBuffer> buffer) {
+  if (buffer == nullptr || !(buffer->device() == device()) || buffer->bytes() < workspace_bytes()) {
+    return InvalidArgument("layer: a shared workspace must be on " + device().to_string() + " with >= " +
+                           std::to_string(workspace_bytes()) + " bytes");
+  }
+  if (has_run_) {
+    return FailedPrecondition("layer: has run already; its workspace stays (a captured graph may hold its address)");
+  }
+  buffers_->workspace = std::move(buffer);
+  return Status::Ok();
+}
 
 Status MoeLayer::capture_supported() const {
   // NOTE: a monolithic kernel hides routing; unless it writes routing_replay_out
@@ -311,7 +328,8 @@ Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
       MOEKIT_RETURN_IF_ERROR(copy_rows(router_weights_target_, run.topk_weights.data, m * k * sizeof(float), stream));
     }
   }
-  Workspace ws{buffers_->workspace.data(), buffers_->workspace.bytes()};
+  Workspace ws{buffers_->workspace->data(), buffers_->workspace->bytes()};
+  has_run_ = true;  // from here its workspace's address may be in a captured graph
   MOEKIT_RETURN_IF_ERROR(kernel_->run(run, ws, stream));
   if (args.routing_replay_out.defined() && capture_target_.defined()) {
     return copy_rows(capture_target_, args.routing_replay_out.data, m * k * sizeof(int16_t), stream);

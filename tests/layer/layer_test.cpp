@@ -156,3 +156,79 @@ TEST(MoeLayerCreate, BuffersThatCannotBeAllocatedAreResourceExhausted) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+std::shared_ptr<MoeLayer> cpu_layer(const MoeConfig& c, const Inputs& in) {
+  auto made = MoeLayer::create(c, in.weights(), Device::cpu(), Platform::cpu_only());
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  return made.ok() ? std::shared_ptr<MoeLayer>(std::move(made).value()) : nullptr;
+}
+
+HostTensor run(MoeLayer& layer, const Inputs& in) {
+  HostTensor out(DType::kBF16, {kM, kH});
+  LayerForwardArgs a;
+  a.hidden = in.hidden.view();
+  a.router_logits = in.logits.view();
+  a.out = out.view();
+  EXPECT_TRUE(layer.forward(a).ok());
+  return out;
+}
+
+// 48 layers of a model hold one layer's workspace, not 48, and compute what
+// layers with workspaces of their own compute, bit for bit, in any order.
+TEST(ModelWorkspace, LayersShareOneAndComputeAlike) {
+  const int kLayers = 48;
+  std::vector<Inputs> inputs;
+  for (int l = 0; l < kLayers; ++l) inputs.emplace_back(testing::seed_from({5, static_cast<uint64_t>(l)}));
+  Model shared, own(/*share_workspace=*/false);
+  for (int l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(shared.add_layer(cpu_layer(config(), inputs[l]), l).ok());
+    ASSERT_TRUE(own.add_layer(cpu_layer(config(), inputs[l]), l).ok());
+  }
+  const size_t one = shared.layer(0).workspace_bytes();
+  ASSERT_GT(one, 0u);
+  EXPECT_EQ(shared.workspace_bytes(), one);
+  EXPECT_EQ(own.workspace_bytes(), kLayers * one);
+  for (int l = kLayers - 1; l >= 0; --l) {  // reverse order: each layer overwrites what the last left
+    const HostTensor a = run(shared.layer(l), inputs[l]);
+    const HostTensor b = run(own.layer(l), inputs[l]);
+    ASSERT_EQ(std::memcmp(a.data<void>(), b.data<void>(), a.nbytes()), 0) << "layer " << l;
+  }
+}
+
+// A larger layer grows the model's buffer while no layer on it has run; once
+// one has (a captured graph may hold the address), a larger one keeps its own,
+// as does a layer that ran before it was added.
+TEST(ModelWorkspace, GrowsOnlyBeforeAnyLayerRan) {
+  Inputs in(testing::seed_from({6}));
+  MoeConfig small = config(), large = config();
+  large.max_num_tokens = 64;
+  Model m;
+  ASSERT_TRUE(m.add_layer(cpu_layer(small, in), 0).ok());
+  ASSERT_TRUE(m.add_layer(cpu_layer(large, in), 1).ok());
+  const size_t big = m.layer(1).workspace_bytes();
+  ASSERT_GT(big, m.layer(0).workspace_bytes());
+  EXPECT_EQ(m.workspace_bytes(), big);
+  EXPECT_EQ(m.layer(0).workspace_buffer(), m.layer(1).workspace_buffer());
+  const void* address = m.layer(0).workspace_buffer()->data();
+  run(m.layer(0), in);
+  MoeConfig larger = config();
+  larger.max_num_tokens = 512;
+  ASSERT_TRUE(m.add_layer(cpu_layer(larger, in), 2).ok());
+  EXPECT_EQ(m.layer(0).workspace_buffer()->data(), address);  // unmoved under the layer that ran
+  EXPECT_NE(m.layer(2).workspace_buffer(), m.layer(0).workspace_buffer());
+  EXPECT_EQ(m.workspace_bytes(), big + m.layer(2).workspace_bytes());
+  std::shared_ptr<MoeLayer> ran = cpu_layer(small, in);
+  run(*ran, in);
+  const std::shared_ptr<DeviceBuffer> its_own = ran->workspace_buffer();
+  ASSERT_TRUE(m.add_layer(ran, 3).ok());
+  EXPECT_EQ(ran->workspace_buffer(), its_own);
+  const Status s = ran->use_workspace(m.layer(0).workspace_buffer());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("has run already"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace moekit
