@@ -155,7 +155,7 @@ Status run_run(const RunOptions& o) {
   MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(spec, config, platform));
   std::printf("weights:  %d layers built and prepared in %.2f s\n", spec.num_layers, seconds_since(t_build));
   std::printf("workspace: %.1f MiB per layer, %.1f MiB for the model (its layers share one)\n",
-              static_cast<double>(model.model.layer(0).workspace_bytes()) / (1 << 20),
+              static_cast<double>(model.model.moe_layer(0)->workspace_bytes()) / (1 << 20),
               static_cast<double>(model.model.workspace_bytes()) / (1 << 20));
   std::fflush(stdout);
 

@@ -170,7 +170,7 @@ StatusOr<ReplayOutcome> replay_run(const RunDescription& run, SyntheticModel& mo
   MOEKIT_ASSIGN_OR_RETURN(auto replayer, RoutedExpertsReplayer::create(std::move(captures), model.model));
   // The replay runs without capture: only the forced ids and the outputs matter.
   for (int l = 0; l < model.model.num_layers(); ++l) MOEKIT_RETURN_IF_ERROR(model.model.layer(l).set_capture_target({}));
-  const MoeLayer& first = model.model.layer(0);
+  const RoutedLayer& first = model.model.layer(0);
   MOEKIT_ASSIGN_OR_RETURN(StepBuffers buffers, StepBuffers::create(first.config(), first.device()));
   std::vector<LayerStats> stats(static_cast<size_t>(spec.num_layers),
                                 LayerStats{std::vector<int64_t>(static_cast<size_t>(spec.num_experts), 0), 0.0});

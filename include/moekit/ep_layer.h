@@ -33,7 +33,7 @@
 
 namespace moekit {
 
-class ExpertParallelLayer {
+class ExpertParallelLayer : public RoutedLayer {
  public:
   // config.parallel: ep_size == dp_size == comm.size(), ep_rank == dp_rank ==
   // comm.rank(), all2all one of nccl | allgather_reducescatter | auto (the
@@ -60,13 +60,21 @@ class ExpertParallelLayer {
   // M <= max_num_tokens, which may differ between ranks), on the
   // communicator's device; forced_ids on the host. GPU ranks: enqueued on
   // `stream` (host ranks ignore it). Collective.
-  Status forward(const LayerForwardArgs& args, Stream stream = nullptr);
+  Status forward(const LayerForwardArgs& args, Stream stream = nullptr) override;
 
-  // As MoeLayer::set_capture_target: [>= max_num_tokens, k] i16, logical ids,
-  // on the communicator's device.
-  Status set_capture_target(const TensorView& target);
+  // As MoeLayer's (RoutedLayer): this rank's tokens' logical ids, and their
+  // routing weights, on the communicator's device; bind() sets them when the
+  // layer is in a Model. Every routing method on host and GPU ranks can.
+  Status set_capture_target(const TensorView& target, const TensorView& router_weights = {}) override;
+  const TensorView& capture_target() const override { return capture_target_; }
+  const TensorView& router_weights_target() const override { return router_weights_target_; }
+  Status capture_supported() const override { return Status::Ok(); }
+  Status router_weights_capture_supported() const override { return Status::Ok(); }
+  // "ep<N>/backend/kernel" of the kernel that runs this rank's experts.
+  std::string producer() const override;
 
-  const MoeConfig& config() const { return config_; }
+  const MoeConfig& config() const override { return config_; }
+  Device device() const override;
   const ExpertPlacement& placement() const { return placement_; }
   // "all_to_all" or "allgather_reduce_scatter", and the oracle's reason.
   const char* dispatch_name() const;
@@ -127,6 +135,7 @@ class ExpertParallelLayer {
   mutable std::vector<int64_t> expert_load_;  // [E] (GPU ranks: refreshed from the device when read)
   mutable int64_t computed_pairs_ = 0;
   TensorView capture_target_;
+  TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
   std::unique_ptr<State> state_;
 };
 

@@ -5,7 +5,8 @@
 // land in the capturer's buffer; forced ids replay a capture.
 //
 // Model: the MoE layers of one model, each with its index among the model's
-// layers (dense layers in between are the caller's). Layers are shared, so a
+// layers (dense layers in between are the caller's), as RoutedLayers: one
+// rank's MoeLayers or ExpertParallelLayers alike. Layers are shared, so a
 // caller (the Python module) can keep its handle on a layer it added.
 #pragma once
 
@@ -37,7 +38,35 @@ struct LayerForwardArgs {
   TensorView routing_replay_out;
 };
 
-class MoeLayer {
+// What a Model, bind() (capture.h) and the replayer need of an MoE layer,
+// whatever runs it: MoeLayer on one device, ExpertParallelLayer (ep_layer.h)
+// over the ranks of a communicator. Ids are logical (spec order) either way.
+class RoutedLayer {
+ public:
+  virtual ~RoutedLayer() = default;
+  // The layer's logical configuration (E, k, routing, max_num_tokens).
+  virtual const MoeConfig& config() const = 0;
+  // Where its tensors live (hidden, out, capture targets).
+  virtual Device device() const = 0;
+  virtual Status forward(const LayerForwardArgs& args, Stream stream = nullptr) = 0;
+  // Where forward() writes the selected ids: [>= max_num_tokens, k] i16 on the
+  // layer's device, rows [0, M) per forward. An empty view turns capture off.
+  // router_weights, optional (only with a target): [>= max_num_tokens, k] f32
+  // on the layer's device, gets the routing weights of those ids.
+  // Normally set by bind() (capture.h), which checks the layer can write them.
+  virtual Status set_capture_target(const TensorView& target, const TensorView& router_weights = {}) = 0;
+  virtual const TensorView& capture_target() const = 0;
+  virtual const TensorView& router_weights_target() const = 0;
+  // ok, or why this layer cannot write the selected ids (a monolithic kernel
+  // without routing_replay_out): what a capture target needs.
+  virtual Status capture_supported() const = 0;
+  // ok, or why it cannot also hand out the routing weights.
+  virtual Status router_weights_capture_supported() const = 0;
+  // What computes it, for capture files: "backend/kernel" (e.g. "cpu/CpuModular").
+  virtual std::string producer() const = 0;
+};
+
+class MoeLayer : public RoutedLayer {
  public:
   // Chooses the kernel with select_backend(config, platform), builds it and
   // prepares `weights` (copied or re-laid-out; the caller may free them after).
@@ -55,30 +84,24 @@ class MoeLayer {
 
   // Validates every argument (forced ids: range, duplicates, sentinel) before
   // anything is written; then routes (modular) and runs the kernel on `stream`.
-  Status forward(const LayerForwardArgs& args, Stream stream = nullptr);
+  Status forward(const LayerForwardArgs& args, Stream stream = nullptr) override;
 
-  // Where forward() writes the selected ids: [>= max_num_tokens, k] i16 on the
-  // layer's device, rows [0, M) per forward. An empty view turns capture off.
-  // router_weights, optional (only with a target): [>= max_num_tokens, k] f32
-  // on the layer's device, gets the routing weights of those ids.
-  // Normally set by bind() (capture.h), which checks the kernel can write them.
-  Status set_capture_target(const TensorView& target, const TensorView& router_weights = {});
-  const TensorView& capture_target() const { return capture_target_; }
-  const TensorView& router_weights_target() const { return router_weights_target_; }
+  Status set_capture_target(const TensorView& target, const TensorView& router_weights = {}) override;
+  const TensorView& capture_target() const override { return capture_target_; }
+  const TensorView& router_weights_target() const override { return router_weights_target_; }
+  // Unsupported for a monolithic kernel without routing_replay_out (or
+  // router_weights_out for the weights).
+  Status capture_supported() const override;
+  Status router_weights_capture_supported() const override;
+  // backend/kernel; the kernel alone for a layer of create_with() (no backend name).
+  std::string producer() const override;
 
-  // ok, or why this layer's kernel cannot write the selected ids (a monolithic
-  // kernel without routing_replay_out): what a capture target needs.
-  Status capture_supported() const;
-  // ok, or why this layer cannot also hand out the routing weights (a
-  // monolithic kernel without router_weights_out).
-  Status router_weights_capture_supported() const;
-
-  const MoeConfig& config() const { return config_; }
+  const MoeConfig& config() const override { return config_; }
   const MoeKernel& kernel() const { return *kernel_; }
   const std::string& backend() const { return backend_; }
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
-  Device device() const { return kernel_->device(); }
+  Device device() const override { return kernel_->device(); }
   // The bytes of kernel workspace this layer needs (for max_num_tokens).
   size_t workspace_bytes() const;
   // The workspace it runs with: its own, or its Model's shared one.
@@ -122,15 +145,18 @@ class Model {
  public:
   explicit Model(bool share_workspace = true) : share_workspace_(share_workspace) {}
 
-  // Appends an MoE layer; model_layer_index is its index among all layers of the
-  // model and must increase from one MoE layer to the next.
-  Status add_layer(std::shared_ptr<MoeLayer> layer, int model_layer_index);
-  // Bytes of kernel workspace the model's layers hold, each buffer counted once.
+  // Appends an MoE layer (one rank's or expert-parallel); model_layer_index is
+  // its index among all layers of the model and must increase from one MoE
+  // layer to the next.
+  Status add_layer(std::shared_ptr<RoutedLayer> layer, int model_layer_index);
+  // Bytes of kernel workspace the model's single-rank layers hold, each buffer counted once.
   size_t workspace_bytes() const;
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
-  MoeLayer& layer(int i) { return *layers_[i]; }
-  const MoeLayer& layer(int i) const { return *layers_[i]; }
+  RoutedLayer& layer(int i) { return *layers_[i]; }
+  const RoutedLayer& layer(int i) const { return *layers_[i]; }
+  // Layer i as a single-rank MoeLayer, or nullptr when it is another kind.
+  MoeLayer* moe_layer(int i) const { return dynamic_cast<MoeLayer*>(layers_[i].get()); }
   int model_layer_index(int i) const { return model_layers_[i]; }
   const std::vector<int>& model_layer_indices() const { return model_layers_; }
 
@@ -139,7 +165,7 @@ class Model {
 
   bool share_workspace_ = true;
   std::vector<std::shared_ptr<DeviceBuffer>> workspaces_;  // one per device its layers share
-  std::vector<std::shared_ptr<MoeLayer>> layers_;
+  std::vector<std::shared_ptr<RoutedLayer>> layers_;
   std::vector<int> model_layers_;
 };
 

@@ -34,7 +34,7 @@ Status bind(Model& model, RoutedExpertsCapturer& capturer) {
 
   const MoeConfig& first = model.layer(0).config();
   for (int l = 0; l < layers; ++l) {
-    const MoeLayer& layer = model.layer(l);
+    const RoutedLayer& layer = model.layer(l);
     const MoeConfig& cfg = layer.config();
     const std::string name = layer_name(model, l);
     // Checked for every layer before any is bound (MoeLayer::capture_supported).
@@ -82,9 +82,7 @@ Status bind(Model& model, RoutedExpertsCapturer& capturer) {
   if (capturer.records_router_weights()) info.router_weights_dtype = DType::kF32;
   // The producing backend/kernel ("cpu/CpuModular"); layers that differ are listed in layer order, once each.
   for (int l = 0; l < layers; ++l) {
-    const MoeLayer& layer = model.layer(l);  // a layer built with create_with() has no backend name
-    const std::string name =
-        layer.backend().empty() ? std::string(layer.kernel().name()) : layer.backend() + "/" + layer.kernel().name();
+    const std::string name = model.layer(l).producer();
     if (info.backend.find(name) == std::string::npos) info.backend += (info.backend.empty() ? "" : ",") + name;
   }
   capturer.info_ = std::move(info);

@@ -311,9 +311,21 @@ StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_computed_pairs() {
   return all;
 }
 
-Status ExpertParallelLayer::set_capture_target(const TensorView& target) {
+Device ExpertParallelLayer::device() const { return comm_->device(); }
+
+std::string ExpertParallelLayer::producer() const {
+  std::string experts = "experts";
+  for (const CandidateReport& c : report_) {
+    if (c.chosen) experts = c.backend + "/" + c.kernel;
+  }
+  return "ep" + std::to_string(comm_->size()) + "/" + experts;
+}
+
+Status ExpertParallelLayer::set_capture_target(const TensorView& target, const TensorView& router_weights) {
   if (!target.defined()) {
+    if (router_weights.defined()) return InvalidArgument("capture router weights: given without an ids target");
     capture_target_ = {};
+    router_weights_target_ = {};
     return Status::Ok();
   }
   MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, comm_->device()));
@@ -321,7 +333,12 @@ Status ExpertParallelLayer::set_capture_target(const TensorView& target) {
     return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
                            " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
   }
+  if (router_weights.defined()) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(router_weights, "capture router weights", {DType::kF32},
+                                        {target.dim(0), config_.top_k()}, comm_->device()));
+  }
   capture_target_ = target;
+  router_weights_target_ = router_weights;
   return Status::Ok();
 }
 
@@ -383,7 +400,7 @@ Status ExpertParallelLayer::forward(const LayerForwardArgs& args, Stream stream)
   if (state_->device != nullptr) {
     // No agreement round on GPU ranks (it would wait on the host): a rank with
     // bad arguments runs with no tokens so that no other rank is left waiting.
-    return state_->device->forward(args, capture_target_, validate(args), stream);
+    return state_->device->forward(args, capture_target_, router_weights_target_, validate(args), stream);
   }
   return forward_on_host(args);
 }
@@ -421,6 +438,9 @@ Status ExpertParallelLayer::forward_on_host(const LayerForwardArgs& args) {
   }
   if (m > 0 && args.routing_replay_out.defined() && capture_target_.defined()) {
     std::memcpy(capture_target_.data, args.routing_replay_out.data, m * k * sizeof(int16_t));
+  }
+  if (m > 0 && router_weights_target_.defined()) {
+    std::memcpy(router_weights_target_.data, weights, m * k * sizeof(float));
   }
   for (int64_t e = 0; e < E; ++e) expert_load_[e] += st.counts[e];
   if (m > 0 && args.expert_counts.defined()) std::memcpy(args.expert_counts.data, st.counts.data(), E * sizeof(int32_t));

@@ -150,7 +150,7 @@ StatusOr<std::unique_ptr<EpLayerDevicePath>> EpLayerDevicePath::create(const Moe
 }
 
 Status EpLayerDevicePath::forward(const LayerForwardArgs& args, const TensorView& capture_target,
-                                  const Status& verdict, Stream stream) {
+                                  const TensorView& router_weights_target, const Status& verdict, Stream stream) {
   Impl& im = *impl_;
   const MoeConfig& c = im.config;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -188,6 +188,11 @@ Status EpLayerDevicePath::forward(const LayerForwardArgs& args, const TensorView
     r.expert_counts = TensorView::contiguous(im.counts.data(), DType::kI32, {E}, dev);
     r.routing_replay_out = ids_target;
     MOEKIT_RETURN_IF_ERROR(route(c.routing, r, stream));
+  }
+
+  if (m > 0 && router_weights_target.defined()) {
+    MOEKIT_CUDA_CHECK(cudaMemcpyAsync(router_weights_target.data, tokens.topk_weights, m * k * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s));
   }
 
   // 2. Dispatch: replica choice, pack, all-to-all, unpack.
@@ -291,7 +296,7 @@ StatusOr<std::unique_ptr<EpLayerDevicePath>> EpLayerDevicePath::create(const Moe
                      comm.device().to_string() + ", and this build has no CUDA support");
 }
 
-Status EpLayerDevicePath::forward(const LayerForwardArgs&, const TensorView&, const Status&, Stream) {
+Status EpLayerDevicePath::forward(const LayerForwardArgs&, const TensorView&, const TensorView&, const Status&, Stream) {
   return Unsupported("expert parallel on GPUs: this build has no CUDA support");
 }
 Status EpLayerDevicePath::read_load(std::vector<int64_t>*, int64_t*) const {

@@ -40,7 +40,8 @@ class EpLayerDevicePath {
   // Collective. `verdict` is this rank's validation of `args`: when it is an
   // error the rank takes part with no tokens (the other ranks' tokens still
   // get its experts), writes none of args' outputs and returns the verdict.
-  Status forward(const LayerForwardArgs& args, const TensorView& capture_target, const Status& verdict,
+  Status forward(const LayerForwardArgs& args, const TensorView& capture_target,
+                 const TensorView& router_weights_target, const Status& verdict,
                  Stream stream);
 
   // The load counters (reads the device: waits for the work enqueued so far).

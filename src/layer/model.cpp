@@ -1,13 +1,14 @@
 // Model: the MoE layers of one model in order, with their model-layer indices,
 // sharing one kernel workspace per device (layer.h says when).
 #include <set>
+#include <vector>
 #include <string>
 
 #include "moekit/layer.h"
 
 namespace moekit {
 
-Status Model::add_layer(std::shared_ptr<MoeLayer> layer, int model_layer_index) {
+Status Model::add_layer(std::shared_ptr<RoutedLayer> layer, int model_layer_index) {
   if (layer == nullptr) return InvalidArgument("model.add_layer: null layer");
   if (model_layer_index < 0) {
     return InvalidArgument("model.add_layer: model_layer_index must be >= 0, got " + std::to_string(model_layer_index));
@@ -16,7 +17,9 @@ Status Model::add_layer(std::shared_ptr<MoeLayer> layer, int model_layer_index) 
     return InvalidArgument("model.add_layer: model_layer_index " + std::to_string(model_layer_index) +
                            " must be greater than the previous MoE layer's " + std::to_string(model_layers_.back()));
   }
-  if (share_workspace_) share_workspace_with(*layer);
+  if (auto* single = dynamic_cast<MoeLayer*>(layer.get()); single != nullptr && share_workspace_) {
+    share_workspace_with(*single);
+  }
   layers_.push_back(std::move(layer));
   model_layers_.push_back(model_layer_index);
   return Status::Ok();
@@ -37,13 +40,14 @@ void Model::share_workspace_with(MoeLayer& layer) {
   // The first layer on its device, or a larger one: its own buffer becomes the
   // model's, and the layers on the old one move to it.
   if (shared != nullptr) {
-    for (const auto& other : layers_) {
-      if (other->workspace_buffer() == *shared && other->has_run()) return;
+    std::vector<MoeLayer*> on_old;
+    for (int i = 0; i < num_layers(); ++i) {
+      MoeLayer* other = moe_layer(i);
+      if (other == nullptr || other->workspace_buffer() != *shared) continue;
+      if (other->has_run()) return;
+      on_old.push_back(other);
     }
-    const std::shared_ptr<DeviceBuffer> old = *shared;
-    for (const auto& other : layers_) {
-      if (other->workspace_buffer() == old) (void)other->use_workspace(layer.workspace_buffer());
-    }
+    for (MoeLayer* other : on_old) (void)other->use_workspace(layer.workspace_buffer());
     *shared = layer.workspace_buffer();
   } else {
     workspaces_.push_back(layer.workspace_buffer());
@@ -53,7 +57,9 @@ void Model::share_workspace_with(MoeLayer& layer) {
 size_t Model::workspace_bytes() const {
   std::set<const DeviceBuffer*> seen;
   size_t bytes = 0;
-  for (const auto& layer : layers_) {
+  for (int i = 0; i < num_layers(); ++i) {
+    const MoeLayer* layer = moe_layer(i);
+    if (layer == nullptr) continue;
     const DeviceBuffer* b = layer->workspace_buffer().get();
     if (seen.insert(b).second) bytes += b->bytes();
   }

@@ -174,6 +174,10 @@ Status MoeLayer::use_workspace(std::shared_ptr<DeviceBuffer> buffer) {
   return Status::Ok();
 }
 
+std::string MoeLayer::producer() const {
+  return backend_.empty() ? std::string(kernel_->name()) : backend_ + "/" + kernel_->name();
+}
+
 Status MoeLayer::capture_supported() const {
   // NOTE: a monolithic kernel hides routing; unless it writes routing_replay_out
   // the ids would be lost (read later as the sentinel, or zeros). The oracle

@@ -38,7 +38,7 @@ TEST_P(ReplayBitExact, ReplayingTheCaptureFileReproducesTheOutputs) {
   const uint64_t seed = testing::seed_from({31, static_cast<int64_t>(method), kernel == "CpuModular"});
   auto model = make_model(s, kernel, seed);
   ASSERT_TRUE(model);
-  ASSERT_EQ(model->layer(0).kernel().name(), kernel);
+  ASSERT_EQ(model->moe_layer(0)->kernel().name(), kernel);
   auto cap = RoutedExpertsCapturer::create(s.num_layers, s.max_tokens, static_cast<int>(s.k));
   ASSERT_TRUE(bind(*model, **cap).ok());
   ASSERT_TRUE((*cap)->add_request("p").ok());

@@ -16,6 +16,7 @@
 #include "dispatch/ep_prepare_finalize.h"
 #include "experts/cpu/cpu_gemm.h"
 #include "ep/ep_test_util.h"
+#include "moekit/capture.h"
 #include "moekit/ep_layer.h"
 #include "moekit/layer.h"
 #include "reference/reference.h"
@@ -270,6 +271,114 @@ TEST(EpEqualsSingleRankF32, TheBlasPathToo) {
       check_equal_to_single_rank(
           {ranks, RoutingMethod::kDeepseekV3, All2AllBackend::kAllgatherReducescatter, eplb, DType::kF32});
     }
+  }
+}
+
+// Capture through bind() on a Model of EP layers: each rank's capture of its
+// own tokens (logical ids and router weights, every layer) equals, bit for
+// bit, the single-rank Model's capture of the same rows; the replayer over
+// the EP model then reproduces that rank's outputs bit for bit.
+TEST(EpCapture, BindOnEpLayersCapturesWhatOneRankCaptures) {
+  const int n = 3, kLayers = 2;
+  const MoeConfig c = base_config(RoutingMethod::kDeepseekV3, DType::kBF16);
+  const GroupInputs in(c, n, testing::seed_from({78}));
+  const int k = c.top_k();
+  const CapturerOptions with_weights{/*record_router_weights=*/true};
+  auto run_step = [&](Model& model, RoutedExpertsCapturer& capturer, const std::string& request, int64_t b,
+                      int64_t e, std::vector<HostTensor>* outs, RoutedExpertsReplayer* replayer) -> Status {
+    MOEKIT_RETURN_IF_ERROR(capturer.begin_step({{{request, e - b}}}));
+    if (replayer != nullptr) MOEKIT_RETURN_IF_ERROR(replayer->begin_step({{{request, e - b}}}));
+    for (int l = 0; l < kLayers; ++l) {
+      outs->emplace_back(c.quant.act_dtype, std::vector<int64_t>{e - b, kH});
+      LayerForwardArgs a;
+      a.hidden = rows_of(in.hidden, b, e);
+      a.router_logits = rows_of(in.logits, b, e);
+      a.out = outs->back().view();
+      if (replayer != nullptr) a.forced_ids = replayer->forced_ids(l);
+      MOEKIT_RETURN_IF_ERROR(model.layer(l).forward(a));
+    }
+    return capturer.end_step();
+  };
+
+  // One rank, every token.
+  MoeConfig one = c;
+  one.max_num_tokens = in.total;
+  Model single;
+  for (int l = 0; l < kLayers; ++l) {
+    auto layer = MoeLayer::create(one, in.weights(one), Device::cpu(), Platform::cpu_only());
+    ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+    ASSERT_TRUE(single.add_layer(std::move(layer).value(), 2 * l + 1).ok());
+  }
+  auto capturer = RoutedExpertsCapturer::create(kLayers, in.total, k, Device::cpu(), true, with_weights);
+  ASSERT_TRUE(capturer.ok());
+  ASSERT_TRUE(bind(single, **capturer).ok());
+  ASSERT_TRUE((*capturer)->add_request("all").ok());
+  std::vector<HostTensor> single_out;
+  ASSERT_TRUE(run_step(single, **capturer, "all", 0, in.total, &single_out, nullptr).ok());
+  auto ref = (*capturer)->snapshot();
+  ASSERT_TRUE(ref.ok());
+  const RequestCapture& all = ref->requests.at(0);
+  ASSERT_EQ(all.router_weights.shape(), all.ids.shape());
+  const size_t row = static_cast<size_t>(kLayers) * k;  // one token's ids (or weights), every layer
+
+  std::vector<std::string> problems(n);
+  auto st = run_ranks(n, [&](int r, Communicator& comm) -> Status {
+    const MoeConfig rc = rank_config(c, n, r, All2AllBackend::kNccl);
+    Model model;
+    for (int l = 0; l < kLayers; ++l) {
+      MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, in.weights(rc), comm, nullptr,
+                                                                      Platform::cpu_only()));
+      MOEKIT_RETURN_IF_ERROR(model.add_layer(std::move(layer), 2 * l + 1));
+    }
+    MOEKIT_ASSIGN_OR_RETURN(auto cap, RoutedExpertsCapturer::create(kLayers, kMaxPerRank, k, Device::cpu(), true,
+                                                                    with_weights));
+    MOEKIT_RETURN_IF_ERROR(bind(model, *cap));
+    MOEKIT_RETURN_IF_ERROR(cap->add_request("r"));
+    const int64_t b = in.first[r], e = in.first[r + 1];
+    std::vector<HostTensor> outs;
+    MOEKIT_RETURN_IF_ERROR(run_step(model, *cap, "r", b, e, &outs, nullptr));
+    MOEKIT_ASSIGN_OR_RETURN(CaptureSet mine, cap->snapshot());
+    const RequestCapture& got = mine.requests.at(0);
+    std::string& why = problems[r];
+    if (got.num_tokens() != e - b) why += "token count; ";
+    if (std::memcmp(got.ids.data<int16_t>(), all.ids.data<int16_t>() + b * row, (e - b) * row * sizeof(int16_t)) != 0) {
+      why += "ids; ";
+    }
+    if (got.router_weights.shape() != got.ids.shape() ||
+        std::memcmp(got.router_weights.data<float>(), all.router_weights.data<float>() + b * row,
+                    (e - b) * row * sizeof(float)) != 0) {
+      why += "router weights; ";
+    }
+    if (mine.info.backend.rfind("ep3/", 0) != 0) why += "producer " + mine.info.backend + "; ";
+    // Replay the rank's own capture through the same EP model.
+    MOEKIT_ASSIGN_OR_RETURN(auto replayer, RoutedExpertsReplayer::create(std::move(mine), model));
+    MOEKIT_RETURN_IF_ERROR(cap->add_request("again"));
+    std::vector<HostTensor> replayed;
+    MOEKIT_RETURN_IF_ERROR(replayer->start_token("r", 0));
+    MOEKIT_RETURN_IF_ERROR(cap->begin_step({{{"again", e - b}}}));
+    for (int l = 0; l < kLayers; ++l) {
+      replayed.emplace_back(c.quant.act_dtype, std::vector<int64_t>{e - b, kH});
+    }
+    MOEKIT_RETURN_IF_ERROR(replayer->begin_step({{{"r", e - b}}}));
+    for (int l = 0; l < kLayers; ++l) {
+      LayerForwardArgs a;
+      a.hidden = rows_of(in.hidden, b, e);
+      a.router_logits = rows_of(in.logits, b, e);
+      a.out = replayed[l].view();
+      a.forced_ids = replayer->forced_ids(l);
+      MOEKIT_RETURN_IF_ERROR(model.layer(l).forward(a));
+      if (!same_bytes(replayed[l], outs[l])) why += "replayed output of layer " + std::to_string(l) + "; ";
+      if (std::memcmp(outs[l].data<void>(),
+                      static_cast<const char*>(single_out[l].data<void>()) + b * kH * dtype_size(c.quant.act_dtype),
+                      outs[l].nbytes()) != 0) {
+        why += "output of layer " + std::to_string(l) + " vs one rank; ";
+      }
+    }
+    return cap->end_step();
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+    EXPECT_EQ(problems[r], "") << "rank " << r;
   }
 }
 

@@ -111,7 +111,7 @@ TEST(MoeLayerIdsOut, PerForwardTargetAndBoundCaptureTargetGetTheSameRows) {
   ASSERT_EQ(captured->nbytes(), ids.nbytes());
   EXPECT_EQ(std::memcmp(captured->data<void>(), ids.data<void>(), ids.nbytes()), 0);
   // A layer handle kept by the caller is the layer in the model.
-  EXPECT_EQ(&model.layer(0), layer.get());
+  EXPECT_EQ(model.moe_layer(0), layer.get());
 }
 
 TEST(MoeLayerIdsOut, TooFewRowsIsRejected) {
@@ -187,13 +187,13 @@ TEST(ModelWorkspace, LayersShareOneAndComputeAlike) {
     ASSERT_TRUE(shared.add_layer(cpu_layer(config(), inputs[l]), l).ok());
     ASSERT_TRUE(own.add_layer(cpu_layer(config(), inputs[l]), l).ok());
   }
-  const size_t one = shared.layer(0).workspace_bytes();
+  const size_t one = shared.moe_layer(0)->workspace_bytes();
   ASSERT_GT(one, 0u);
   EXPECT_EQ(shared.workspace_bytes(), one);
   EXPECT_EQ(own.workspace_bytes(), kLayers * one);
   for (int l = kLayers - 1; l >= 0; --l) {  // reverse order: each layer overwrites what the last left
-    const HostTensor a = run(shared.layer(l), inputs[l]);
-    const HostTensor b = run(own.layer(l), inputs[l]);
+    const HostTensor a = run(*shared.moe_layer(l), inputs[l]);
+    const HostTensor b = run(*own.moe_layer(l), inputs[l]);
     ASSERT_EQ(std::memcmp(a.data<void>(), b.data<void>(), a.nbytes()), 0) << "layer " << l;
   }
 }
@@ -208,24 +208,24 @@ TEST(ModelWorkspace, GrowsOnlyBeforeAnyLayerRan) {
   Model m;
   ASSERT_TRUE(m.add_layer(cpu_layer(small, in), 0).ok());
   ASSERT_TRUE(m.add_layer(cpu_layer(large, in), 1).ok());
-  const size_t big = m.layer(1).workspace_bytes();
-  ASSERT_GT(big, m.layer(0).workspace_bytes());
+  const size_t big = m.moe_layer(1)->workspace_bytes();
+  ASSERT_GT(big, m.moe_layer(0)->workspace_bytes());
   EXPECT_EQ(m.workspace_bytes(), big);
-  EXPECT_EQ(m.layer(0).workspace_buffer(), m.layer(1).workspace_buffer());
-  const void* address = m.layer(0).workspace_buffer()->data();
-  run(m.layer(0), in);
+  EXPECT_EQ(m.moe_layer(0)->workspace_buffer(), m.moe_layer(1)->workspace_buffer());
+  const void* address = m.moe_layer(0)->workspace_buffer()->data();
+  run(*m.moe_layer(0), in);
   MoeConfig larger = config();
   larger.max_num_tokens = 512;
   ASSERT_TRUE(m.add_layer(cpu_layer(larger, in), 2).ok());
-  EXPECT_EQ(m.layer(0).workspace_buffer()->data(), address);  // unmoved under the layer that ran
-  EXPECT_NE(m.layer(2).workspace_buffer(), m.layer(0).workspace_buffer());
-  EXPECT_EQ(m.workspace_bytes(), big + m.layer(2).workspace_bytes());
+  EXPECT_EQ(m.moe_layer(0)->workspace_buffer()->data(), address);  // unmoved under the layer that ran
+  EXPECT_NE(m.moe_layer(2)->workspace_buffer(), m.moe_layer(0)->workspace_buffer());
+  EXPECT_EQ(m.workspace_bytes(), big + m.moe_layer(2)->workspace_bytes());
   std::shared_ptr<MoeLayer> ran = cpu_layer(small, in);
   run(*ran, in);
   const std::shared_ptr<DeviceBuffer> its_own = ran->workspace_buffer();
   ASSERT_TRUE(m.add_layer(ran, 3).ok());
   EXPECT_EQ(ran->workspace_buffer(), its_own);
-  const Status s = ran->use_workspace(m.layer(0).workspace_buffer());
+  const Status s = ran->use_workspace(m.moe_layer(0)->workspace_buffer());
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("has run already"), std::string::npos) << s.message();
 }
