@@ -12,6 +12,7 @@
 #include "dispatch/host_all_gather.h"
 #include "eplb/slot_weights.h"
 #include "layer/ep_layer_device.h"
+#include "layer/forward_checks.h"
 #include "moekit/ep_layer.h"
 #include "moekit/routing.h"
 
@@ -328,11 +329,8 @@ Status ExpertParallelLayer::set_capture_target(const TensorView& target, const T
     router_weights_target_ = {};
     return Status::Ok();
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(target, "capture target", {DType::kI16}, {-1, config_.top_k()}, comm_->device()));
-  if (target.dim(0) < config_.max_num_tokens) {
-    return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
-                           " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
-  }
+  MOEKIT_RETURN_IF_ERROR(check_ids_rows(target, "capture target", config_.max_num_tokens, "max_num_tokens",
+                                        config_.top_k(), comm_->device()));
   if (router_weights.defined()) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(router_weights, "capture router weights", {DType::kF32},
                                         {target.dim(0), config_.top_k()}, comm_->device()));
@@ -348,7 +346,7 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
   // rule of docs/routing.md instead: the token's output row is NaN.
   const Device dev = comm_->device();
   const bool on_host = dev.type == DeviceType::kCpu;
-  const int64_t H = config_.hidden, E = config_.num_experts, k = config_.top_k();
+  const int64_t H = config_.hidden;
   if (a.hidden.rank == 2 && a.hidden.dim(0) == 0) {
     // A rank with no tokens this step still takes part in the collectives.
     if (a.hidden.dim(1) != H || a.out.rank != 2 || a.out.dim(0) != 0) {
@@ -356,42 +354,14 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
     }
     return Status::Ok();
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, dev));
-  const int64_t m = a.hidden.dim(0);
-  if (m < 1 || m > config_.max_num_tokens) {
-    return InvalidArgument("hidden: " + std::to_string(m) + " tokens; must be in [1, max_num_tokens = " +
-                           std::to_string(config_.max_num_tokens) + "]");
-  }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.out, "out", {config_.quant.act_dtype}, {m, H}, dev));
+  MOEKIT_RETURN_IF_ERROR(check_forward_args(config_, a, dev));
   if (!on_host && (reinterpret_cast<uintptr_t>(a.hidden.data) % 16 != 0 ||
                    reinterpret_cast<uintptr_t>(a.out.data) % 16 != 0)) {
     return InvalidArgument("hidden/out: the GPU path reads and writes rows in 16-byte pieces; both must be "
                            "16-byte aligned");
   }
-  if (a.expert_counts.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
-  }
-  if (a.routing_replay_out.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.routing_replay_out, "routing_replay_out", {DType::kI16}, {-1, k}, dev));
-    if (a.routing_replay_out.dim(0) < m) {
-      return InvalidArgument("routing_replay_out: needs at least M = " + std::to_string(m) + " rows, got " +
-                             a.routing_replay_out.shape_string());
-    }
-  }
-  if (config_.routing.method == RoutingMethod::kCustom) {
-    if (a.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_ids, "topk_ids", {DType::kI32}, {m, k}, dev));
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.topk_weights, "topk_weights", {DType::kF32}, {m, k}, dev));
-    return on_host ? check_forced_ids(a.topk_ids, E) : Status::Ok();
-  }
-  if (a.topk_ids.defined() || a.topk_weights.defined()) {
-    return InvalidArgument("topk_ids/topk_weights: only custom routing takes them");
-  }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(a.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, dev));
-  if (on_host) MOEKIT_RETURN_IF_ERROR(check_logits_finite(a.router_logits));
-  if (a.forced_ids.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(a.forced_ids, "forced_ids", {DType::kI32}, {m, k}, Device::cpu()));
-    MOEKIT_RETURN_IF_ERROR(check_forced_ids(a.forced_ids, E));
+  if (on_host && config_.routing.method != RoutingMethod::kCustom) {
+    MOEKIT_RETURN_IF_ERROR(check_logits_finite(a.router_logits));
   }
   return Status::Ok();
 }

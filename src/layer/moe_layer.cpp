@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/checked_size.h"
+#include "layer/forward_checks.h"
 #include "moekit/device_buffer.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
@@ -189,10 +190,10 @@ Status MoeLayer::capture_supported() const {
   return Status::Ok();
 }
 
-// What a capture target and a per-forward routing_replay_out both need.
+// What a capture target and a per-forward routing_replay_out both need of
+// this layer (their shapes: check_ids_rows).
 Status MoeLayer::check_ids_target(const TensorView& target, const char* name) const {
   if (Status s = capture_supported(); !s.ok()) return Unsupported(std::string(name) + ": " + s.message());
-  MOEKIT_RETURN_IF_ERROR(check_tensor(target, name, {DType::kI16}, {-1, config_.top_k()}, device()));
   if (config_.routing.method == RoutingMethod::kCustom && device().type != DeviceType::kCpu) {
     return Unsupported(std::string(name) + ": capturing caller-supplied (custom) ids is only implemented on the CPU");
   }
@@ -215,10 +216,8 @@ Status MoeLayer::set_capture_target(const TensorView& target, const TensorView& 
     return Status::Ok();
   }
   MOEKIT_RETURN_IF_ERROR(check_ids_target(target, "capture target"));
-  if (target.dim(0) < config_.max_num_tokens) {
-    return InvalidArgument("capture target: " + std::to_string(target.dim(0)) +
-                           " rows cannot hold max_num_tokens = " + std::to_string(config_.max_num_tokens));
-  }
+  MOEKIT_RETURN_IF_ERROR(
+      check_ids_rows(target, "capture target", config_.max_num_tokens, "max_num_tokens", config_.top_k(), device()));
   if (router_weights.defined()) {
     if (Status s = router_weights_capture_supported(); !s.ok()) {
       return Unsupported("capture router weights: " + s.message());
@@ -232,43 +231,10 @@ Status MoeLayer::set_capture_target(const TensorView& target, const TensorView& 
 }
 
 Status MoeLayer::validate(const LayerForwardArgs& args) const {
-  const Device dev = device();
-  const int64_t H = config_.hidden, E = config_.num_experts, k = config_.top_k();
-  MOEKIT_RETURN_IF_ERROR(check_tensor(args.hidden, "hidden", {config_.quant.act_dtype}, {-1, H}, dev));
-  const int64_t m = args.hidden.dim(0);
-  if (m < 1 || m > config_.max_num_tokens) {
-    return InvalidArgument("hidden: " + std::to_string(m) + " tokens; must be in [1, max_num_tokens = " +
-                           std::to_string(config_.max_num_tokens) + "]");
-  }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(args.out, "out", {config_.quant.act_dtype}, {m, H}, dev));
-  if (args.expert_counts.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(args.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
-  }
   if (args.routing_replay_out.defined()) {
     MOEKIT_RETURN_IF_ERROR(check_ids_target(args.routing_replay_out, "routing_replay_out"));
-    if (args.routing_replay_out.dim(0) < m) {
-      return InvalidArgument("routing_replay_out: needs at least M = " + std::to_string(m) + " rows, got " +
-                             args.routing_replay_out.shape_string());
-    }
   }
-  if (config_.routing.method == RoutingMethod::kCustom) {
-    if (args.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");
-    MOEKIT_RETURN_IF_ERROR(check_tensor(args.topk_ids, "topk_ids", {DType::kI32}, {m, k}, dev));
-    MOEKIT_RETURN_IF_ERROR(check_tensor(args.topk_weights, "topk_weights", {DType::kF32}, {m, k}, dev));
-    if (dev.type == DeviceType::kCpu) MOEKIT_RETURN_IF_ERROR(check_forced_ids(args.topk_ids, E));
-    return Status::Ok();
-  }
-  if (args.topk_ids.defined() || args.topk_weights.defined()) {
-    return InvalidArgument(std::string("topk_ids/topk_weights: only custom routing takes them; this layer routes with ") +
-                           routing_method_name(config_.routing.method));
-  }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(args.router_logits, "router_logits", {config_.logits_dtype}, {m, E}, dev));
-  if (args.forced_ids.defined()) {
-    // Forced ids are validated on the host (range, duplicates, sentinel) before anything runs.
-    MOEKIT_RETURN_IF_ERROR(check_tensor(args.forced_ids, "forced_ids", {DType::kI32}, {m, k}, Device::cpu()));
-    MOEKIT_RETURN_IF_ERROR(check_forced_ids(args.forced_ids, E));
-  }
-  return Status::Ok();
+  return check_forward_args(config_, args, device());
 }
 
 Status MoeLayer::route_tokens(const LayerForwardArgs& args, int64_t m, Stream stream) {
