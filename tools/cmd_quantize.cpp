@@ -25,10 +25,13 @@ struct QuantizeOptions {
   std::string weights_path, out_path, scheme;
 };
 
+// The scheme is named as MoeConfig's quant method (one spelling everywhere).
 StatusOr<QuantMethod> scheme_from_flag(const std::string& flag) {
-  if (flag == "fp8-block") return QuantMethod::kFp8Block128;
-  if (flag == "fp8-tensor") return QuantMethod::kFp8PerTensor;
-  return InvalidArgument("--scheme must be fp8-block or fp8-tensor, got '" + flag + "'");
+  const std::optional<QuantMethod> m = parse_quant_method(flag);
+  if (m && *m != QuantMethod::kNone) return *m;
+  const char* hint = flag == "fp8-block" ? " (spelled fp8_block128, as MoeConfig's quant)"
+                     : flag == "fp8-tensor" ? " (spelled fp8_per_tensor, as MoeConfig's quant)" : "";
+  return InvalidArgument("--scheme must be fp8_block128 or fp8_per_tensor, got '" + flag + "'" + hint);
 }
 
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
@@ -188,7 +191,7 @@ Status run_quantize(const QuantizeOptions& o) {
 void add_quantize_command(CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
   CLI::App* cmd = app.add_subcommand("quantize", "Convert a BF16/F32 layer file to fp8 weights with scales");
-  cmd->add_option("--scheme", o->scheme, "fp8-block (128x128 block scales) or fp8-tensor (one scale per tensor)")
+  cmd->add_option("--scheme", o->scheme, "fp8_block128 (128x128 block scales) or fp8_per_tensor (one scale per tensor)")
       ->required();
   cmd->add_option("--weights", o->weights_path, "input safetensors layer file (docs/layer_files.md)")->required();
   cmd->add_option("--out", o->out_path, "output safetensors file")->required();

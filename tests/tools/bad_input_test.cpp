@@ -570,13 +570,13 @@ TEST_F(BadInput, Fp8Checkpoints) {
   ASSERT_TRUE(io::write_safetensors(in("plain.safetensors"), {{"a", HostTensor(DType::kF32, {2}).view()}}).ok());
   const std::string q = "quantize --out " + out("q.safetensors");
   cases.push_back({"quantize: unknown scheme", q + " --scheme fp8 --weights " + in("w.safetensors"),
-                   "--scheme must be fp8-block or fp8-tensor, got 'fp8'"});
-  cases.push_back({"quantize: fp8 input", q + " --scheme fp8-block --weights " + in("fp8.safetensors"),
+                   "--scheme must be fp8_block128 or fp8_per_tensor, got 'fp8'"});
+  cases.push_back({"quantize: fp8 input", q + " --scheme fp8_block128 --weights " + in("fp8.safetensors"),
                    "already F8_E4M3"});
-  cases.push_back({"quantize: no expert weights", q + " --scheme fp8-tensor --weights " + in("plain.safetensors"),
+  cases.push_back({"quantize: no expert weights", q + " --scheme fp8_per_tensor --weights " + in("plain.safetensors"),
                    "no expert weights to quantize"});
   cases.push_back({"quantize: output is the input",
-                   "quantize --scheme fp8-block --weights " + in("w.safetensors") + " --out " + in("w.safetensors"),
+                   "quantize --scheme fp8_block128 --weights " + in("w.safetensors") + " --out " + in("w.safetensors"),
                    "--out"});
   snapshot_ = snapshot();
   expect_rejected(cases);

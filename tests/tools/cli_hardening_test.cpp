@@ -263,7 +263,7 @@ TEST_F(CliHardening, NanExpertWeightsAreRefusedNamingTheTensorAndIndex) {
   r = run_cli("layer --backend cpu --weights " + inf_file + run);
   expect_refused(r, "w2: element [1, 0, 7]", "bf16 Inf");
   // fp8 e4m3: the NaN codes 0x7F and 0xFF.
-  ASSERT_EQ(run_cli("quantize --scheme fp8-tensor --weights " + layer + " --out " + file("fp8.safetensors")).code, 0);
+  ASSERT_EQ(run_cli("quantize --scheme fp8_per_tensor --weights " + layer + " --out " + file("fp8.safetensors")).code, 0);
   for (uint8_t code : {uint8_t{0x7f}, uint8_t{0xff}}) {
     const std::string f8 = file("fp8_" + std::to_string(code) + ".safetensors");
     fs::copy_file(file("fp8.safetensors"), f8);
@@ -296,7 +296,7 @@ TEST_F(CliHardening, QuantizeRefusesZeroSizesAndMismatchedStackedLayers) {
       {"H differs", stacked("h.safetensors", {kE, 2 * kI, kH}, {kE, kH + 1, kI}), "disagree on E or H"},
   };
   for (const auto& [what, in, needle] : cases) {
-    for (const char* scheme : {"fp8-block", "fp8-tensor"}) {
+    for (const char* scheme : {"fp8_block128", "fp8_per_tensor"}) {
       const Result r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + in + " --out " + file("q.safetensors"));
       expect_refused(r, needle, what);
       EXPECT_FALSE(fs::exists(file("q.safetensors"))) << what;
@@ -306,7 +306,7 @@ TEST_F(CliHardening, QuantizeRefusesZeroSizesAndMismatchedStackedLayers) {
   Tensors t = expert_tensors("model.layers.0.mlp.", rng);
   t.list[0].second = HostTensor(DType::kBF16, {0, kH});
   ASSERT_TRUE(t.write(file("pe0.safetensors")).ok());
-  expect_refused(run_cli("quantize --scheme fp8-block --weights " + file("pe0.safetensors") + " --out " +
+  expect_refused(run_cli("quantize --scheme fp8_block128 --weights " + file("pe0.safetensors") + " --out " +
                          file("q.safetensors")),
                  "experts.0.gate_proj.weight: a size of 0", "per-expert zero rows");
 }
@@ -330,7 +330,7 @@ TEST_F(CliHardening, QuantizeCopiesTensorsOfEveryDtypeUnchanged) {
   for (int i = 0; i < 3; ++i) odd.data<uint8_t>()[i] = static_cast<uint8_t>(200 + i);
   named.push_back({"model.layers.0.mlp.flags", odd.view(), {}});
   ASSERT_TRUE(io::write_safetensors(file("in.safetensors"), named).ok());
-  const Result r = run_cli("quantize --scheme fp8-block --weights " + file("in.safetensors") + " --out " +
+  const Result r = run_cli("quantize --scheme fp8_block128 --weights " + file("in.safetensors") + " --out " +
                            file("q.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   auto q = io::SafetensorsFile::open(file("q.safetensors"));

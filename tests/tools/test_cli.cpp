@@ -197,9 +197,9 @@ TEST_F(Cli, QuantizeThenLayerMatchesTheFp8Reference) {
   lp.E = E;
   lp.H = H;
   lp.I = I;
-  for (const char* scheme : {"fp8-block", "fp8-tensor"}) {
+  for (const char* scheme : {"fp8_block128", "fp8_per_tensor"}) {
     SCOPED_TRACE(scheme);
-    const bool block = std::string(scheme) == "fp8-block";
+    const bool block = std::string(scheme) == "fp8_block128";
     const std::string q = file(std::string(scheme) + ".safetensors");
     r = run_cli(std::string("quantize --scheme ") + scheme + " --weights " + file("bf16.safetensors") + " --out " + q);
     ASSERT_EQ(r.code, 0) << r.out;
