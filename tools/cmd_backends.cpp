@@ -42,16 +42,24 @@ StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
   MOEKIT_ASSIGN_OR_RETURN(c.quant.act_dtype, dtype_flag("--act-dtype", o.act_dtype));
   MOEKIT_ASSIGN_OR_RETURN(c.logits_dtype, dtype_flag("--logits-dtype", o.logits_dtype));
   const std::optional<QuantMethod> quant = parse_quant_method(o.quant);
-  if (!quant) return InvalidArgument("--quant: unknown method '" + o.quant + "' (none, fp8_block128, fp8_per_tensor)");
+  if (!quant) {
+    return InvalidArgument("--quant: unknown method '" + o.quant + "' (" + name_list(kAllQuantMethods, quant_method_name) +
+                           ")");
+  }
   c.quant.method = *quant;
   // fp8 methods imply e4m3 weights unless --weight-dtype says otherwise.
   if (c.quant.is_fp8() && o.weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
-  if (o.act_scale != "dynamic" && o.act_scale != "static") {
-    return InvalidArgument("--act-scale must be dynamic or static, got '" + o.act_scale + "'");
+  const std::optional<ActScale> act_scale = parse_act_scale(o.act_scale);
+  if (!act_scale) {
+    return InvalidArgument("--act-scale must be " + name_list(kAllActScales, act_scale_name, " or ") + ", got '" +
+                           o.act_scale + "'");
   }
-  c.quant.act_scale = o.act_scale == "static" ? ActScale::kStatic : ActScale::kDynamic;
+  c.quant.act_scale = *act_scale;
   auto act = parse_activation(o.activation);
-  if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
+  if (!act) {
+    return InvalidArgument("--activation: unknown activation '" + o.activation + "' (" +
+                           name_list(kAllActivations, activation_name) + ")");
+  }
   c.activation.kind = *act;
   if (o.routing.method == "custom") {
     // The oracle's answer for caller-supplied routing (not a --method of `route`).
@@ -112,12 +120,12 @@ void add_backends_command(CLI::App& app) {
   cmd->add_option("--hidden", o->hidden, "hidden size (H)")->capture_default_str();
   cmd->add_option("--intermediate", o->intermediate, "expert intermediate size (I)")->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "tokens per call at most")->capture_default_str();
-  cmd->add_option("--activation", o->activation, "silu|gelu|swiglu_oai|relu2")->capture_default_str();
+  cmd->add_option("--activation", o->activation, name_list(kAllActivations, activation_name, "|"))->capture_default_str();
   cmd->add_option("--weight-dtype", o->weight_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--act-dtype", o->act_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--logits-dtype", o->logits_dtype, "f32|bf16")->capture_default_str();
-  cmd->add_option("--quant", o->quant, "none|fp8_block128|fp8_per_tensor (docs/fp8.md)")->capture_default_str();
-  cmd->add_option("--act-scale", o->act_scale, "fp8_per_tensor activation scales: dynamic|static")
+  cmd->add_option("--quant", o->quant, name_list(kAllQuantMethods, quant_method_name, "|") + " (docs/fp8.md)")->capture_default_str();
+  cmd->add_option("--act-scale", o->act_scale, "fp8_per_tensor activation scales: " + name_list(kAllActScales, act_scale_name, "|"))
       ->capture_default_str();
   cmd->add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();
   cmd->add_option("--ep", o->ep, "expert-parallel size")->capture_default_str();

@@ -155,7 +155,10 @@ Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer&
   MoeConfig& cfg = ckpt.config;
   if (!o.dtype.empty()) cfg.quant.act_dtype = flag_dtype;
   auto act = parse_activation(o.activation);
-  if (!act) return InvalidArgument("--activation: unknown activation '" + o.activation + "'");
+  if (!act) {
+    return InvalidArgument("--activation: unknown activation '" + o.activation + "' (" +
+                           name_list(kAllActivations, activation_name) + ")");
+  }
   cfg.activation.kind = *act;
   if (N != (cfg.activation.gated() ? 2 * I : I)) {
     return InvalidArgument(o.weights_path + ": w13 has " + std::to_string(N) + " rows per expert; activation " +
@@ -330,7 +333,7 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--replay", o->replay_path, "force these expert ids .npy [M, k] (i32, i16 or u8)");
   cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
   o->layer_description.push_back(
-      cmd->add_option("--activation", o->activation, "silu|gelu|swiglu_oai|relu2")->capture_default_str());
+      cmd->add_option("--activation", o->activation, name_list(kAllActivations, activation_name, "|"))->capture_default_str());
   cmd->add_option("--dtype", o->dtype, "compute dtype of hidden/out: f32|bf16 (default: the weights')");
   o->layer_description.push_back(
       cmd->add_flag("--no-bias", o->no_bias, "deepseek_v3: ignore the checkpoint's e_score_correction_bias"));

@@ -57,6 +57,8 @@ enum class Activation : uint8_t {
   kSwigluOai,   // gpt-oss: interleaved gate/up rows, clamp, alpha, (up + 1)
   kRelu2,       // relu(x)^2, not gated: w13 has I rows, not 2I
 };
+inline constexpr Activation kAllActivations[] = {Activation::kSiluGated, Activation::kGeluGated,
+                                                 Activation::kSwigluOai, Activation::kRelu2};
 const char* activation_name(Activation a);
 std::optional<Activation> parse_activation(std::string_view name);
 
@@ -77,6 +79,8 @@ enum class QuantMethod : uint8_t {
   kFp8PerTensor,    // W8A8: e4m3 weights, one f32 scale per weight tensor per expert;
                     // activations quantized with one scale per tensor (act_scale says how)
 };
+inline constexpr QuantMethod kAllQuantMethods[] = {QuantMethod::kNone, QuantMethod::kFp8Block128,
+                                                   QuantMethod::kFp8PerTensor};
 const char* quant_method_name(QuantMethod m);  // "none", "fp8_block128", "fp8_per_tensor"
 std::optional<QuantMethod> parse_quant_method(std::string_view name);
 
@@ -85,7 +89,19 @@ enum class ActScale : uint8_t {
   kDynamic,  // amax/448 of the whole GEMM input, computed every call
   kStatic,   // given with the weights, one f32 per expert and GEMM (a13_scale, a2_scale)
 };
+inline constexpr ActScale kAllActScales[] = {ActScale::kDynamic, ActScale::kStatic};
 const char* act_scale_name(ActScale s);  // "dynamic", "static"
+std::optional<ActScale> parse_act_scale(std::string_view name);
+
+// The names of one of the tables above (kAllRoutingMethods, kAllActivations,
+// ...) joined by `sep`, for help texts and messages: each vocabulary is
+// spelled in one place.
+template <typename Enum, size_t N>
+std::string name_list(const Enum (&all)[N], const char* (*name_of)(Enum), std::string_view sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) out += (i ? std::string(sep) : std::string()) + name_of(all[i]);
+  return out;
+}
 
 inline constexpr int64_t kFp8BlockSize = 128;   // block edge of fp8_block128 (weights and activation groups)
 inline constexpr float kFp8E4M3Max = 448.0f;    // largest finite e4m3fn value

@@ -39,6 +39,13 @@ void refuse_unless_deepseek_v3(RoutingMethod method, const std::string& routing,
   }
 }
 
+template <typename Enum, size_t N>
+std::vector<std::string> names_of(const Enum (&all)[N], const char* (*name_of)(Enum)) {
+  std::vector<std::string> names;
+  for (Enum e : all) names.emplace_back(name_of(e));
+  return names;
+}
+
 MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidden_size,
                       nb::handle intermediate_size, const std::string& routing, nb::handle num_groups,
                       nb::handle topk_groups, std::optional<double> routed_scaling_factor,
@@ -76,20 +83,26 @@ MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidde
   }
   c.routing.renormalize = renormalize.value_or(true);
   const std::optional<Activation> act = parse_activation(activation);
-  if (!act) throw nb::value_error(("activation: unknown activation '" + activation + "'").c_str());
+  if (!act) {
+    throw nb::value_error(("activation: unknown activation '" + activation + "' (" +
+                           name_list(kAllActivations, activation_name) + ")").c_str());
+  }
   c.activation.kind = *act;
   c.quant.weight_dtype = dtype_named("weight_dtype", weight_dtype);
   const std::optional<QuantMethod> method_q = parse_quant_method(quant);
   if (!method_q) {
-    throw nb::value_error(("quant: unknown method '" + quant + "' (none, fp8_block128, fp8_per_tensor)").c_str());
+    throw nb::value_error(
+        ("quant: unknown method '" + quant + "' (" + name_list(kAllQuantMethods, quant_method_name) + ")").c_str());
   }
   c.quant.method = *method_q;
   // fp8 methods take e4m3 weights: the default weight dtype follows the method.
   if (c.quant.is_fp8() && weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
-  if (act_scale != "dynamic" && act_scale != "static") {
-    throw nb::value_error(("act_scale: must be 'dynamic' or 'static', got '" + act_scale + "'").c_str());
+  const std::optional<ActScale> scale = parse_act_scale(act_scale);
+  if (!scale) {
+    throw nb::value_error(("act_scale: must be " + name_list(kAllActScales, act_scale_name, " or ") + ", got '" +
+                           act_scale + "'").c_str());
   }
-  c.quant.act_scale = act_scale == "static" ? ActScale::kStatic : ActScale::kDynamic;
+  c.quant.act_scale = *scale;
   c.quant.act_dtype = dtype_named("act_dtype", act_dtype);
   c.logits_dtype = dtype_named("logits_dtype", logits_dtype);
   c.backend = backend;
@@ -138,14 +151,12 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("shared_gate", [](const MoeConfig& c) { return c.has_shared_gate; })
       .def_prop_ro("batch_invariant", [](const MoeConfig& c) { return c.batch_invariant; })
       .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
-  m.def(
-      "routing_methods",
-      [] {
-        std::vector<std::string> names;
-        for (RoutingMethod r : kAllRoutingMethods) names.emplace_back(routing_method_name(r));
-        return names;
-      },
-      "Every routing method's name, in the spec's order (the library's own list).");
+  m.def("routing_methods", [] { return names_of(kAllRoutingMethods, routing_method_name); },
+        "Every routing method's name, in the spec's order (the library's own list).");
+  m.def("activations", [] { return names_of(kAllActivations, activation_name); },
+        "Every activation's name (the library's own list).");
+  m.def("quant_methods", [] { return names_of(kAllQuantMethods, quant_method_name); },
+        "Every quantization method's name (the library's own list).");
 }
 
 }  // namespace moekit::python

@@ -108,3 +108,21 @@ def test_route_errors(case):
         moekit.route(torch.zeros((4, E + 1)), case.config)
     with pytest.raises(ValueError, match="score_bias"):
         moekit.route(case.logits, small_config("renormalize"), score_bias=torch.zeros(E))
+
+
+def test_vocabularies_come_from_the_library_and_errors_list_them():
+    """Each vocabulary is spelled once, in the library: every name it lists is
+    accepted, and an unknown one is refused with the whole list named."""
+    from moekit import _moekit
+    acts, quants = _moekit.activations(), _moekit.quant_methods()
+    assert {"silu", "swiglu_oai", "relu2"} <= set(acts) and {"none", "fp8_block128"} <= set(quants)
+    for a in acts:
+        moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, activation=a)
+    for q in quants:
+        moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, quant=q)
+    with pytest.raises(ValueError) as e:
+        moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, activation="swish")
+    assert ", ".join(acts) in str(e.value)
+    with pytest.raises(ValueError) as e:
+        moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, quant="int4")
+    assert ", ".join(quants) in str(e.value)

@@ -50,10 +50,11 @@ const char* activation_name(Activation a) {
   return "?";
 }
 
+static_assert(std::size(kAllActivations) == static_cast<size_t>(Activation::kRelu2) + 1,
+              "kAllActivations lists every Activation");
+
 std::optional<Activation> parse_activation(std::string_view name) {
-  static constexpr Activation kAll[] = {Activation::kSiluGated, Activation::kGeluGated,
-                                        Activation::kSwigluOai, Activation::kRelu2};
-  return parse_by_name(name, kAll, activation_name);
+  return parse_by_name(name, kAllActivations, activation_name);
 }
 
 const char* all2all_name(All2AllBackend b) {
@@ -134,9 +135,11 @@ const char* quant_method_name(QuantMethod m) {
   return "?";
 }
 
+static_assert(std::size(kAllQuantMethods) == static_cast<size_t>(QuantMethod::kFp8PerTensor) + 1,
+              "kAllQuantMethods lists every QuantMethod");
+
 std::optional<QuantMethod> parse_quant_method(std::string_view name) {
-  static constexpr QuantMethod kAll[] = {QuantMethod::kNone, QuantMethod::kFp8Block128, QuantMethod::kFp8PerTensor};
-  return parse_by_name(name, kAll, quant_method_name);
+  return parse_by_name(name, kAllQuantMethods, quant_method_name);
 }
 
 const char* act_scale_name(ActScale s) {
@@ -145,6 +148,13 @@ const char* act_scale_name(ActScale s) {
     case ActScale::kStatic: return "static";
   }
   return "?";
+}
+
+static_assert(std::size(kAllActScales) == static_cast<size_t>(ActScale::kStatic) + 1,
+              "kAllActScales lists every ActScale");
+
+std::optional<ActScale> parse_act_scale(std::string_view name) {
+  return parse_by_name(name, kAllActScales, act_scale_name);
 }
 
 Status QuantScheme::validate() const {
