@@ -78,6 +78,12 @@ struct CheckpointLayerSize {
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size);
 
+// The same from a model's config.json text and its tensors in one safetensors
+// image in memory (e.g. a live transformers block serialized, with
+// "model.layers.<layer>." names): the reader of model folders, without files.
+StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
+                                                          int layer);
+
 // A layer file (docs/layer_files.md): the one MoE layer of `file`, or, when the
 // file holds several ("layers.<N>." in their names), layer `layer`. config
 // gets E, H, I and the quantization from the tensors, and the shared expert's

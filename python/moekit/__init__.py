@@ -16,7 +16,7 @@ from .layer import MoeLayer, Model, route, select_backend
 from . import ops  # registers torch.ops.moekit.moe_forward
 # moekit.r3 (routing replay glue) and moekit.torch.replay_routing; "torch" stays out of __all__
 # so that `from moekit import *` never shadows the real torch.
-from . import r3, torch
+from . import nn, r3, torch
 
 __version__ = "0.1.0"
 

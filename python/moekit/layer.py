@@ -58,17 +58,25 @@ class MoeLayer:
     router_bias: Optional[torch.Tensor] = None    # [E] float32 (from_pretrained, gpt-oss)
 
     @classmethod
-    def from_pretrained(cls, model_dir, layer: int, device: DeviceLike = None,
-                        max_num_tokens: int = 4096) -> "MoeLayer":
+    def from_pretrained(cls, model_dir, layer: int, device: DeviceLike = None, max_num_tokens: int = 4096,
+                        backend: str = "auto", batch_invariant: bool = False, capture: bool = True) -> "MoeLayer":
         """Model layer `layer` of a folder as transformers' save_pretrained writes it
         (config.json + safetensors shards): its config, routing, expert biases and
-        shared experts as the config says (docs/layer_files.md). Called without
-        router_logits, the layer computes them from the checkpoint's router
-        (router_logits()). device: where it runs (default: the CPU)."""
+        shared experts as the config says, bf16/f32 or fp8 (docs/layer_files.md).
+        Called without router_logits, the layer computes them from the checkpoint's
+        router (router_logits()). device: where it runs (default: the CPU); backend,
+        batch_invariant and capture as MoeConfig's."""
+        device = to_device(device, default=torch.device("cpu"))
+        return cls._of_checkpoint(device, _moekit.load_checkpoint_layer(
+            str(model_dir), layer, max_num_tokens, device.type, device.index or 0, backend, bool(batch_invariant),
+            bool(capture)))
+
+    @classmethod
+    def _of_checkpoint(cls, device: torch.device, loaded) -> "MoeLayer":
+        """A layer from what the checkpoint loader returned: (native, config, router weight, router bias, summary)."""
+        native, config, router_weight, router_bias, summary = loaded
         self = cls.__new__(cls)
-        self.device = to_device(device, default=torch.device("cpu"))
-        native, config, router_weight, router_bias, summary = _moekit.load_checkpoint_layer(
-            str(model_dir), layer, max_num_tokens, self.device.type, self.device.index or 0)
+        self.device = device
         self.config = config
         self._init_from_config(config)
         self._layer = native

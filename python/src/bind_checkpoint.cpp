@@ -4,32 +4,45 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "bind.h"
 #include "convert.h"
 #include "moekit/checkpoint.h"
+#include "moekit/io.h"
 #include "moekit/layer.h"
 
 namespace moekit::python {
 
 namespace {
 
+// Options of the layer beside what the checkpoint says.
+struct LayerOptions {
+  int64_t max_num_tokens = 1;
+  std::string backend = "auto";
+  bool batch_invariant = false;
+  bool capture = true;
+};
+
 // (Layer, MoeConfig, router weight [E, H] f32 | None, router bias [E] f32 | None, summary)
-nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle max_num_tokens_arg,
-               const std::string& device_type, int device_index) {
-  // Range-checked as Python ints before narrowing (a model layer index is an int).
-  const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
-  const int64_t max_num_tokens = int_arg("max_num_tokens", max_num_tokens_arg, 1, INT64_MAX);
+nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const LayerOptions& o,
+                   const std::string& device_type, int device_index) {
   const Device device = parse_device(device_type, device_index);
   StatusOr<CheckpointLayer> ck = InvalidArgument("not loaded");
   StatusOr<std::unique_ptr<MoeLayer>> made = InvalidArgument("not created");
   const Platform& platform = Platform::probe();  // probed (once) with the GIL held
   throw_if_error(without_gil([&] {
-    ck = load_checkpoint_layer(model_dir, layer);
+    ck = read();
     if (ck.ok()) {
-      ck->config.max_num_tokens = max_num_tokens;
-      made = MoeLayer::create(ck->config, ck->weights(), device, platform);
+      MoeConfig& c = ck->config;
+      c.max_num_tokens = o.max_num_tokens;
+      c.backend = o.backend;
+      c.batch_invariant = o.batch_invariant;
+      c.needs_capture = o.capture;
+      const Status valid = c.validate();
+      made = valid.ok() ? MoeLayer::create(c, ck->weights(), device, platform)
+                        : StatusOr<std::unique_ptr<MoeLayer>>(valid);
     }
     return Status::Ok();  // both results are raised below, with the GIL
   }));
@@ -41,11 +54,47 @@ nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle ma
   return nb::make_tuple(native, config, optional(ck->router_weight), optional(ck->router_bias), summary);
 }
 
+LayerOptions options_of(nb::handle max_num_tokens_arg, const std::string& backend, bool batch_invariant,
+                        bool capture) {
+  LayerOptions o;
+  o.max_num_tokens = int_arg("max_num_tokens", max_num_tokens_arg, 1, INT64_MAX);
+  o.backend = backend;
+  o.batch_invariant = batch_invariant;
+  o.capture = capture;
+  return o;
+}
+
+nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle max_num_tokens_arg,
+               const std::string& device_type, int device_index, const std::string& backend, bool batch_invariant,
+               bool capture) {
+  // Range-checked as Python ints before narrowing (a model layer index is an int).
+  const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
+  const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
+  return layer_of([&] { return load_checkpoint_layer(model_dir, layer); }, o, device_type, device_index);
+}
+
+// A live model's layer: config.json's text and the block's tensors as a
+// safetensors image (names "model.layers.<layer>.mlp.*").
+nb::tuple load_in_memory(const std::string& config_json, nb::bytes tensors, nb::handle layer_arg,
+                         nb::handle max_num_tokens_arg, const std::string& device_type, int device_index,
+                         const std::string& backend, bool batch_invariant, bool capture) {
+  const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
+  const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
+  StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::parse(tensors.c_str(), tensors.size(), "block tensors");
+  throw_if_error(file.status());
+  return layer_of([&] { return load_checkpoint_layer_in_memory(config_json, std::move(*file), layer); }, o,
+                  device_type, device_index);
+}
+
 }  // namespace
 
 void bind_checkpoint(nb::module_& m) {
   m.def("load_checkpoint_layer", &load, nb::arg("model_dir"), nb::arg("layer"), nb::arg("max_num_tokens"),
-        nb::arg("device_type"), nb::arg("device_index"));
+        nb::arg("device_type"), nb::arg("device_index"), nb::arg("backend") = "auto",
+        nb::arg("batch_invariant") = false, nb::arg("capture") = true);
+  m.def("load_checkpoint_layer_in_memory", &load_in_memory, nb::arg("config_json"), nb::arg("tensors"),
+        nb::arg("layer"), nb::arg("max_num_tokens"), nb::arg("device_type"), nb::arg("device_index"),
+        nb::arg("backend") = "auto", nb::arg("batch_invariant") = false, nb::arg("capture") = true);
 }
 
 }  // namespace moekit::python

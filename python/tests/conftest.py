@@ -90,3 +90,11 @@ def case():
 @pytest.fixture(scope="module")
 def layer(case):
     return case.layer()
+
+
+@pytest.fixture(autouse=True)
+def _grad_enabled():
+    """Every test starts with autograd on: examples run in-process switch it off
+    process-wide (torch.set_grad_enabled(False)), and tests of the training path need it."""
+    with torch.enable_grad():
+        yield

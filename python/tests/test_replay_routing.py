@@ -14,13 +14,6 @@ VARIANTS = [pytest.param(m, True, id=m) for m in METHODS] + [pytest.param("deeps
                                                                          id="deepseek_v3-no-renormalize")]
 
 
-@pytest.fixture(autouse=True)
-def _grad_enabled():
-    """Other tests' examples switch autograd off process-wide (torch.set_grad_enabled(False))."""
-    with torch.enable_grad():
-        yield
-
-
 def config(method, top_k=K, renormalize=True):
     groups = dict(num_groups=4, topk_groups=2, routed_scaling_factor=2.5) if method == "deepseek_v3" else {}
     return moekit.MoeConfig(num_experts=E, top_k=top_k, hidden_size=64, intermediate_size=32, routing=method,

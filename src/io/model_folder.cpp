@@ -119,6 +119,44 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   return load_checkpoint_layer(model_dir, layer, {});
 }
 
+namespace {
+
+// config.json's text and the model's tensors -> layer `layer`: what the
+// folder and the in-memory forms share.
+StatusOr<CheckpointLayer> load_layer_of(const std::string& config_text, const std::string& config_what,
+                                        io::TensorFiles& tensors, int layer,
+                                        const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+  MOEKIT_ASSIGN_OR_RETURN(const nlohmann::json j, io::parse_json_strict(config_text, config_what));
+  MOEKIT_ASSIGN_OR_RETURN(io::ModelMoeConfig model, io::parse_model_config(j, config_what));
+  if (layer < 0 || layer >= model.num_layers) {
+    return OutOfRange("layer " + std::to_string(layer) + ": the model has " + std::to_string(model.num_layers) +
+                      " layers (0.." + std::to_string(model.num_layers - 1) + ", num_hidden_layers)");
+  }
+  MOEKIT_RETURN_IF_ERROR(model.moe_layer(layer));
+  MOEKIT_ASSIGN_OR_RETURN(const std::string prefix, moe_prefix(tensors, layer));
+  CheckpointLayer out;
+  out.config = model.config;
+  out.model_type = model.model_type;
+  out.layer = layer;
+  out.num_layers = model.num_layers;
+  MOEKIT_RETURN_IF_ERROR(io::read_moe_block(tensors, &model, prefix, check_size, &out));
+  if (model.fp8_scheme && (out.config.quant.method != *model.fp8_scheme)) {
+    return InvalidArgument(config_what + ": \"quantization_config\" says " + quant_method_name(*model.fp8_scheme) +
+                           ", but the experts under '" + prefix + "' are " +
+                           (out.config.quant.is_fp8() ? quant_method_name(out.config.quant.method)
+                                                      : dtype_name(out.config.quant.weight_dtype)));
+  }
+  if (!model.fp8_scheme && out.config.quant.is_fp8()) {
+    return InvalidArgument(config_what + ": F8_E4M3 experts under '" + prefix +
+                           "', but no \"quantization_config\" says so");
+  }
+  out.files = tensors.files_used();
+  MOEKIT_RETURN_IF_ERROR(out.config.validate());
+  return out;
+}
+
+}  // namespace
+
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size) {
   const std::string config_path = model_dir + "/config.json";
@@ -129,34 +167,14 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
     return NotFound(model_dir + ": no config.json (a model folder as save_pretrained writes it)");
   }
   MOEKIT_ASSIGN_OR_RETURN(const std::string text, read_text(config_path));
-  MOEKIT_ASSIGN_OR_RETURN(const nlohmann::json j, io::parse_json_strict(text, config_path));
-  MOEKIT_ASSIGN_OR_RETURN(io::ModelMoeConfig model, io::parse_model_config(j, config_path));
-  if (layer < 0 || layer >= model.num_layers) {
-    return OutOfRange("layer " + std::to_string(layer) + ": the model has " + std::to_string(model.num_layers) +
-                      " layers (0.." + std::to_string(model.num_layers - 1) + ", num_hidden_layers)");
-  }
-  MOEKIT_RETURN_IF_ERROR(model.moe_layer(layer));
   MOEKIT_ASSIGN_OR_RETURN(io::TensorFiles shards, io::TensorFiles::open_folder(model_dir));
-  MOEKIT_ASSIGN_OR_RETURN(const std::string prefix, moe_prefix(shards, layer));
-  CheckpointLayer out;
-  out.config = model.config;
-  out.model_type = model.model_type;
-  out.layer = layer;
-  out.num_layers = model.num_layers;
-  MOEKIT_RETURN_IF_ERROR(io::read_moe_block(shards, &model, prefix, check_size, &out));
-  if (model.fp8_scheme && (out.config.quant.method != *model.fp8_scheme)) {
-    return InvalidArgument(config_path + ": \"quantization_config\" says " + quant_method_name(*model.fp8_scheme) +
-                           ", but the experts under '" + prefix + "' are " +
-                           (out.config.quant.is_fp8() ? quant_method_name(out.config.quant.method)
-                                                      : dtype_name(out.config.quant.weight_dtype)));
-  }
-  if (!model.fp8_scheme && out.config.quant.is_fp8()) {
-    return InvalidArgument(config_path + ": F8_E4M3 experts under '" + prefix +
-                           "', but no \"quantization_config\" says so");
-  }
-  out.files = shards.files_used();
-  MOEKIT_RETURN_IF_ERROR(out.config.validate());
-  return out;
+  return load_layer_of(text, config_path, shards, layer, check_size);
+}
+
+StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
+                                                          int layer) {
+  io::TensorFiles files = io::TensorFiles::of_file(std::move(tensors));
+  return load_layer_of(config_json, "config", files, layer, {});
 }
 
 std::vector<std::string> model_folder_files(const std::string& model_dir) {

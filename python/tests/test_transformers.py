@@ -1,0 +1,176 @@
+"""moekit.transformers.patch on small seeded models of every family the loader reads:
+the patched model computes what the unpatched one computes, keeps its parameters,
+state_dict, training path and router-logit outputs, and follows weight updates.
+
+Bounds: f32 logits within 1e-5 relative (both sides compute in fp32 and differ in
+summation order only: ~4e-7 here); greedy generation identical token for token in
+f32. bf16: the patched model's error against the f32 model within twice the
+unpatched bf16 model's own error plus 1e-3 (transformers rounds intermediates to
+bf16 where moekit keeps fp32, so moekit is usually closer; measured here).
+"""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import moekit  # noqa: E402
+import moekit.transformers as mt  # noqa: E402
+from conftest import seed_of  # noqa: E402
+from test_checkpoints import COMMON, FAMILIES  # noqa: E402
+
+FAMILY_NAMES = [f for f in FAMILIES if not f.endswith("_no_norm")]
+
+
+def make_model(family, dtype=torch.float32):
+    """A seeded 2-layer model; expert and shared weights of O(1) effect (the library's init is ~0.02)."""
+    cfg_name, model_name, fields, _ = FAMILIES[family]
+    torch.manual_seed(seed_of(family, "model"))
+    model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**COMMON, **fields)).eval()
+    gen = torch.Generator().manual_seed(seed_of(family, "weights"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".mlp." in name and p.dim() > 1:
+                fan_in = p.shape[1] if (family == "gpt_oss" and name.endswith("gate_up_proj")) else p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
+    return model.to(dtype)
+
+
+def input_ids(family, batch=2, seq=12):
+    gen = torch.Generator().manual_seed(seed_of(family, "ids"))
+    return torch.randint(0, COMMON["vocab_size"], (batch, seq), generator=gen)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_patched_model_matches_and_keeps_its_parameters(family):
+    model = make_model(family)
+    ids = input_ids(family)
+    with torch.no_grad():
+        ref = model(ids).logits
+    keys = list(model.state_dict().keys())
+    params = [(n, p.data_ptr()) for n, p in model.named_parameters()]
+    report = mt.patch(model)
+    moe_layers = [i for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, moekit.nn.MoE)]
+    assert [r["layer"] for r in report["patched"]] == moe_layers and moe_layers
+    assert all(r["backend"] == "cpu" for r in report["patched"]), report
+    assert all(r["reason"].startswith("not a sparse-MoE block") for r in report["left"]), report
+    assert len(report["patched"]) + len(report["left"]) == len(model.model.layers)
+    # The same parameters (the same tensors), under the same names.
+    assert list(model.state_dict().keys()) == keys
+    assert [(n, p.data_ptr()) for n, p in model.named_parameters()] == params
+    with torch.no_grad():
+        got = model(ids).logits
+    assert rel(got, ref) <= 1e-5, rel(got, ref)
+    # Greedy generation of 32 tokens, token for token.
+    patched = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
+    assert mt.unpatch(model) == len(moe_layers)
+    assert not any(isinstance(layer.mlp, moekit.nn.MoE) for layer in model.model.layers)
+    plain = model.generate(ids[:1], max_new_tokens=32, do_sample=False)
+    assert torch.equal(patched, plain)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_bf16_within_the_unpatched_models_own_noise(family):
+    exact = make_model(family)
+    ids = input_ids(family)
+    with torch.no_grad():
+        ref = exact(ids).logits
+    model = make_model(family, torch.bfloat16)
+    with torch.no_grad():
+        own = rel(model(ids).logits, ref)
+        mt.patch(model)
+        got = rel(model(ids).logits, ref)
+    assert got <= 2 * own + 1e-3, (got, own)
+
+
+def test_training_forward_is_transformers_own_with_router_logits():
+    """A forward that needs gradients runs the block's own path: loss, router-logit
+    outputs (output_router_logits=True, the load-balancing loss) and every gradient
+    equal the unpatched model's exactly."""
+    family = "qwen3_moe"
+    ids = input_ids(family)
+
+    def loss_and_grads(model):
+        model.train()
+        out = model(ids, labels=ids, output_router_logits=True)
+        (out.loss + out.aux_loss).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.loss.detach(), out.aux_loss.detach(), [r.detach() for r in out.router_logits], grads
+
+    plain = loss_and_grads(make_model(family))
+    model = make_model(family)
+    mt.patch(model)
+    patched = loss_and_grads(model)
+    assert torch.equal(patched[0], plain[0]) and torch.equal(patched[1], plain[1])
+    assert all(torch.equal(a, b) for a, b in zip(patched[2], plain[2]))
+    assert patched[3].keys() == plain[3].keys() and any("experts" in n for n in plain[3])
+    assert all(torch.equal(patched[3][n], plain[3][n]) for n in plain[3])
+
+
+def test_router_logits_are_recorded_by_the_moekit_path_too():
+    family = "mixtral"
+    ids = input_ids(family)
+    model = make_model(family)
+    with torch.no_grad():
+        plain = model(ids, output_router_logits=True)
+        mt.patch(model)
+        patched = model(ids, output_router_logits=True)
+    assert len(patched.router_logits) == len(plain.router_logits) == 2
+    assert all(rel(a, b) <= 1e-6 for a, b in zip(patched.router_logits, plain.router_logits))
+    assert rel(patched.aux_loss, plain.aux_loss) <= 1e-5
+
+
+def test_weight_updates_reach_moekit_without_a_disk_round_trip():
+    """An optimizer step updates the transformers parameters in place; the next
+    moekit forward uses them (automatic refit), as an unpatched copy does."""
+    family = "qwen2_moe"
+    ids = input_ids(family)
+    model = make_model(family)
+    mt.patch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    model.eval()
+    twin = copy.deepcopy(model)  # deepcopy works, and gives an independent patched model
+    mt.unpatch(twin)
+    with torch.no_grad():
+        got, want = model(ids).logits, twin(ids).logits
+    assert rel(got, want) <= 1e-5, rel(got, want)
+    # Updated weights, not the old ones.
+    fresh = make_model(family)
+    with torch.no_grad():
+        assert rel(fresh(ids).logits, want) > 1e-3
+
+
+def test_state_dict_round_trip_and_dtype_change(tmp_path):
+    family = "deepseek_v3"
+    ids = input_ids(family)
+    model = make_model(family)
+    mt.patch(model)
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    missing = loaded.load_state_dict(model.state_dict(), strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    with torch.no_grad():
+        assert rel(model(ids).logits, loaded(ids).logits) <= 1e-5
+    model.to(torch.bfloat16)  # the prepared copy follows
+    moe = model.model.layers[1].mlp
+    assert moe.layer.config.act_dtype == "bf16" and moe.layer.config.weight_dtype == "bf16"
+    plain16 = copy.deepcopy(loaded).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = loaded(ids).logits
+        own = rel(plain16(ids).logits, ref)  # the whole model in bf16: its own noise
+        assert rel(model(ids).logits, ref) <= 2 * own + 1e-3
+
+
+def test_patch_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="is not a sparse-MoE block moekit runs"):
+        moekit.nn.MoE(torch.nn.Linear(4, 4), None, 0)
+    with pytest.raises(ValueError, match="no decoder layers"):
+        mt.patch(torch.nn.Linear(4, 4))
