@@ -78,6 +78,11 @@ struct CheckpointLayerSize {
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size);
 
+// The MoeConfig config.json gives model layer `layer` (routing, sizes, extras;
+// dtypes and the selection bias are the tensors' to say): for code that routes
+// a live model's blocks without loading them. Errors as load_checkpoint_layer's.
+StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int layer);
+
 // The same from a model's config.json text and its tensors in one safetensors
 // image in memory (e.g. a live transformers block serialized, with
 // "model.layers.<layer>." names): the reader of model folders, without files.

@@ -71,6 +71,7 @@ class MoE(torch.nn.Module):
         self.options = dict(max_num_tokens=int(max_num_tokens), backend=str(backend),
                             batch_invariant=bool(batch_invariant), capture=bool(capture))
         self.layer: Optional[MoeLayer] = None
+        self._forced_ids: Optional[torch.Tensor] = None  # [M, k] during a replay (moekit.transformers.replay)
         self.refit()
 
     @classmethod
@@ -125,7 +126,11 @@ class MoE(torch.nn.Module):
         x = x.to(act)
         out = torch.empty_like(x)
         step = self.options["max_num_tokens"]
+        forced = self._forced_ids  # set by moekit.transformers.replay (every row forced)
+        if forced is not None:
+            forced = forced.to(device="cpu", dtype=torch.int32)
         for s in range(0, x.shape[0], step):
-            self.layer(x[s:s + step], logits[s:s + step].float(), out=out[s:s + step])
+            self.layer(x[s:s + step], logits[s:s + step].float(), out=out[s:s + step],
+                       forced_ids=None if forced is None else forced[s:s + step])
         out = out.reshape(shape).to(hidden_states.dtype)
         return (out, router_out[1]) if self._returns_scores else out

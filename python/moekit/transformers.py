@@ -53,3 +53,176 @@ def unpatch(model: torch.nn.Module) -> int:
             layer.mlp = block.block
             restored += 1
     return restored
+
+
+# --- Routing replay for transformers-based trainers (the trainer side of R3) ---
+
+class _Block:
+    """One MoE layer of a model, patched or not: its router module, routing config and selection bias."""
+
+    def __init__(self, model, index: int, block: torch.nn.Module):
+        import json
+        from . import _moekit
+        self.index = index
+        self.block = block
+        self.moe = block if isinstance(block, MoE) else None
+        router_name = ("router" if hasattr(block, "router") else "gate")
+        self.router = getattr(block, router_name)
+        self.config = (self.moe.layer.config if self.moe is not None else
+                       _moekit.checkpoint_layer_config(json.dumps(model.config.to_dict(), default=str), index))
+        self.score_bias = getattr(self.router, "e_score_correction_bias", None)
+
+
+def _blocks(model) -> List[_Block]:
+    out = []
+    for i, layer in enumerate(_decoder_layers(model)):
+        block = getattr(layer, "mlp", None)
+        if isinstance(block, MoE) or (block is not None and is_moe_block(block)):
+            out.append(_Block(model, i, block))
+    if not out:
+        raise ValueError(f"model: {type(model).__name__} has no sparse-MoE block moekit knows")
+    return out
+
+
+class Routes:
+    """What capture() recorded: per request (batch row), [tokens, moe_layers, k] int16
+    logical ids in the routing spec's order, for every token the model computed
+    (prompt and generated; pad tokens included, as they were computed), and the
+    MoE-layer -> model-layer map. A token the model never computed (generate's last
+    one) has no row; replay() routes such rows live."""
+
+    def __init__(self, model_layers: List[int], top_k: int, num_experts: int):
+        self.model_layers = list(model_layers)
+        self.top_k = top_k
+        self.num_experts = num_experts
+        self._steps: List[List[torch.Tensor]] = [[] for _ in model_layers]  # per layer: [B, S, k] per call
+
+    @property
+    def num_requests(self) -> int:
+        return self._steps[0][0].shape[0] if self._steps[0] else 0
+
+    def ids(self, request: int) -> torch.Tensor:
+        """[tokens, moe_layers, k] int16 of batch row `request`."""
+        per_layer = [torch.cat([s[request] for s in steps], dim=0) for steps in self._steps]
+        return torch.stack(per_layer, dim=1)
+
+    def batch(self) -> torch.Tensor:
+        """[requests, tokens, moe_layers, k] int16: every row's ids (rows of one batch share their length)."""
+        return torch.stack([self.ids(r) for r in range(self.num_requests)])
+
+
+def _spec_ids(b: _Block, logits: torch.Tensor) -> torch.Tensor:
+    from .layer import route
+    bias = None if b.score_bias is None else b.score_bias.detach().float()
+    ids, _ = route(logits.detach().float().contiguous(), b.config, score_bias=bias)
+    return ids
+
+
+class capture:
+    """with moekit.transformers.capture(model) as routes: model.generate(...)
+
+    Records, for every MoE layer and every forward, the ids the layer runs, in the
+    routing spec's order (descending score, the spec's tie rule) wherever they are
+    the set the spec selects from the router's logits (always, unless a replay forced
+    others, which are kept as forced). Works on patched and unpatched models; hooks
+    are removed on exit."""
+
+    def __init__(self, model):
+        self._blocks = _blocks(model)
+        self.routes = Routes([b.index for b in self._blocks], self._blocks[0].config.top_k,
+                             self._blocks[0].config.num_experts)
+        self._hooks = []
+
+    def __enter__(self) -> Routes:
+        for l, b in enumerate(self._blocks):
+            shapes = []
+
+            def before(module, args, shapes=shapes):
+                shapes.append(args[0].shape[:-1])  # [B, S] of this call
+
+            def after(module, args, out, l=l, b=b, shapes=shapes):
+                batch = shapes.pop() if shapes else (1, args[0].shape[0])
+                ran = out[2].to(torch.int64)  # what the layer runs
+                if getattr(module, "_moekit_replaying", False):
+                    ids = ran  # forced (and live rows) as the replay gave them
+                else:
+                    spec = _spec_ids(b, out[0]).to(torch.int64)
+                    rows = (ran.sort(dim=1).values == spec.sort(dim=1).values).all(dim=1)
+                    ids = torch.where(rows[:, None], spec, ran)  # spec order where the sets agree
+                ids = ids.to(torch.int16).cpu()
+                self.routes._steps[l].append(ids.reshape(*batch, -1) if len(batch) == 2 else ids[None])
+
+            self._hooks.append(b.block.register_forward_pre_hook(before))
+            self._hooks.append(b.router.register_forward_hook(after))
+        return self.routes
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+class replay:
+    """with moekit.transformers.replay(model, routes): loss = model(input_ids).loss
+
+    Forces the captured ids in every MoE layer of the forward (input [B, T]: row b
+    takes routes.ids(b)'s first T tokens; tokens past what was captured route live).
+    The weights of the forced ids come from the live router logits through
+    moekit.torch.replay_routing, so the router gets its gradient; the experts run as
+    the forward would run them (transformers' own modules in training, moekit's layer
+    without gradients), so their gradients are transformers' own."""
+
+    def __init__(self, model, routes: Routes):
+        self._blocks = _blocks(model)
+        if [b.index for b in self._blocks] != routes.model_layers:
+            raise ValueError(f"routes: captured on MoE layers {routes.model_layers}, the model has "
+                             f"{[b.index for b in self._blocks]}")
+        self.routes = routes
+        self._hooks = []
+
+    def _forced(self, l: int, batch, device) -> torch.Tensor:
+        """[B*S, k] int64 forced ids of this call for layer l, -1 where nothing was captured."""
+        B, S = batch
+        k = self.routes.top_k
+        forced = torch.full((B, S, k), -1, dtype=torch.int64)
+        for r in range(min(B, self.routes.num_requests)):
+            ids = torch.cat([s[r] for s in self.routes._steps[l]], dim=0)[:S]
+            forced[r, :ids.shape[0]] = ids.to(torch.int64)
+        return forced.reshape(B * S, k).to(device)
+
+    def __enter__(self) -> "replay":
+        from .torch import replay_routing
+        for l, b in enumerate(self._blocks):
+            shapes = []
+
+            def before(module, args, shapes=shapes):
+                shapes.append(args[0].shape[:-1])
+
+            def after(module, args, out, l=l, b=b, shapes=shapes):
+                batch = shapes.pop() if shapes else (1, args[0].shape[0])
+                logits, live_w, live_ids = out[0], out[1], out[2]
+                forced = self._forced(l, batch if len(batch) == 2 else (1, batch[0]), logits.device)
+                rows = (forced >= 0).all(dim=1)
+                ids = torch.where(rows[:, None], forced, live_ids.to(torch.int64))
+                w = live_w.clone() if rows.any() else live_w
+                if rows.any():
+                    forced_w = replay_routing(logits[rows], forced[rows], b.config, check_ids=False)
+                    w[rows] = forced_w.to(live_w.dtype)
+                if b.moe is not None:
+                    b.moe._forced_ids = ids  # the moekit path forces them too
+                return logits, w, ids.to(live_ids.dtype)
+
+            self._hooks.append(b.block.register_forward_pre_hook(before))
+            # First among the router's hooks: a capture's hook then sees the forced ids.
+            self._hooks.append(b.router.register_forward_hook(after, prepend=True))
+            b.router._moekit_replaying = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for b in self._blocks:
+            b.router._moekit_replaying = False
+            if b.moe is not None:
+                b.moe._forced_ids = None

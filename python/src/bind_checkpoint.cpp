@@ -92,6 +92,13 @@ void bind_checkpoint(nb::module_& m) {
   m.def("load_checkpoint_layer", &load, nb::arg("model_dir"), nb::arg("layer"), nb::arg("max_num_tokens"),
         nb::arg("device_type"), nb::arg("device_index"), nb::arg("backend") = "auto",
         nb::arg("batch_invariant") = false, nb::arg("capture") = true);
+  m.def(
+      "checkpoint_layer_config",
+      [](const std::string& config_json, nb::handle layer_arg) {
+        const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
+        return value_or_throw(checkpoint_layer_config(config_json, layer));
+      },
+      nb::arg("config_json"), nb::arg("layer"));
   m.def("load_checkpoint_layer_in_memory", &load_in_memory, nb::arg("config_json"), nb::arg("tensors"),
         nb::arg("layer"), nb::arg("max_num_tokens"), nb::arg("device_type"), nb::arg("device_index"),
         nb::arg("backend") = "auto", nb::arg("batch_invariant") = false, nb::arg("capture") = true);

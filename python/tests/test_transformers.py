@@ -174,3 +174,78 @@ def test_patch_refuses_what_it_cannot_run():
         moekit.nn.MoE(torch.nn.Linear(4, 4), None, 0)
     with pytest.raises(ValueError, match="no decoder layers"):
         mt.patch(torch.nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("patched", [True, False])
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_capture_in_generate_then_replay_in_training(family, patched):
+    """Capture during generate, replay in a training forward: the forward's ids equal
+    the captured ones exactly (where captured; generate's last token was never
+    computed and routes live), its logits equal an un-replayed forward's (f32: the
+    same routing), and the router gets gradients equal to those of a hand-written
+    torch evaluation of the same forced routing (gradcheck in f64 on the weights)."""
+    model = make_model(family)
+    if patched:
+        mt.patch(model)
+    prompt = input_ids(family, batch=2, seq=6)
+    with torch.no_grad(), mt.capture(model) as routes:
+        seq = model.generate(prompt, max_new_tokens=5, do_sample=False)
+    assert routes.num_requests == 2
+    captured = routes.batch()
+    L = len(routes.model_layers)
+    assert captured.shape == (2, seq.shape[1] - 1, L, routes.top_k)  # the last token was never computed
+    with mt.capture(model) as again, mt.replay(model, routes), torch.no_grad():
+        replayed_logits = model(seq).logits
+    ran = again.batch()
+    assert torch.equal(ran[:, :captured.shape[1]], captured)
+    with torch.no_grad():
+        plain_logits = model(seq).logits
+    assert rel(replayed_logits, plain_logits) <= 1e-5
+    # A changed router (a training step later): live routing moves, a replay does not.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith((".gate.weight", ".router.weight")) and ".layers." in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed_of(n))) * p.std())
+    with mt.capture(model) as live, torch.no_grad():
+        model(seq)
+    assert not torch.equal(live.batch()[:, :captured.shape[1]], captured)
+    with mt.capture(model) as forced, mt.replay(model, routes), torch.no_grad():
+        forced_logits = model(seq).logits
+    assert torch.equal(forced.batch()[:, :captured.shape[1]], captured)
+    if patched:  # moekit's layer ran the forced experts: as transformers' blocks run them under the same replay
+        twin = copy.deepcopy(model)
+        mt.unpatch(twin)
+        with mt.replay(twin, routes), torch.no_grad():
+            assert rel(forced_logits, twin(seq).logits) <= 1e-5
+
+    # Training step under replay: gradients reach the router through replay_routing.
+    model.train()
+    with mt.replay(model, routes):
+        loss = model(seq, labels=seq).loss
+    loss.backward()
+    router_grads = [p.grad for n, p in model.named_parameters() if n.endswith((".gate.weight", ".router.weight"))
+                    and ".layers." in n and p.grad is not None]
+    assert len(router_grads) == L and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in router_grads)
+    expert_grads = [p.grad for n, p in model.named_parameters() if "experts." in n]
+    assert expert_grads and all(g is not None and torch.isfinite(g).all() for g in expert_grads)
+
+
+def test_replay_weights_have_the_torch_gradient_of_the_forced_routing():
+    """The replayed weights' gradient w.r.t. the router logits equals a hand-written
+    torch evaluation of the same forced routing (renormalize_naive: softmax over E,
+    the forced ids' probabilities divided by their sum), checked by gradcheck in f64."""
+    from moekit.torch import replay_routing
+    family = "qwen3_moe"
+    model = make_model(family)
+    cfg = mt._blocks(model)[0].config
+    gen = torch.Generator().manual_seed(seed_of("replay-grad"))
+    logits = torch.randn(5, cfg.num_experts, generator=gen, dtype=torch.float64, requires_grad=True)
+    forced = torch.stack([torch.randperm(cfg.num_experts, generator=gen)[:cfg.top_k] for _ in range(5)])
+
+    def by_hand(x):
+        p = torch.softmax(x, dim=-1).gather(1, forced)
+        return p / p.sum(dim=-1, keepdim=True)
+
+    got = replay_routing(logits, forced, cfg)
+    assert torch.allclose(got, by_hand(logits), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: replay_routing(x, forced, cfg), (logits,))

@@ -171,6 +171,17 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   return load_layer_of(text, config_path, shards, layer, check_size);
 }
 
+StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int layer) {
+  MOEKIT_ASSIGN_OR_RETURN(const nlohmann::json j, io::parse_json_strict(config_json, "config"));
+  MOEKIT_ASSIGN_OR_RETURN(io::ModelMoeConfig model, io::parse_model_config(j, "config"));
+  if (layer < 0 || layer >= model.num_layers) {
+    return OutOfRange("layer " + std::to_string(layer) + ": the model has " + std::to_string(model.num_layers) +
+                      " layers (0.." + std::to_string(model.num_layers - 1) + ", num_hidden_layers)");
+  }
+  MOEKIT_RETURN_IF_ERROR(model.moe_layer(layer));
+  return model.config;
+}
+
 StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
                                                           int layer) {
   io::TensorFiles files = io::TensorFiles::of_file(std::move(tensors));
