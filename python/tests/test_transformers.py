@@ -249,3 +249,27 @@ def test_replay_weights_have_the_torch_gradient_of_the_forced_routing():
     got = replay_routing(logits, forced, cfg)
     assert torch.allclose(got, by_hand(logits), rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: replay_routing(x, forced, cfg), (logits,))
+
+
+def _example_main():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "transformers_r3.py"
+    spec = importlib.util.spec_from_file_location("transformers_r3", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_example_on_cpu(family, capsys):
+    assert _example_main()(["--device", "cpu", "--family", family]) == 0
+    out = capsys.readouterr().out
+    assert "identical to the unpatched model's" in out and "ran the captured experts: yes" in out, out
+
+
+@pytest.mark.gpu
+def test_example_on_cuda(capsys):
+    assert _example_main()(["--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "moekit cuda_sm90/" in out and "ran the captured experts: yes" in out, out
