@@ -87,6 +87,14 @@ class MoeLayer:
         weakref.finalize(self, ops.unregister, self._handle)
         return self
 
+    def _narrowed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """int64 host ids (as torch indexes them) -> int32, range-checked before narrowing (an id of
+        2**32 + 3 must not replay as expert 3); the layer's own check then sees every other rule."""
+        if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= self.config.num_experts):
+            bad = ids[(ids < -1) | (ids >= self.config.num_experts)][0]
+            raise ValueError(f"forced_ids: {int(bad)} is not an expert id in [0, {self.config.num_experts})")
+        return ids.to(torch.int32)
+
     def router_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, E] float32 = hidden . router_weight^T (+ router_bias), from the checkpoint's router."""
         if self.router_weight is None:
@@ -121,7 +129,7 @@ class MoeLayer:
         """out [M, H] = the MoE layer of hidden [M, H] routed by router_logits [M, E].
 
         return_ids: also return the selected ids [M, k] int32 (logical, spec order).
-        forced_ids [M, k] int32: replay; these experts are used and the routing method
+        forced_ids [M, k] int32 or int64: replay; these experts are used and the routing method
         computes their weights from the live logits (checked on the host, so device ids
         are copied there: a synchronization; capture a CUDA graph without them).
         out: written in place (every element) and returned.
@@ -150,6 +158,8 @@ class MoeLayer:
             ids = torch.empty((rows, self._top_k), dtype=torch.int16, device=hidden.device)
         if forced_ids is not None and forced_ids.device.type != "cpu":
             forced_ids = forced_ids.to("cpu")
+        if forced_ids is not None and forced_ids.dtype == torch.int64:
+            forced_ids = self._narrowed_ids(forced_ids)
         if torch.compiler.is_compiling():
             torch.ops.moekit.moe_forward(self._handle, hidden, router_logits, out, ids, forced_ids, topk_ids,
                                          topk_weights)

@@ -19,8 +19,18 @@ def test_wrong_dtype(case, layer):
         layer(case.hidden.float(), case.logits)
     with pytest.raises(ValueError, match="router_logits: dtype float64 is not supported"):
         layer(case.hidden, case.logits.double())
-    with pytest.raises(ValueError, match="forced_ids: dtype int64 is not supported"):
-        layer(case.hidden, case.logits, forced_ids=torch.zeros((8, K), dtype=torch.int64))
+    with pytest.raises(ValueError, match="forced_ids: expected dtype i32, got f32"):
+        layer(case.hidden, case.logits, forced_ids=torch.zeros((8, K), dtype=torch.float32))
+
+
+def test_int64_forced_ids_are_checked_before_they_are_narrowed(case, layer):
+    """int64 ids (what torch indexes with) replay as their int32 selves; 2**32 + 3 is refused, not expert 3."""
+    ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(r))[:K] for r in range(8)])
+    want = layer(case.hidden, case.logits, forced_ids=ids.to(torch.int32))
+    assert torch.equal(layer(case.hidden, case.logits, forced_ids=ids), want)
+    ids[2, 1] = 2 ** 32 + 3
+    with pytest.raises(ValueError, match=f"forced_ids: {2 ** 32 + 3} is not an expert id"):
+        layer(case.hidden, case.logits, forced_ids=ids)
 
 
 def test_non_contiguous(case, layer):
