@@ -4,9 +4,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "moekit/checkpoint.h"
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
 
@@ -24,6 +26,9 @@ struct BackendsOptions {
   std::string all2all = "none";
   bool eplb = false, capture = false, replay = false, cpu_only = false;
   std::string backend = "auto";
+  std::string model_dir;  // --model: the layer from a model folder's config.json and tensors
+  int layer = -1;
+  std::vector<const CLI::Option*> layer_description;  // flags config.json describes instead
 };
 
 StatusOr<DType> dtype_flag(const std::string& flag, const std::string& value) {
@@ -90,8 +95,30 @@ StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
   return c;
 }
 
+// The layer of a model folder (--model DIR --layer N): config.json and the
+// tensors describe it; the call's flags (--max-tokens, --capture, --replay,
+// --backend) still apply.
+StatusOr<MoeConfig> config_of_model(const BackendsOptions& o) {
+  for (const CLI::Option* opt : o.layer_description) {
+    if (opt->count() > 0) {
+      return InvalidArgument(opt->get_name() + ": with --model the layer is described by " + o.model_dir +
+                             "/config.json (docs/layer_files.md)");
+    }
+  }
+  if (o.layer < 0) return InvalidArgument("--layer N is required with --model");
+  MOEKIT_ASSIGN_OR_RETURN(const CheckpointLayer ck, load_checkpoint_layer(o.model_dir, o.layer));
+  std::printf("%s\n", ck.summary().c_str());
+  MoeConfig c = ck.config;
+  c.max_num_tokens = o.max_tokens;
+  c.needs_capture = o.capture;
+  c.needs_replay = o.replay;
+  c.backend = o.backend;
+  MOEKIT_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
 Status run_backends(const BackendsOptions& o) {
-  MOEKIT_ASSIGN_OR_RETURN(const MoeConfig config, config_from(o));
+  MOEKIT_ASSIGN_OR_RETURN(const MoeConfig config, o.model_dir.empty() ? config_from(o) : config_of_model(o));
   const Platform platform = o.cpu_only ? Platform::cpu_only(Platform::probe().cpu_threads) : Platform::probe();
   std::printf("config:   %s\n", config.to_string().c_str());
   std::printf("platform: %s\n", platform.to_string().c_str());
@@ -136,6 +163,13 @@ void add_backends_command(CLI::App& app) {
   cmd->add_flag("--replay", o->replay, "forced ids (replay) needed");
   cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
   cmd->add_flag("--cpu-only", o->cpu_only, "resolve as on a machine without a GPU");
+  cmd->add_option("--model", o->model_dir, "a model folder: layer --layer N as its config.json and tensors say");
+  cmd->add_option("--layer", o->layer, "with --model: the model layer");
+  for (const char* name : {"--method", "--top-k", "--num-groups", "--topk-groups", "--scaling", "--no-renormalize", "--score-bias",
+                           "--experts", "--hidden", "--intermediate", "--activation", "--weight-dtype", "--act-dtype",
+                           "--quant", "--act-scale"}) {
+    if (const CLI::Option* opt = cmd->get_option_no_throw(name)) o->layer_description.push_back(opt);
+  }
   cmd->callback([o] {
     const Status st = run_backends(*o);
     finish(st.ok() ? kExitOk : report_error("backends", st));

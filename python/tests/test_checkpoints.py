@@ -274,3 +274,17 @@ def test_from_pretrained_errors_are_value_errors(deepseek_folder, tmp_path):
         moekit.MoeLayer.from_pretrained(deepseek_folder, layer=0)
     with pytest.raises(ValueError, match="no config.json"):
         moekit.MoeLayer.from_pretrained(tmp_path, layer=0)
+
+
+def test_backends_of_a_model_folder_layer(models):
+    """`moekit backends --model DIR --layer N`: the oracle's report for the layer the
+    folder describes (its summary first); flags that describe a layer are refused."""
+    m = models("deepseek_v3", "bf16")
+    r = subprocess.run([_cli(), "backends", "--model", str(m.folder), "--layer", str(LAYER), "--cpu-only",
+                        "--capture"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "deepseek_v3, layer 1 of 2" in r.stdout and "routing={method=deepseek_v3" in r.stdout, r.stdout
+    assert "shared:   one shared expert" in r.stdout and "chosen" in r.stdout, r.stdout
+    bad = subprocess.run([_cli(), "backends", "--model", str(m.folder), "--layer", str(LAYER), "--top-k", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--top-k: with --model the layer is described by" in bad.stderr, bad.stderr
