@@ -1,6 +1,8 @@
 // `moekit capture check FILE`: reads a capture file (any version) and lists
 // every inconsistency, each named by request, token and layer
 // (include/moekit/capture_check.h). Exit 0: clean; 2: findings or a bad file.
+// `moekit capture stats FILE`: what the file holds and the expert load of
+// each MoE layer over every captured token, as `moekit run` prints it.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "expert_load.h"
 #include "moekit/capture.h"
 #include "moekit/capture_check.h"
 
@@ -103,6 +106,38 @@ int run_check(const CheckFlags& flags) {
   return kExitBadInput;
 }
 
+Status run_stats(const std::string& path) {
+  MOEKIT_ASSIGN_OR_RETURN(const CaptureSet set, read_capture_file(path));
+  const CaptureInfo& info = set.info;
+  const int L = info.num_moe_layers(), k = info.top_k();
+  std::vector<std::vector<int64_t>> load(static_cast<size_t>(L), std::vector<int64_t>(info.num_experts, 0));
+  int64_t tokens = 0, unwritten = 0;
+  for (const RequestCapture& r : set.requests) {
+    tokens += r.num_tokens();
+    const int16_t* ids = r.ids.data<int16_t>();
+    for (int64_t t = 0; t < r.num_tokens(); ++t) {
+      for (int l = 0; l < L; ++l) {
+        for (int j = 0; j < k; ++j) {
+          const int16_t id = ids[(t * L + l) * k + j];
+          if (id < 0) {
+            ++unwritten;  // the sentinel: a row no forward wrote (read_capture_file refused anything else)
+          } else {
+            ++load[l][id];
+          }
+        }
+      }
+    }
+  }
+  std::printf("capture:  %s: %zu requests, %" PRId64 " tokens, %d MoE layers x top-%d of E=%" PRId64
+              ", routing %s%s\n", path.c_str(), set.requests.size(), tokens, L, k, info.num_experts,
+              routing_method_name(info.routing.method), info.backend.empty() ? "" : (", by " + info.backend).c_str());
+  if (unwritten > 0) std::printf("unwritten: %" PRId64 " ids hold the sentinel -1 (not counted)\n", unwritten);
+  std::vector<std::string> names;
+  for (int l = 0; l < L; ++l) names.push_back("model layer " + std::to_string(info.model_layers[l]));
+  print_load(load, names);
+  return Status::Ok();
+}
+
 }  // namespace
 
 void add_capture_command(CLI::App& app) {
@@ -126,6 +161,13 @@ void add_capture_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
   check->add_flag("--json", flags->json, "print the report as JSON");
   check->callback([flags] { finish(run_check(*flags)); });
+  auto stats_path = std::make_shared<std::string>();
+  CLI::App* stats = cmd->add_subcommand("stats", "What a capture file holds, and each MoE layer's expert load");
+  stats->add_option("file", *stats_path, "capture file")->required();
+  stats->callback([stats_path] {
+    const Status st = run_stats(*stats_path);
+    finish(st.ok() ? kExitOk : report_error("capture stats", st));
+  });
 }
 
 }  // namespace moekit::tools

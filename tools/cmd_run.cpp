@@ -15,6 +15,7 @@
 
 #include "batch_schedule.h"
 #include "cli_util.h"
+#include "expert_load.h"
 #include "commands.h"
 #include "flag_checks.h"
 #include "memory_budget.h"
@@ -81,34 +82,6 @@ Status check_options(const RunOptions& o) {
   }
   if (!o.no_capture) MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--capture", o.capture_path}}, {}));
   return check_memory("run", run_memory_bytes(s, o.num_requests, o.prompt_tokens, o.decode_tokens, !o.no_capture));
-}
-
-// " .:-=+*#%@" by share of the busiest expert; at most 64 columns (experts
-// averaged in equal buckets when E > 64).
-std::string load_bar(const std::vector<int64_t>& tokens) {
-  static const char kLevels[] = " .:-=+*#%@";
-  const size_t E = tokens.size();
-  const size_t cols = std::min<size_t>(E, 64);
-  std::vector<double> v(cols, 0.0);
-  for (size_t e = 0; e < E; ++e) v[e * cols / E] += static_cast<double>(tokens[e]);
-  const double top = *std::max_element(v.begin(), v.end());
-  std::string s;
-  for (double x : v) s += kLevels[top > 0 ? static_cast<int>(x / top * 9.0 + 0.5) : 0];
-  return s;
-}
-
-void print_load(const std::vector<LayerStats>& loads) {
-  std::printf("expert load per layer (token-slots per expert; bar: share of the busiest, one column per %s)\n",
-              loads[0].expert_tokens.size() > 64 ? "group of experts" : "expert");
-  for (size_t l = 0; l < loads.size(); ++l) {
-    const auto& t = loads[l].expert_tokens;
-    const auto [mn, mx] = std::minmax_element(t.begin(), t.end());
-    double sum = 0;
-    for (int64_t x : t) sum += static_cast<double>(x);
-    const double mean = sum / static_cast<double>(t.size());
-    std::printf("  layer %zu: min %5" PRId64 "  max %5" PRId64 "  mean %7.1f  max/mean %4.2f  |%s|\n", l, *mn, *mx,
-                mean, mean > 0 ? static_cast<double>(*mx) / mean : 0.0, load_bar(t).c_str());
-  }
 }
 
 // FNV-1a over bytes: a digest of the outputs, to compare runs.
@@ -191,7 +164,9 @@ Status run_run(const RunOptions& o) {
   std::printf("run:      %" PRId64 " tokens x %d layers in %.3f s: %.1f tokens/s (MoE layers %.3f s, %.1f GFLOP/s)\n",
               total_tokens, spec.num_layers, run_s, static_cast<double>(total_tokens) / run_s, moe_s,
               flops / moe_s * 1e-9);
-  print_load(stats);
+  std::vector<std::vector<int64_t>> load;
+  for (const LayerStats& l : stats) load.push_back(l.expert_tokens);
+  print_load(load);
   std::printf("output digest: %016" PRIx64 " (FNV-1a of the last layer's bf16 outputs)\n", digest);
   if (o.no_capture) return Status::Ok();
 

@@ -265,6 +265,27 @@ TEST_F(Cli, RunServesASmallModelDeterministically) {
   EXPECT_NE(digest(a.out), digest(c.out));
 }
 
+// `capture stats` of the file a run wrote prints, layer by layer, the load
+// lines the run printed (min, max, mean, bar): the same ids, counted again.
+TEST_F(Cli, CaptureStatsCountsWhatTheRunRouted) {
+  const Result run = run_cli("run --layers 2 --experts 16 --top-k 4 --num-groups 4 --topk-groups 2 --hidden 64 "
+                             "--intermediate 32 --tokens 50 --requests 3 --decode 3 --capture " + file("c.safetensors"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  const Result stats = run_cli("capture stats " + file("c.safetensors"));
+  ASSERT_EQ(stats.code, 0) << stats.out;
+  EXPECT_NE(stats.out.find("3 requests, 59 tokens, 2 MoE layers x top-4 of E=16"), std::string::npos) << stats.out;
+  for (int l = 0; l < 2; ++l) {
+    const std::string key = "layer " + std::to_string(l) + ": ";
+    const size_t at = run.out.find(key);
+    ASSERT_NE(at, std::string::npos) << run.out;
+    const std::string line = run.out.substr(at + key.size(), run.out.find('\n', at) - at - key.size());
+    const std::string named = "model layer " + std::to_string(2 * l + 1) + ": " + line;
+    EXPECT_NE(stats.out.find(named), std::string::npos) << named << "\n" << stats.out;
+  }
+  const Result missing = run_cli("capture stats " + file("none.safetensors"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+}
+
 TEST_F(Cli, RunRejectsBadFlagsWithExitCode2) {
   const std::pair<const char*, const char*> bad[] = {
       {"run --experts 60", "num_groups"},       {"run --layers 0", "--layers"},
