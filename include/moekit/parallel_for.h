@@ -17,10 +17,15 @@
 #include <type_traits>
 #include <utility>
 
+#include "moekit/status.h"
+
 namespace moekit {
 
 // Threads parallel_for may use, the caller's included.
 int parallel_num_threads();
+// Remakes the pool with this many threads (in [1, 1024]), after the
+// parallel_for calls in flight; not from inside one.
+Status set_parallel_num_threads(int num_threads);
 
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end);

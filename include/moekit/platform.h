@@ -37,4 +37,10 @@ struct Platform {
 // GPU, as expert-parallel ranks run). Unsupported in a build without CUDA.
 Status set_current_cuda_device(int index);
 
+// The CPU threads moekit computes with: its parallel_for pool and OpenBLAS's
+// own threads (the f32 GEMM path), both set to `num_threads` (in [1, 1024]).
+// Inside a torch process, torch's intra-op threads are the natural value
+// (moekit's Python package sets that on import); more would oversubscribe.
+Status set_num_threads(int num_threads);
+
 }  // namespace moekit

@@ -7,8 +7,12 @@ message. See docs/python.md.
 """
 from ._moekit import CAPTURE_FORMAT_VERSION, UNWRITTEN_EXPERT_ID, CaptureSet, MoeConfig, RequestCapture
 import atexit as _atexit
+import os as _os
 import sys as _sys
 
+import torch as _pytorch
+
+from . import _moekit
 from ._moekit import _set_leak_warnings
 from ._moekit import platform as _platform
 from .capture import RoutedExpertsCapturer, RoutedExpertsReplayer, bind, read_capture_file, write_capture_file
@@ -19,6 +23,21 @@ from . import ops  # registers torch.ops.moekit.moe_forward
 from . import nn, r3, torch
 
 __version__ = "0.1.0"
+
+
+def set_num_threads(num_threads: int) -> None:
+    """The CPU threads moekit computes with (its pool and OpenBLAS's), in [1, 1024]."""
+    _moekit.set_num_threads(num_threads)
+
+
+def get_num_threads() -> int:
+    return _moekit.num_threads()
+
+
+# Inside a torch process moekit's CPU threads follow torch's intra-op threads (torch.set_num_threads,
+# OMP_NUM_THREADS), so the two pools do not oversubscribe the cores; MOEKIT_NUM_THREADS overrides.
+if "MOEKIT_NUM_THREADS" not in _os.environ:
+    set_num_threads(min(max(1, _pytorch.get_num_threads()), 1024))
 
 
 def _quiet_leak_report_after_torch_compile() -> None:
@@ -50,5 +69,6 @@ def platform() -> str:
 __all__ = [
     "CAPTURE_FORMAT_VERSION", "UNWRITTEN_EXPERT_ID", "CaptureSet", "MoeConfig", "MoeLayer", "Model",
     "RequestCapture", "RoutedExpertsCapturer", "RoutedExpertsReplayer", "bind", "platform",
-    "r3", "read_capture_file", "route", "select_backend", "write_capture_file",
+    "get_num_threads", "nn", "r3", "read_capture_file", "route", "select_backend", "set_num_threads",
+    "write_capture_file",
 ]

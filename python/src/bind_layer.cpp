@@ -8,6 +8,8 @@
 #include "bind.h"
 #include "convert.h"
 #include "moekit/layer.h"
+#include "moekit/parallel_for.h"
+#include "moekit/platform.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
 
@@ -141,6 +143,14 @@ void bind_layer(nb::module_& m) {
         nb::arg("stream"));
   m.def("platform", [] { return platform().to_string(); });
   m.def("cuda_built", [] { return platform().cuda_built; });
+  m.def(
+      "set_num_threads",
+      [](nb::handle n) {
+        const int threads = static_cast<int>(int_arg("num_threads", n, 1, 1024));
+        throw_if_error(without_gil([&] { return set_num_threads(threads); }));
+      },
+      nb::arg("num_threads"));
+  m.def("num_threads", [] { return parallel_num_threads(); });
 }
 
 }  // namespace moekit::python

@@ -1,5 +1,7 @@
 """The layer and route() against the fp64 reference (tests/reference.py), on fresh
 seeded inputs, for every routing method; bounds as in docs/testing.md."""
+import os
+
 import pytest
 import torch
 
@@ -78,3 +80,29 @@ def test_layer_reports_its_choice():
     assert report[0]["verdict"] == "chosen" and report[1]["verdict"] == "supported"
     assert set(report[0]) == {"backend", "kernel", "kind", "verdict", "reason"}
     assert moekit.select_backend(Case("renormalize").config, device="cpu")[0]["verdict"] == "chosen"
+
+
+def test_set_num_threads_keeps_the_results():
+    """moekit's CPU threads follow torch's on import; any count computes the same bits
+    (chunks never change what a row computes), and a bad count is a ValueError."""
+    import moekit
+    import torch
+    assert "MOEKIT_NUM_THREADS" in os.environ or moekit.get_num_threads() == min(max(1, torch.get_num_threads()), 1024)
+    cfg = moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, max_num_tokens=32)
+    gen = torch.Generator().manual_seed(11)
+    w13 = (torch.randn(8, 64, 64, generator=gen) / 8).bfloat16()
+    w2 = (torch.randn(8, 64, 32, generator=gen) / 6).bfloat16()
+    x = torch.randn(32, 64, generator=gen).bfloat16()
+    logits = torch.randn(32, 8, generator=gen)
+    before = moekit.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 3):
+            moekit.set_num_threads(n)
+            assert moekit.get_num_threads() == n
+            outs.append(moekit.MoeLayer(cfg, w13, w2, device="cpu")(x, logits))
+        assert torch.equal(outs[0], outs[1])
+        with pytest.raises(ValueError, match=r"num_threads: .*\[1, 1024\]"):
+            moekit.set_num_threads(0)
+    finally:
+        moekit.set_num_threads(before)

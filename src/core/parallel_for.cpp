@@ -4,7 +4,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -116,14 +119,44 @@ class Pool {
   bool stop_ = false;        // guarded by mu_
 };
 
-Pool& pool() {
-  static Pool p(threads_from_env());
-  return p;
+// The pool, made on first use and remade by set_parallel_num_threads: parallel_for
+// holds the lock shared for its job, a resize holds it alone.
+std::shared_mutex g_pool_mu;
+std::unique_ptr<Pool> g_pool;
+
+Pool& pool_locked() {  // with g_pool_mu held (either way) and the pool made
+  return *g_pool;
+}
+
+std::shared_lock<std::shared_mutex> lock_pool() {
+  {
+    std::shared_lock<std::shared_mutex> lk(g_pool_mu);
+    if (g_pool != nullptr) return lk;
+  }
+  {
+    std::unique_lock<std::shared_mutex> lk(g_pool_mu);
+    if (g_pool == nullptr) g_pool = std::make_unique<Pool>(threads_from_env());
+  }
+  return std::shared_lock<std::shared_mutex>(g_pool_mu);
 }
 
 }  // namespace
 
-int parallel_num_threads() { return pool().num_threads(); }
+int parallel_num_threads() {
+  const auto lk = lock_pool();
+  return pool_locked().num_threads();
+}
+
+Status set_parallel_num_threads(int num_threads) {
+  if (num_threads < 1 || num_threads > kMaxThreads) {
+    return InvalidArgument("num_threads: must be in [1, " + std::to_string(kMaxThreads) + "], got " +
+                           std::to_string(num_threads));
+  }
+  if (t_in_parallel) return FailedPrecondition("num_threads: cannot be changed from inside a parallel_for");
+  std::unique_lock<std::shared_mutex> lk(g_pool_mu);  // waits for the jobs in flight
+  if (g_pool == nullptr || g_pool->num_threads() != num_threads) g_pool = std::make_unique<Pool>(num_threads);
+  return Status::Ok();
+}
 
 namespace detail {
 
@@ -132,7 +165,8 @@ void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
     fn(ctx, 0, n);
     return;
   }
-  Pool& p = pool();
+  const auto lk = lock_pool();
+  Pool& p = pool_locked();
   if (p.num_threads() == 1) {
     fn(ctx, 0, n);
     return;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "moekit/parallel_for.h"
+#include "moekit/platform.h"
 #include "experts/cpu/fp8_emulation.h"
 #include "experts/cpu/packed_bf16_gemm.h"
 
@@ -103,3 +104,15 @@ void ExpertWeightsF32::assign(const TensorView& src) {
 }
 
 }  // namespace moekit::cpu
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace moekit {
+
+Status set_num_threads(int num_threads) {
+  MOEKIT_RETURN_IF_ERROR(set_parallel_num_threads(num_threads));
+  openblas_set_num_threads(num_threads);
+  return Status::Ok();
+}
+
+}  // namespace moekit
