@@ -23,6 +23,11 @@ def to_device(device: DeviceLike, default: Optional[torch.device] = None) -> tor
     """A torch.device with its index filled in for CUDA (the current device).
     A string torch cannot parse is a ValueError, like every other bad argument."""
     d = parse_device(device) if device is not None else (default or torch.device("cpu"))
+    if d.type == "cuda" and not torch.cuda.is_available():
+        # moekit's answer, not the driver's: what this build and machine have.
+        from . import _moekit
+        raise ValueError(f"device {str(d)!r}: moekit sees no usable CUDA device here ({_moekit.platform()}); "
+                         "run on the CPU (device='cpu')")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d

@@ -136,3 +136,11 @@ def test_vocabularies_come_from_the_library_and_errors_list_them():
     with pytest.raises(ValueError) as e:
         moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, quant="int4")
     assert ", ".join(quants) in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a usable CUDA device")
+def test_cuda_without_a_device_is_moekits_answer():
+    cfg = small_config("softmax_topk")
+    w13, w2 = torch.zeros(E, 2 * I, H, dtype=torch.bfloat16), torch.zeros(E, H, I, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"device 'cuda': moekit sees no usable CUDA device here \(cpu threads="):
+        moekit.MoeLayer(cfg, w13, w2, device="cuda")
