@@ -42,6 +42,12 @@ def is_moe_block(module: torch.nn.Module) -> bool:
     return type(module).__name__ in _FAMILY_BLOCKS
 
 
+def router_of(block: torch.nn.Module) -> torch.nn.Module:
+    """A family block's router module (a MoE's: the wrapped block's)."""
+    inner = block.block if isinstance(block, MoE) else block
+    return getattr(block, _FAMILY_BLOCKS[type(inner).__name__][0])
+
+
 class MoE(torch.nn.Module):
     """A transformers sparse-MoE block run by moekit (module docstring).
 
@@ -83,7 +89,7 @@ class MoE(torch.nn.Module):
         return cls(block, model_config, layer_index, **options)
 
     def _weights(self):
-        return [t for t in list(self.parameters()) + list(self.buffers())]
+        return list(self.parameters()) + list(self.buffers())
 
     def refit(self) -> None:
         """Prepares moekit's copy of the current weights (after they changed in a way

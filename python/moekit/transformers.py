@@ -8,7 +8,7 @@ from typing import Dict, List
 
 import torch
 
-from .nn import MoE, is_moe_block
+from .nn import MoE, is_moe_block, router_of
 
 
 def _decoder_layers(model: torch.nn.Module):
@@ -66,8 +66,7 @@ class _Block:
         self.index = index
         self.block = block
         self.moe = block if isinstance(block, MoE) else None
-        router_name = ("router" if hasattr(block, "router") else "gate")
-        self.router = getattr(block, router_name)
+        self.router = router_of(block)
         self.config = (self.moe.layer.config if self.moe is not None else
                        _moekit.checkpoint_layer_config(json.dumps(model.config.to_dict(), default=str), index))
         self.score_bias = getattr(self.router, "e_score_correction_bias", None)
