@@ -25,7 +25,10 @@ class MoeLayer:
     w13 [E, 2I, H] and w2 [E, H, I] (host or device tensors; copied or re-laid-out
     once, so the caller may free them). score_bias [E] float32 enables
     deepseek_v3's selection bias. device: where the layer runs (default: w13's device);
-    a layer asked for on a CUDA device never falls back to the CPU.
+    a layer asked for on a CUDA device never falls back to the CPU. Extras, as a model
+    folder brings them (the config follows what is given): w13_bias [E, n1] and w2_bias
+    [E, H] float32 (gpt-oss), a shared expert shared_w13 [2 Is, H] and shared_w2 [H, Is]
+    in the experts' dtype, and its sigmoid gate shared_gate [H] float32 (Qwen2-MoE).
 
     fp8 schemes (config quant="fp8_block128" | "fp8_per_tensor", docs/fp8.md): w13/w2
     are torch.float8_e4m3fn with float32 scales w13_scale/w2_scale in the layouts of
@@ -37,15 +40,21 @@ class MoeLayer:
     def __init__(self, config: MoeConfig, w13: torch.Tensor, w2: torch.Tensor,
                  score_bias: Optional[torch.Tensor] = None, device: DeviceLike = None,
                  w13_scale: Optional[torch.Tensor] = None, w2_scale: Optional[torch.Tensor] = None,
-                 a13_scale: Optional[torch.Tensor] = None, a2_scale: Optional[torch.Tensor] = None):
-        self.config = _config_arg(config)
-        self._init_from_config(config)
+                 a13_scale: Optional[torch.Tensor] = None, a2_scale: Optional[torch.Tensor] = None,
+                 w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
+                 shared_w13: Optional[torch.Tensor] = None, shared_w2: Optional[torch.Tensor] = None,
+                 shared_gate: Optional[torch.Tensor] = None):
         w13, w2 = weight("w13", w13, optional=False), weight("w2", w2, optional=False)
         self.device = to_device(device, default=w13.device)
-        self._layer = _moekit.create_layer(config, w13, w2, weight("score_bias", score_bias), self.device.type,
-                                           self.device.index or 0, weight("w13_scale", w13_scale),
+        self._layer = _moekit.create_layer(config := _config_arg(config), w13, w2, weight("score_bias", score_bias),
+                                           self.device.type, self.device.index or 0, weight("w13_scale", w13_scale),
                                            weight("w2_scale", w2_scale), weight("a13_scale", a13_scale),
-                                           weight("a2_scale", a2_scale))
+                                           weight("a2_scale", a2_scale), weight("w13_bias", w13_bias),
+                                           weight("w2_bias", w2_bias), weight("shared_w13", shared_w13),
+                                           weight("shared_w2", shared_w2), weight("shared_gate", shared_gate))
+        # The layer's config: the given one with the extras the tensors brought.
+        self.config = self._layer.config
+        self._init_from_config(self.config)
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
 

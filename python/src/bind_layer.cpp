@@ -38,9 +38,22 @@ const Platform& platform() { return Platform::probe(); }
 std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13, const Array& w2,
                                        const OptArray& score_bias, const std::string& device_type,
                                        int device_index, const OptArray& w13_scale, const OptArray& w2_scale,
-                                       const OptArray& a13_scale, const OptArray& a2_scale) {
+                                       const OptArray& a13_scale, const OptArray& a2_scale,
+                                       const OptArray& w13_bias, const OptArray& w2_bias,
+                                       const OptArray& shared_w13, const OptArray& shared_w2,
+                                       const OptArray& shared_gate) {
   MoeConfig c = config;
+  // The extras the tensors bring (as has_score_bias): the config follows what was given.
   c.routing.has_score_bias = score_bias.has_value();
+  c.has_expert_bias = w13_bias.has_value() || w2_bias.has_value();
+  c.has_shared_gate = shared_gate.has_value();
+  if (shared_w2.has_value()) {
+    const TensorView sw2 = view_of(shared_w2, "shared_w2");
+    if (sw2.rank != 2) throw nb::value_error("shared_w2: expected [H, Is]");
+    c.shared_intermediate = sw2.dim(1);
+  } else if (shared_w13.has_value() || shared_gate.has_value()) {
+    throw nb::value_error("shared_w13/shared_gate: given without shared_w2 [H, Is]");
+  }
   MoeWeights w;
   w.w13 = view_of(w13, "w13");
   w.w2 = view_of(w2, "w2");
@@ -49,6 +62,11 @@ std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13
   w.w2_scale = view_of(w2_scale, "w2_scale");
   w.a13_scale = view_of(a13_scale, "a13_scale");
   w.a2_scale = view_of(a2_scale, "a2_scale");
+  w.w13_bias = view_of(w13_bias, "w13_bias");
+  w.w2_bias = view_of(w2_bias, "w2_bias");
+  w.shared_w13 = view_of(shared_w13, "shared_w13");
+  w.shared_w2 = view_of(shared_w2, "shared_w2");
+  w.shared_gate = view_of(shared_gate, "shared_gate");
   const Device device = parse_device(device_type, device_index);
   const Platform& p = platform();  // probed (once) with the GIL held
   std::unique_ptr<MoeLayer> made;
@@ -119,7 +137,9 @@ void bind_layer(nb::module_& m) {
   m.def("create_layer", &create_layer, nb::arg("config"), nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
         nb::arg("device_type"), nb::arg("device_index"), nb::arg("w13_scale").none() = nb::none(),
         nb::arg("w2_scale").none() = nb::none(), nb::arg("a13_scale").none() = nb::none(),
-        nb::arg("a2_scale").none() = nb::none());
+        nb::arg("a2_scale").none() = nb::none(), nb::arg("w13_bias").none() = nb::none(),
+        nb::arg("w2_bias").none() = nb::none(), nb::arg("shared_w13").none() = nb::none(),
+        nb::arg("shared_w2").none() = nb::none(), nb::arg("shared_gate").none() = nb::none());
 
   nb::class_<Model>(m, "Model", "The MoE layers of one model, in order, with their model-layer indices.")
       .def(nb::init<bool>(), nb::arg("share_workspace") = true)

@@ -273,3 +273,31 @@ def test_example_on_cuda(capsys):
     assert _example_main()(["--device", "cuda"]) == 0
     out = capsys.readouterr().out
     assert "moekit cuda_sm90/" in out and "ran the captured experts: yes" in out, out
+
+
+def test_layer_constructor_takes_what_the_loader_builds():
+    """MoeLayer(config, w13, w2, shared_w13=, shared_w2=, shared_gate=) from a live
+    Qwen2-MoE block's tensors computes what the loader-built layer computes, bit for
+    bit; the config follows the extras given."""
+    family = "qwen2_moe"
+    model = make_model(family)
+    block = model.model.layers[1].mlp
+    moe = moekit.nn.MoE(block, model.config, 1)
+    loaded = moe.layer
+    shared = block.shared_expert
+    layer = moekit.MoeLayer(
+        moekit.MoeConfig(num_experts=loaded.config.num_experts, top_k=loaded.config.top_k, hidden_size=64,
+                         intermediate_size=loaded.config.intermediate_size, routing=loaded.config.routing,
+                         weight_dtype="f32", act_dtype="f32"),
+        block.experts.gate_up_proj, block.experts.down_proj,
+        shared_w13=torch.cat([shared.gate_proj.weight, shared.up_proj.weight]), shared_w2=shared.down_proj.weight,
+        shared_gate=block.shared_expert_gate.weight[0])
+    assert (layer.config.shared_intermediate_size, layer.config.shared_gate) == (
+        loaded.config.shared_intermediate_size, True)
+    gen = torch.Generator().manual_seed(seed_of("constructor"))
+    x = torch.randn(10, 64, generator=gen)
+    logits = block.gate(x)[0].detach()
+    assert torch.equal(layer(x, logits), loaded(x, logits))
+    with pytest.raises(ValueError, match="given without shared_w2"):
+        moekit.MoeLayer(layer.config, block.experts.gate_up_proj, block.experts.down_proj,
+                        shared_gate=block.shared_expert_gate.weight[0])
