@@ -181,7 +181,7 @@ HostTensor run(MoeLayer& layer, const Inputs& in) {
 TEST(ModelWorkspace, LayersShareOneAndComputeAlike) {
   const int kLayers = 48;
   std::vector<Inputs> inputs;
-  for (int l = 0; l < kLayers; ++l) inputs.emplace_back(testing::seed_from({5, static_cast<uint64_t>(l)}));
+  for (int l = 0; l < kLayers; ++l) inputs.emplace_back(testing::seed_from({5, l}));
   Model shared, own(/*share_workspace=*/false);
   for (int l = 0; l < kLayers; ++l) {
     ASSERT_TRUE(shared.add_layer(cpu_layer(config(), inputs[l]), l).ok());
