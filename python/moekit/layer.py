@@ -55,6 +55,7 @@ class MoeLayer:
         # The layer's config: the given one with the extras the tensors brought.
         self.config = self._layer.config
         self._init_from_config(self.config)
+        self._score_bias = None if score_bias is None else score_bias.detach().to(self.device, torch.float32)
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
 
@@ -82,8 +83,9 @@ class MoeLayer:
 
     @classmethod
     def _of_checkpoint(cls, device: torch.device, loaded) -> "MoeLayer":
-        """A layer from what the checkpoint loader returned: (native, config, router weight, router bias, summary)."""
-        native, config, router_weight, router_bias, summary = loaded
+        """A layer from what the checkpoint loader returned: (native, config, router weight, router bias,
+        summary, selection bias)."""
+        native, config, router_weight, router_bias, summary, score_bias = loaded
         self = cls.__new__(cls)
         self.device = device
         self.config = config
@@ -92,9 +94,26 @@ class MoeLayer:
         self.summary = summary
         self.router_weight = None if router_weight is None else router_weight.to(self.device)
         self.router_bias = None if router_bias is None else router_bias.to(self.device)
+        self._score_bias = None if score_bias is None else score_bias.to(self.device)
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
         return self
+
+    def _live_rows_filled(self, forced: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Rows of -1 route live: they get the ids the routing spec selects from their logits (with the
+        selection bias), so the one forward forces the others. A row only partly -1 is an error."""
+        unset = forced < 0
+        live = unset.all(dim=1)
+        if bool((unset.any(dim=1) & ~live).any()):
+            r = int((unset.any(dim=1) & ~live).nonzero()[0, 0])
+            raise ValueError(f"forced_ids row {r} is partly -1 ({forced[r].tolist()}): a row is forced whole, "
+                             "or all -1 to route live")
+        rows = live.nonzero()[:, 0]
+        ids, _ = route(router_logits[rows.to(router_logits.device)].contiguous(), self.config,
+                       score_bias=self._score_bias)
+        filled = forced.to(torch.int32).clone()
+        filled[rows] = ids.to("cpu")
+        return filled
 
     def _narrowed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """int64 host ids (as torch indexes them) -> int32, range-checked before narrowing (an id of
@@ -139,7 +158,7 @@ class MoeLayer:
 
         return_ids: also return the selected ids [M, k] int32 (logical, spec order).
         forced_ids [M, k] int32 or int64: replay; these experts are used and the routing method
-        computes their weights from the live logits (checked on the host, so device ids
+        computes their weights from the live logits; a row of -1 routes live (checked on the host, so device ids
         are copied there: a synchronization; capture a CUDA graph without them).
         out: written in place (every element) and returned.
         topk_ids/topk_weights: custom routing only (router_logits is None then).
@@ -169,6 +188,9 @@ class MoeLayer:
             forced_ids = forced_ids.to("cpu")
         if forced_ids is not None and forced_ids.dtype == torch.int64:
             forced_ids = self._narrowed_ids(forced_ids)
+        if (forced_ids is not None and router_logits is not None and not torch.compiler.is_compiling()
+                and forced_ids.numel() and bool((forced_ids < 0).any())):
+            forced_ids = self._live_rows_filled(forced_ids, router_logits)
         if torch.compiler.is_compiling():
             torch.ops.moekit.moe_forward(self._handle, hidden, router_logits, out, ids, forced_ids, topk_ids,
                                          topk_weights)

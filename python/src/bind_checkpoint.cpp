@@ -25,7 +25,8 @@ struct LayerOptions {
   bool capture = true;
 };
 
-// (Layer, MoeConfig, router weight [E, H] f32 | None, router bias [E] f32 | None, summary)
+// (Layer, MoeConfig, router weight [E, H] f32 | None, router bias [E] f32 | None, summary,
+//  selection bias [E] f32 | None)
 nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const LayerOptions& o,
                    const std::string& device_type, int device_index) {
   const Device device = parse_device(device_type, device_index);
@@ -51,7 +52,8 @@ nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const
   auto optional = [](HostTensor& t) { return t.shape().empty() ? nb::none() : to_torch(std::move(t)); };
   const MoeConfig config = ck->config;
   const std::string summary = ck->summary();
-  return nb::make_tuple(native, config, optional(ck->router_weight), optional(ck->router_bias), summary);
+  return nb::make_tuple(native, config, optional(ck->router_weight), optional(ck->router_bias), summary,
+                        optional(ck->score_bias));
 }
 
 LayerOptions options_of(nb::handle max_num_tokens_arg, const std::string& backend, bool batch_invariant,

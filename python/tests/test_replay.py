@@ -106,3 +106,31 @@ def test_capture_errors_are_value_errors(tmp_path):
         moekit.read_capture_file(tmp_path / "bad.safetensors")
     with pytest.raises(ValueError):
         moekit.read_capture_file(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.parametrize("routing", ["renormalize", "deepseek_v3"])
+def test_rows_of_minus_one_route_live(routing):
+    """A forced row of -1 routes live (the spec's ids for its logits, the selection bias
+    included): the output is the row-by-row mix of a forced and a live forward."""
+    from conftest import E, H, I, K, small_config
+    cfg = small_config(routing)
+    gen = torch.Generator().manual_seed(seed_of("live rows", routing))
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) / H ** 0.5).bfloat16()
+    w2 = (torch.randn(E, H, I, generator=gen) / I ** 0.5).bfloat16()
+    bias = torch.randn(E, generator=gen) * 0.1 if routing == "deepseek_v3" else None
+    layer = moekit.MoeLayer(cfg, w13, w2, score_bias=bias, device="cpu")
+    x = torch.randn(6, H, generator=gen).bfloat16()
+    logits = torch.randn(6, E, generator=gen)
+    live, live_ids = layer(x, logits, return_ids=True)
+    forced = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(6)]).to(torch.int32)
+    all_forced = layer(x, logits, forced_ids=forced)
+    mixed = forced.clone()
+    mixed[[1, 4]] = -1
+    out, ids = layer(x, logits, forced_ids=mixed, return_ids=True)
+    for r in range(6):
+        want = live if r in (1, 4) else all_forced
+        assert torch.equal(out[r], want[r]), r
+    assert torch.equal(ids[[1, 4]], live_ids[[1, 4]])
+    mixed[2, 0] = -1
+    with pytest.raises(ValueError, match="row 2 is partly -1"):
+        layer(x, logits, forced_ids=mixed)
