@@ -288,3 +288,54 @@ def test_backends_of_a_model_folder_layer(models):
     bad = subprocess.run([_cli(), "backends", "--model", str(m.folder), "--layer", str(LAYER), "--top-k", "2"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--top-k: with --model the layer is described by" in bad.stderr, bad.stderr
+
+
+def test_mxfp4_gpt_oss_folder_equals_transformers_dequantization(tmp_path):
+    """A gpt-oss folder with MXFP4 experts (blocks/scales, quantization_config mxfp4)
+    loads as the folder whose experts are transformers' own dequantization of the
+    same bytes (transformers.integrations.mxfp4.convert_moe_packed_tensors): the
+    same layer, bit for bit (MXFP4 values are exact in bf16)."""
+    from safetensors.torch import load_file, save_file
+    convert = pytest.importorskip("transformers.integrations.mxfp4").convert_moe_packed_tensors
+    import moekit
+    # MXFP4 needs H and I in multiples of 32 (gpt-oss: 2880 both): I = 64 here.
+    cfg_name, model_name, fields, _ = FAMILIES["gpt_oss"]
+    torch.manual_seed(seed_of("mxfp4 model"))
+    model = getattr(transformers, model_name)(getattr(transformers, cfg_name)(**COMMON, **{**fields,
+                                                                                          "intermediate_size": 64}))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "base", max_shard_size="64KB")
+    base = tmp_path / "base"
+    x = torch.randn((24, H), generator=torch.Generator().manual_seed(seed_of("mxfp4 x"))).to(torch.bfloat16)
+    index = json.loads((base / "model.safetensors.index.json").read_text())
+    tensors = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors.update(load_file(str(base / shard)))
+    gen = torch.Generator().manual_seed(seed_of("mxfp4"))
+    packed, dequantized = {}, {}
+    for name, t in tensors.items():
+        for part, rows_dim, k_dim in (("gate_up_proj", 2, 1), ("down_proj", 2, 1)):
+            if name.endswith(f"experts.{part}"):
+                E, rows, K = t.shape[0], t.shape[rows_dim], t.shape[k_dim]  # stored [E, K, rows]
+                blocks = torch.randint(0, 256, (E, rows, K // 32, 16), generator=gen, dtype=torch.uint8)
+                scales = torch.randint(122, 130, (E, rows, K // 32), generator=gen, dtype=torch.uint8)
+                packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+                dequantized[name] = convert(blocks, scales, dtype=torch.bfloat16)  # [E, K, rows], as transformers loads
+    assert len(dequantized) == 2 * 2  # both projections of both layers
+    config = json.loads((base / "config.json").read_text())
+    folders = {}
+    for kind, experts in (("mxfp4", packed), ("bf16", dequantized)):
+        out = {n: t for n, t in tensors.items() if n not in dequantized}
+        out.update(experts)
+        folder = tmp_path / kind
+        folder.mkdir()
+        save_file({n: t.contiguous() for n, t in out.items()}, str(folder / "model.safetensors"))
+        cfg = dict(config)
+        if kind == "mxfp4":
+            cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        folders[kind] = folder
+    a = moekit.MoeLayer.from_pretrained(folders["mxfp4"], layer=LAYER, max_num_tokens=64)
+    b = moekit.MoeLayer.from_pretrained(folders["bf16"], layer=LAYER, max_num_tokens=64)
+    assert "MXFP4" in a.summary, a.summary
+    out = a(x)
+    assert out.float().abs().sum() > 0 and torch.equal(out, b(x))

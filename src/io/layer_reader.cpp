@@ -6,6 +6,7 @@
 #include <set>
 
 #include "io/fp8_scales.h"
+#include "io/mxfp4.h"
 
 namespace moekit::io {
 namespace {
@@ -157,7 +158,8 @@ class BlockReader {
       per_expert_naming = naming;
       per_expert[name->expert].name[static_cast<int>(name->projection)] = n;
     }
-    const bool fused = has(experts + "gate_up_proj") || has(experts + "down_proj");
+    const bool fused = has(experts + "gate_up_proj") || has(experts + "down_proj") ||
+                       has(experts + "gate_up_proj_blocks") || has(experts + "down_proj_blocks");
     const bool stacked = has(p_ + "w13") && has(p_ + "w2");
     if (fused + stacked + !per_expert.empty() > 1) {
       return InvalidArgument(p_ + ": experts under two namings (" +
@@ -323,6 +325,7 @@ class BlockReader {
     }
     const MoeConfig& c = model_->config;
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
+    if (has(gu + "_blocks") || has(dn + "_blocks")) return read_mxfp4(check_size);
     MOEKIT_ASSIGN_OR_RETURN(const bool gu_t, fused_transposed(gu, E, 2 * I, H));
     MOEKIT_ASSIGN_OR_RETURN(const bool dn_t, fused_transposed(dn, E, H, I));
     MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* g, need(gu, gu_t ? std::vector<int64_t>{E, H, 2 * I}
@@ -337,15 +340,7 @@ class BlockReader {
     const bool interleaved = model_->gate_up_order == GateUpOrder::kInterleaved;
     out_->naming = std::string("experts.{gate_up_proj") + (gu_t ? " [E, H, 2I]" : " [E, 2I, H]") +
                    (interleaved ? " interleaved" : "") + ", down_proj" + (dn_t ? " [E, I, H]" : " [E, H, I]") + "}";
-    const std::string gub = gu + "_bias", dnb = dn + "_bias";
-    const bool biases = c.has_expert_bias || has(gub) || has(dnb);
-    const SafetensorsEntry* b1 = nullptr;
-    const SafetensorsEntry* b2 = nullptr;
-    if (biases) {
-      const std::string why = " (the experts' biases, which " + model_->model_type + " has)";
-      MOEKIT_ASSIGN_OR_RETURN(b1, need(gub, {E, 2 * I}, false, why));
-      MOEKIT_ASSIGN_OR_RETURN(b2, need(dnb, {E, H}, false, why));
-    }
+    MOEKIT_RETURN_IF_ERROR(check_fused_biases());
     MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
     MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, files_.read(gu));
     MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, files_.read(dn));
@@ -353,14 +348,82 @@ class BlockReader {
     // rows are swiglu_oai's (kernel.h), which is the only activation such families use.
     out_->w13 = gu_t ? transpose_last(w13) : std::move(w13);
     out_->w2 = dn_t ? transpose_last(w2) : std::move(w2);
-    if (biases) {
-      MOEKIT_ASSIGN_OR_RETURN(HostTensor t1, files_.read(b1->name));
-      MOEKIT_ASSIGN_OR_RETURN(HostTensor t2, files_.read(b2->name));
-      MOEKIT_ASSIGN_OR_RETURN(out_->w13_bias, convert(t1.view(), DType::kF32));
-      MOEKIT_ASSIGN_OR_RETURN(out_->w2_bias, convert(t2.view(), DType::kF32));
-      out_->config.has_expert_bias = true;
-    }
+    return read_fused_biases();
+  }
+
+  // experts.gate_up_proj_bias [E, 2I] and down_proj_bias [E, H] (gpt-oss), f32.
+  bool fused_biases() const {
+    return model_->config.has_expert_bias || has(p_ + "experts.gate_up_proj_bias") ||
+           has(p_ + "experts.down_proj_bias");
+  }
+  Status check_fused_biases() {
+    if (!fused_biases()) return Status::Ok();
+    const MoeConfig& c = model_->config;
+    const std::string why = " (the experts' biases, which " + model_->model_type + " has)";
+    MOEKIT_RETURN_IF_ERROR(need(p_ + "experts.gate_up_proj_bias", {c.num_experts, 2 * c.intermediate}, false, why).status());
+    return need(p_ + "experts.down_proj_bias", {c.num_experts, c.hidden}, false, why).status();
+  }
+  Status read_fused_biases() {
+    if (!fused_biases()) return Status::Ok();
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t1, files_.read(p_ + "experts.gate_up_proj_bias"));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t2, files_.read(p_ + "experts.down_proj_bias"));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w13_bias, convert(t1.view(), DType::kF32));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w2_bias, convert(t2.view(), DType::kF32));
+    out_->config.has_expert_bias = true;
     return Status::Ok();
+  }
+
+  // gpt-oss's MXFP4 experts: experts.{gate_up,down}_proj_{blocks,scales}
+  // ([E, 2I, H/32, 16] / [E, 2I, H/32] and [E, H, I/32, 16] / [E, H, I/32]),
+  // in moekit's orientation already (rows = outputs, interleaved gate/up),
+  // dequantized exactly to bf16 (io/mxfp4.h): the layer then runs as bf16.
+  Status read_mxfp4(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    const MoeConfig& c = model_->config;
+    const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
+    if (!model_->mxfp4_experts) {
+      return InvalidArgument(p_ + "experts.*_blocks: MXFP4 experts, but no \"quantization_config\" says "
+                             "quant_method \"mxfp4\"");
+    }
+    if (H % kMxfp4Block != 0 || I % kMxfp4Block != 0) {
+      return InvalidArgument(p_ + "experts: MXFP4 needs H and I to be multiples of 32, got H = " + std::to_string(H) +
+                             ", I = " + std::to_string(I));
+    }
+    struct Part {
+      std::string name;
+      int64_t rows, k;
+    };
+    const Part parts[2] = {{p_ + "experts.gate_up_proj", 2 * I, H}, {p_ + "experts.down_proj", H, I}};
+    for (const Part& part : parts) {
+      const std::string why = " (MXFP4 experts come in _blocks and _scales pairs)";
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* blocks, use_named(part.name + "_blocks", why));
+      MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* scales, use_named(part.name + "_scales", why));
+      const std::vector<int64_t> want_b = {E, part.rows, part.k / kMxfp4Block, kMxfp4Block / 2};
+      const std::vector<int64_t> want_s = {E, part.rows, part.k / kMxfp4Block};
+      for (const auto& [e, want] : {std::pair{blocks, want_b}, std::pair{scales, want_s}}) {
+        if (e->dtype != DType::kU8) return InvalidArgument(e->name + ": dtype " + e->dtype_name + ", expected U8");
+        if (e->shape != want) {
+          return InvalidArgument(e->name + ": shape " + shape_text(e->shape) + ", expected " + shape_text(want) +
+                                 " from config.json");
+        }
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(check_fused_biases());
+    dtype_ = DType::kBF16;
+    dtype_set_ = true;
+    out_->naming = "experts.{gate_up_proj,down_proj}_{blocks,scales} (MXFP4, interleaved; dequantized to bf16)";
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
+    HostTensor* dst[2] = {&out_->w13, &out_->w2};
+    for (int i = 0; i < 2; ++i) {
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor blocks, files_.read(parts[i].name + "_blocks"));
+      MOEKIT_ASSIGN_OR_RETURN(HostTensor scales, files_.read(parts[i].name + "_scales"));
+      MOEKIT_ASSIGN_OR_RETURN(*dst[i], dequantize_mxfp4(blocks, scales, parts[i].name));
+    }
+    return read_fused_biases();
+  }
+
+  StatusOr<const SafetensorsEntry*> use_named(const std::string& name, const std::string& why) {
+    if (!has(name)) return NotFound(name + " is missing" + why);
+    return use(name);
   }
 
   Status read_router() {

@@ -97,6 +97,18 @@ StatusOr<QuantMethod> fp8_scheme_of(const Json& q, const std::string& what) {
   return QuantMethod::kFp8Block128;
 }
 
+// gpt-oss's "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [...]}
+// (the modules kept in bf16: attention, router, embeddings; the experts are MXFP4).
+Status check_mxfp4_config(const Json& q, const std::string& what) {
+  for (const auto& [key, value] : q.items()) {
+    if (key != "quant_method" && key != "modules_to_not_convert") {
+      return Unsupported(what + ": \"quantization_config\": \"" + key +
+                         "\" is not a setting moekit reads; refused rather than ignored");
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<Activation> activation_of(const Fields& f, const std::string& model_type) {
   if (model_type == "gpt_oss") return Activation::kSwigluOai;  // its experts' own clamped gate (no hidden_act)
   MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> act, f.string("hidden_act"));
@@ -222,7 +234,13 @@ StatusOr<ModelMoeConfig> parse_model_config(const Json& j, const std::string& wh
     return Unsupported(what + ": \"norm_topk_prob\" = false: " + t + " always renormalizes its top-k weights");
   }
   if (j.contains("quantization_config")) {
-    MOEKIT_ASSIGN_OR_RETURN(m.fp8_scheme, fp8_scheme_of(j.at("quantization_config"), what));
+    const Json& q = j.at("quantization_config");
+    if (q.is_object() && q.contains("quant_method") && q.at("quant_method") == "mxfp4") {
+      MOEKIT_RETURN_IF_ERROR(check_mxfp4_config(q, what));
+      m.mxfp4_experts = true;
+    } else {
+      MOEKIT_ASSIGN_OR_RETURN(m.fp8_scheme, fp8_scheme_of(q, what));
+    }
   }
   return m;
 }

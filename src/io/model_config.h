@@ -27,6 +27,9 @@ struct ModelMoeConfig {
   bool fused_transposed = false;  // the family stores fused experts [E, H, 2I] / [E, I, H] (gpt-oss)
   // "quantization_config" of an fp8 checkpoint: the scheme its experts carry.
   std::optional<QuantMethod> fp8_scheme;
+  // "quantization_config" quant_method "mxfp4" (gpt-oss): the experts come as
+  // MXFP4 blocks and scales (dequantized to bf16 on load).
+  bool mxfp4_experts = false;
   // ok when model layer `layer` is an MoE layer by the config's own rule, else
   // why not (e.g. "first_k_dense_replace = 3: layers 0..2 are dense").
   Status moe_layer(int layer) const;

@@ -6,6 +6,7 @@
 // python/tests/test_checkpoints.py.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -268,6 +269,77 @@ TEST_F(ModelFolder, LayerFileReadsSharedExpertAndRefusesStrays) {
   ASSERT_FALSE(lf.ok());
   EXPECT_NE(lf.status().message().find("(mlp.norm.weight); refused rather than ignored"), std::string::npos)
       << lf.status().message();
+}
+
+// gpt-oss's MXFP4 experts (blocks [E, rows, K/32, 16] u8, scales [E, rows, K/32]
+// u8, "quantization_config" mxfp4) load dequantized to bf16, each element equal to
+// an independent decode: e2m1(nibble) * 2^(scale - 127), low nibble first.
+TEST_F(ModelFolder, GptOssMxfp4ExpertsDecodeExactly) {
+  constexpr int64_t E = 2, H = 64, I = 32;  // H, I multiples of 32
+  const std::string config = R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "hidden_size": 64,
+      "num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size": 32,
+      "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}})";
+  write_config(config);
+  std::mt19937 rng(7);
+  auto bytes = [&](std::vector<int64_t> shape, int lo, int hi) {
+    HostTensor t(DType::kU8, std::move(shape));
+    std::uniform_int_distribution<int> d(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(d(rng));
+    return t;
+  };
+  const HostTensor gu_b = bytes({E, 2 * I, H / 32, 16}, 0, 255), gu_s = bytes({E, 2 * I, H / 32}, 120, 130);
+  const HostTensor dn_b = bytes({E, H, I / 32, 16}, 0, 255), dn_s = bytes({E, H, I / 32}, 120, 130);
+  const std::string p = "model.layers.0.mlp.";
+  write_weights({{p + "experts.gate_up_proj_blocks", gu_b}, {p + "experts.gate_up_proj_scales", gu_s},
+                 {p + "experts.gate_up_proj_bias", rand({E, 2 * I})}, {p + "experts.down_proj_blocks", dn_b},
+                 {p + "experts.down_proj_scales", dn_s}, {p + "experts.down_proj_bias", rand({E, H})},
+                 {p + "router.weight", rand({E, H})}, {p + "router.bias", rand({E})}});
+  auto ck = load(0);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  EXPECT_EQ(ck->config.quant.weight_dtype, DType::kBF16);
+  EXPECT_TRUE(ck->config.has_expert_bias);
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  auto check = [&](const HostTensor& got, const HostTensor& blocks, const HostTensor& scales, int64_t rows, int64_t K) {
+    ASSERT_EQ(got.shape(), (std::vector<int64_t>{E, rows, K}));
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < K; ++c) {
+          const int64_t g = (e * rows + r) * (K / 32) + c / 32;
+          const uint8_t byte = blocks.data<uint8_t>()[g * 16 + (c % 32) / 2];
+          const float want = e2m1[c % 2 == 0 ? byte & 0xF : byte >> 4] *
+                             std::ldexp(1.0f, static_cast<int>(scales.data<uint8_t>()[g]) - 127);
+          ASSERT_EQ(bf16_bits_to_f32(got.data<uint16_t>()[(e * rows + r) * K + c]), want) << e << " " << r << " " << c;
+        }
+      }
+    }
+  };
+  check(ck->w13, gu_b, gu_s, 2 * I, H);
+  check(ck->w2, dn_b, dn_s, H, I);
+
+  // Bad inputs name the tensor.
+  HostTensor nan_scale = gu_s;
+  nan_scale.data<uint8_t>()[5] = 255;
+  write_weights({{p + "experts.gate_up_proj_blocks", gu_b}, {p + "experts.gate_up_proj_scales", nan_scale},
+                 {p + "experts.gate_up_proj_bias", rand({E, 2 * I})}, {p + "experts.down_proj_blocks", dn_b},
+                 {p + "experts.down_proj_scales", dn_s}, {p + "experts.down_proj_bias", rand({E, H})}});
+  auto bad = load(0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gate_up_proj_scales: element 5 is 255, the E8M0 code of NaN"),
+            std::string::npos) << bad.status().message();
+  write_weights({{p + "experts.gate_up_proj_blocks", bytes({E, 2 * I, H / 32, 8}, 0, 255)},
+                 {p + "experts.gate_up_proj_scales", gu_s}, {p + "experts.down_proj_blocks", dn_b},
+                 {p + "experts.down_proj_scales", dn_s}, {p + "experts.gate_up_proj_bias", rand({E, 2 * I})},
+                 {p + "experts.down_proj_bias", rand({E, H})}});
+  bad = load(0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gate_up_proj_blocks: shape [2, 64, 2, 8], expected [2, 64, 2, 16]"),
+            std::string::npos) << bad.status().message();
+  write_config(R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "hidden_size": 64, "num_local_experts": 2,
+                   "num_experts_per_tok": 1, "intermediate_size": 32})");
+  bad = load(0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("MXFP4 experts, but no \"quantization_config\" says"), std::string::npos)
+      << bad.status().message();
 }
 
 // A folder inside the test's temporary folder (removed with it).
