@@ -17,7 +17,10 @@ Platform probe_once() {
   p.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #ifdef MOEKIT_WITH_CUDA
   p.cuda_built = true;
-  p.sm90a_built = true;  // MOEKIT_CUDA_ARCHS defaults to 90a; kernels guard on __CUDA_ARCH__
+  // TODO: derive from the build: this assumes MOEKIT_CUDA_ARCHS holds 90a (its
+  // default); no kernel guards on __CUDA_ARCH__, so a build without it has no
+  // sm_90a code to launch.
+  p.sm90a_built = true;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // no driver or no device: a CPU-only platform
