@@ -4,10 +4,13 @@ loaded model for moekit.nn.MoE in place, unpatch() puts the blocks back.
 transformers stays an optional dependency: only this module and moekit.nn's users
 need it, and this module does not import it (it works on the model it is given).
 """
+import json
 from typing import Dict, List
 
 import torch
 
+from . import _moekit
+from .layer import route
 from .nn import MoE, is_moe_block, router_of
 
 
@@ -61,8 +64,6 @@ class _Block:
     """One MoE layer of a model, patched or not: its router module, routing config and selection bias."""
 
     def __init__(self, model, index: int, block: torch.nn.Module):
-        import json
-        from . import _moekit
         self.index = index
         self.block = block
         self.moe = block if isinstance(block, MoE) else None
@@ -111,7 +112,6 @@ class Routes:
 
 
 def _spec_ids(b: _Block, logits: torch.Tensor) -> torch.Tensor:
-    from .layer import route
     bias = None if b.score_bias is None else b.score_bias.detach().float()
     ids, _ = route(logits.detach().float().contiguous(), b.config, score_bias=bias)
     return ids
