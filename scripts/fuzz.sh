@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 readonly SECONDS_PER_TARGET="${1:-60}"
 shift || true
-if (($#)); then TARGETS=("$@"); else TARGETS=(npy safetensors capture_file layer_file); fi
+if (($#)); then TARGETS=("$@"); else TARGETS=(npy safetensors capture_file layer_file model_layer); fi
 readonly BUILD_DIR="${MOEKIT_ASAN_DIR:-build-asan}"
 readonly JOBS="${MOEKIT_JOBS:-$(nproc)}"
 readonly OUT="$BUILD_DIR/fuzz"
