@@ -124,10 +124,7 @@ class Pool {
 std::shared_mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;
 
-Pool& pool_locked() {  // with g_pool_mu held (either way) and the pool made
-  return *g_pool;
-}
-
+// The pool made if need be, held (shared) as long as the lock lives.
 std::shared_lock<std::shared_mutex> lock_pool() {
   {
     std::shared_lock<std::shared_mutex> lk(g_pool_mu);
@@ -144,7 +141,7 @@ std::shared_lock<std::shared_mutex> lock_pool() {
 
 int parallel_num_threads() {
   const auto lk = lock_pool();
-  return pool_locked().num_threads();
+  return g_pool->num_threads();
 }
 
 Status set_parallel_num_threads(int num_threads) {
@@ -166,7 +163,7 @@ void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
     return;
   }
   const auto lk = lock_pool();
-  Pool& p = pool_locked();
+  Pool& p = *g_pool;
   if (p.num_threads() == 1) {
     fn(ctx, 0, n);
     return;

@@ -5,16 +5,13 @@
 #include <cstring>
 #include <string>
 
+#include "io/checkpoint_text.h"
+
 namespace moekit::io {
 namespace {
 
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
 
 // "<...>.weight" -> "<...>"
 std::string base_of(const SafetensorsEntry& weight) {

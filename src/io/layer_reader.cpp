@@ -5,24 +5,14 @@
 #include <map>
 #include <set>
 
+#include "io/checkpoint_text.h"
 #include "io/fp8_scales.h"
 #include "io/mxfp4.h"
 
 namespace moekit::io {
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
 
-std::string list_names(const std::vector<std::string>& names, size_t most = 24) {
-  std::string s;
-  for (size_t i = 0; i < names.size() && i < most; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > most) s += ", ... (" + std::to_string(names.size()) + " in all)";
-  return s;
-}
 
 constexpr const char* kScaleSuffixes[] = {".weight_scale_inv", ".weight_scale", ".input_scale"};
 

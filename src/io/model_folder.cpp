@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/checkpoint_text.h"
 #include "io/file_util.h"
 #include "io/json_strict.h"
 #include "io/layer_reader.h"
@@ -30,16 +31,7 @@ StatusOr<std::string> read_text(const std::string& path) {
   return text;
 }
 
-bool in_layer(const std::string& name, int layer) {
-  return ("." + name).find(".layers." + std::to_string(layer) + ".") != std::string::npos;
-}
 
-std::string list_names(const std::vector<std::string>& names, size_t most = 24) {
-  std::string s;
-  for (size_t i = 0; i < names.size() && i < most; ++i) s += (i ? ", " : "") + names[i];
-  if (names.size() > most) s += ", ... (" + std::to_string(names.size()) + " in all)";
-  return s;
-}
 
 // The MoE block prefix of model layer `layer`: what precedes "experts." in its
 // names; a dense layer and an unknown naming are named as such.
@@ -47,7 +39,7 @@ StatusOr<std::string> moe_prefix(const io::TensorFiles& shards, int layer) {
   std::set<std::string> prefixes;
   std::vector<std::string> in;
   for (const auto& [name, file] : shards.names()) {
-    if (!in_layer(name, layer)) continue;
+    if (!io::in_model_layer(name, layer)) continue;
     in.push_back(name);
     const size_t at = ("." + name).find(".experts.");
     if (at != std::string::npos) prefixes.insert(name.substr(0, at));
@@ -56,7 +48,7 @@ StatusOr<std::string> moe_prefix(const io::TensorFiles& shards, int layer) {
   if (in.empty()) return NotFound("no tensor under '" + where + "' in the weight files");
   if (prefixes.size() > 1) {
     return InvalidArgument("several expert groups under '" + where + "': " +
-                           list_names(std::vector<std::string>(prefixes.begin(), prefixes.end())));
+                           io::list_names(std::vector<std::string>(prefixes.begin(), prefixes.end())));
   }
   if (prefixes.empty()) {
     for (const std::string& n : in) {
@@ -70,7 +62,7 @@ StatusOr<std::string> moe_prefix(const io::TensorFiles& shards, int layer) {
       if (n.find("attn") == std::string::npos && n.find("norm") == std::string::npos) shown.push_back(n);
     }
     return InvalidArgument("no MoE naming recognised under '" + where + "' (docs/layer_files.md lists them); names "
-                           "found there besides attention and norms: " + list_names(shown.empty() ? in : shown));
+                           "found there besides attention and norms: " + io::list_names(shown.empty() ? in : shown));
   }
   return *prefixes.begin();
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "io/checkpoint_text.h"
 #include "moekit/dtype.h"
 
 namespace moekit::io {
@@ -12,11 +13,6 @@ namespace {
 constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
 
 }  // namespace
 
