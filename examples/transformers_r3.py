@@ -2,7 +2,8 @@
 
 A tiny seeded Qwen3-MoE model (random weights, real code paths): patch it, generate
 with capture, then run a training step with the captured experts forced, and print
-what matched. On the CPU by default; --device cuda runs the patched layers on the GPU.
+what matched. On the CPU (f32) by default; --device cuda runs the model in bf16 with
+the patched layers on the GPU (greedy tokens are then compared, not required equal).
 
   python examples/transformers_r3.py [--device cuda] [--family qwen3_moe|mixtral]
 """
@@ -28,7 +29,9 @@ def tiny_model(family: str, device: str):
     config = getattr(transformers, cfg_name)(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2,
                                              max_position_embeddings=128, **fields)
-    return getattr(transformers, model_name)(config).to(device).eval()
+    # The GPU backend takes bf16 weights (f32 layers would be left to transformers).
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    return getattr(transformers, model_name)(config).to(device=device, dtype=dtype).eval()
 
 
 def main(argv=None) -> int:
@@ -56,8 +59,12 @@ def run(argv) -> int:
     with torch.no_grad(), mt.capture(model) as routes:
         seq = model.generate(prompt, max_new_tokens=16, do_sample=False)
     same_tokens = torch.equal(seq, plain)
-    print(f"generate: {seq.shape[1] - prompt.shape[1]} new tokens per request, "
-          f"{'identical to' if same_tokens else 'DIFFERENT from'} the unpatched model's")
+    new_tokens = seq.shape[1] - prompt.shape[1]
+    agree = int((seq[:, prompt.shape[1]:] == plain[:, prompt.shape[1]:]).sum())
+    exact = model.dtype == torch.float32  # bf16 sums in another order may flip a near-tie greedy pick
+    print(f"generate: {new_tokens} new tokens per request, "
+          + (f"{'identical to' if same_tokens else 'DIFFERENT from'} the unpatched model's" if exact else
+             f"{agree} of {seq[:, prompt.shape[1]:].numel()} equal to the unpatched model's (bf16)"))
     captured = routes.batch()  # [requests, tokens, moe_layers, k]
     print(f"capture:  {tuple(captured.shape)} ids (requests, tokens, MoE layers {routes.model_layers}, top-k)")
 
@@ -75,7 +82,7 @@ def run(argv) -> int:
     print(f"replay:   training forward ran the captured experts: {'yes' if same_ids else 'NO'}; loss "
           f"{float(loss.detach()):.4f}; router and expert gradients finite and nonzero: {'yes' if grads_ok else 'NO'}")
     mt.unpatch(model)
-    return 0 if (same_tokens and same_ids and grads_ok) else 1
+    return 0 if ((same_tokens or not exact) and same_ids and grads_ok) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ loaded model for moekit.nn.MoE in place, unpatch() puts the blocks back.
 transformers stays an optional dependency: only this module and moekit.nn's users
 need it, and this module does not import it (it works on the model it is given).
 """
+import inspect
 import json
 from typing import Dict, List
 
@@ -14,6 +15,24 @@ from .layer import route
 from .nn import MoE, is_moe_block, router_of
 
 
+# MoE's keyword options and their types, read from its signature.
+_LAYER_OPTIONS = {n: type(p.default) for n, p in inspect.signature(MoE.__init__).parameters.items()
+                  if p.default is not inspect.Parameter.empty}
+
+
+def _check_layer_options(options: dict) -> None:
+    """The options every patched layer gets (MoE's): checked once, so that a refusal
+    inside the loop is about the layer, not about the options."""
+    for name, value in options.items():
+        kind = _LAYER_OPTIONS.get(name)
+        if kind is None:
+            raise TypeError(f"patch: unknown layer option {name!r} (options: {', '.join(_LAYER_OPTIONS)})")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"patch: {name} must be {kind.__name__}, got {value!r}")
+    if options.get("max_num_tokens", 1) <= 0:
+        raise ValueError(f"patch: max_num_tokens must be > 0, got {options['max_num_tokens']}")
+
+
 def _decoder_layers(model: torch.nn.Module):
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -22,11 +41,15 @@ def _decoder_layers(model: torch.nn.Module):
     return layers
 
 
-def patch(model: torch.nn.Module, **layer_options) -> Dict[str, List[dict]]:
+def patch(model: torch.nn.Module, strict: bool = False, **layer_options) -> Dict[str, List[dict]]:
     """Swaps the sparse-MoE block (`mlp`) of every decoder layer for a moekit.nn.MoE
     built from it (layer_options: MoE's, e.g. max_num_tokens, backend,
     batch_invariant). Returns {"patched": [{layer, block, backend, kernel}],
-    "left": [{layer, block, reason}]}: what was swapped and what was left and why."""
+    "left": [{layer, block, reason}]}: what was swapped and what was left and why.
+    A block moekit cannot run here (no backend serves it, e.g. f32 weights on the
+    GPU backend, or a weight dtype the loader does not take) stays transformers'
+    and is listed with moekit's reason; strict=True raises that ValueError instead."""
+    _check_layer_options(layer_options)
     report = {"patched": [], "left": []}
     layers = _decoder_layers(model)
     config = getattr(model, "config", None)
@@ -40,7 +63,13 @@ def patch(model: torch.nn.Module, **layer_options) -> Dict[str, List[dict]]:
         elif block is None or not is_moe_block(block):
             report["left"].append({"layer": i, "block": name, "reason": "not a sparse-MoE block (a dense MLP)"})
         else:
-            moe = MoE(block, config, i, **layer_options)
+            try:
+                moe = MoE(block, config, i, **layer_options)
+            except ValueError as e:
+                if strict:
+                    raise
+                report["left"].append({"layer": i, "block": name, "reason": str(e)})
+                continue
             layer.mlp = moe
             report["patched"].append({"layer": i, "block": name, "backend": moe.layer.backend,
                                       "kernel": moe.layer.kernel})

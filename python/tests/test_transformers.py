@@ -176,6 +176,23 @@ def test_patch_refuses_what_it_cannot_run():
         mt.patch(torch.nn.Linear(4, 4))
 
 
+def test_patch_leaves_what_moekit_cannot_run_with_the_reason():
+    """An f16 model: the loader takes bf16/f32/fp8 weights, so every MoE block stays
+    transformers' and the report says why; strict=True raises; bad options raise."""
+    model = make_model("qwen3_moe", torch.float16)
+    report = mt.patch(model)
+    assert report["patched"] == []
+    assert [p["layer"] for p in report["left"]] == list(range(model.config.num_hidden_layers))
+    assert all("dtype F16" in p["reason"] for p in report["left"]), report
+    assert not any(isinstance(layer.mlp, moekit.nn.MoE) for layer in model.model.layers)
+    with pytest.raises(ValueError, match="dtype F16"):
+        mt.patch(model, strict=True)
+    with pytest.raises(ValueError, match="max_num_tokens must be > 0"):
+        mt.patch(model, max_num_tokens=0)
+    with pytest.raises(TypeError, match="unknown layer option 'batch_invariants'"):
+        mt.patch(model, batch_invariants=True)
+
+
 @pytest.mark.parametrize("patched", [True, False])
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
 def test_capture_in_generate_then_replay_in_training(family, patched):
