@@ -223,7 +223,9 @@ StatusOr<Variant> parse_variant(const std::string& spec) {
   return v;
 }
 
-// Sets a variant's variables for its scope, then restores what was there.
+// Sets a variant's variables for its scope, then restores what was there; the
+// kernel options (config.h) are re-read from the environment both times, so
+// the same layer takes the variant's paths.
 class ScopedEnv {
  public:
   explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
@@ -232,6 +234,7 @@ class ScopedEnv {
       saved_.push_back({name, old != nullptr, old != nullptr ? old : ""});
       setenv(name.c_str(), value.c_str(), 1);
     }
+    reload_kernel_options_environment();
   }
   ~ScopedEnv() {
     for (const Saved& s : saved_) {
@@ -241,6 +244,7 @@ class ScopedEnv {
         unsetenv(s.name.c_str());
       }
     }
+    reload_kernel_options_environment();
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;

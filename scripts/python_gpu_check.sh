@@ -7,6 +7,7 @@
 # a short summary last. Exit status 0 only when all of it passed.
 #
 #   scripts/python_gpu_check.sh      # logs in build-pygpu/ (LOG_DIR), Python: PYTHON (python3)
+#   PYTEST_ARGS="-k gpu" scripts/python_gpu_check.sh    # a part of the suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
@@ -40,10 +41,15 @@ rm -rf "$SITE"
 install_rc=$?
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 
+# The command line for the tests that drive it (test_checkpoints.py): scripts/gpu_check.sh's build, when there.
+if [[ -z ${MOEKIT_CLI:-} && -x $ROOT/build-gpu/moekit ]]; then export MOEKIT_CLI=$ROOT/build-gpu/moekit; fi
+
 pytest_rc=1 example_rc=1 bench_rc=1
 if ((install_rc == 0)); then
   # From another folder, so `import moekit` is the installed package.
-  (cd "$LOG_DIR" && "$PY" -m pytest "$ROOT/python/tests" -rs -p no:cacheprovider) > "$LOG_DIR/pytest.log" 2>&1
+  # PYTEST_ARGS: e.g. "-k 'gpu or transformers'" to run a part of the suite.
+  (cd "$LOG_DIR" && eval "\"$PY\" -m pytest \"$ROOT/python/tests\" -rs -p no:cacheprovider ${PYTEST_ARGS:-}") \
+    > "$LOG_DIR/pytest.log" 2>&1
   pytest_rc=$?
   (cd "$LOG_DIR" && "$PY" "$ROOT/examples/moe_decoder.py" --device cuda) > "$LOG_DIR/example.log" 2>&1
   example_rc=$?

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moekit/config.h"
+#include "moekit/kernel.h"
 #include "moekit/status.h"
 
 namespace moekit::tools {
@@ -49,6 +50,10 @@ struct RoutingFlags {
 void add_routing_flags(CLI::App* cmd, RoutingFlags* flags, bool top_k_required);
 // The RoutingConfig the flags describe, validated against num_experts.
 StatusOr<RoutingConfig> routing_config_from(const RoutingFlags& flags, int64_t num_experts, bool has_bias);
+
+// Prints "gemm plan (<kernel>):" and, for a few M up to max_tokens (1, 16, 256,
+// 4096, max_tokens), the GEMM paths a forward of M tokens takes and why.
+void print_gemm_plan(const MoeKernel& kernel, int64_t max_tokens);
 
 // "softmax_topk|renormalize|..." for help texts.
 std::string routing_method_list();

@@ -125,6 +125,12 @@ Status run_backends(const BackendsOptions& o) {
   auto res = select_backend(config, platform);
   if (!res.ok()) return res.status();
   std::printf("%s", res->report_string().c_str());
+  // The chosen class's GEMM paths (no weights needed to ask).
+  if (const auto kernel = res->kernel.create(config, platform); kernel.ok()) {
+    print_gemm_plan(**kernel, config.max_num_tokens);
+  } else {
+    std::printf("gemm plan: not available (%s)\n", kernel.status().message().c_str());
+  }
   if (config.parallel.ep_size > 1) {
     // How an expert-parallel layer of this config would move its tokens (docs/expert_parallel.md).
     MOEKIT_ASSIGN_OR_RETURN(const EpDispatchChoice ep, choose_ep_dispatch(config));

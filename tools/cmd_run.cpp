@@ -132,6 +132,7 @@ Status run_run(const RunOptions& o) {
               static_cast<double>(model.model.workspace_bytes()) / (1 << 20));
   std::fflush(stdout);
 
+  print_gemm_plan(model.model.moe_layer(0)->kernel(), spec.max_num_tokens);
   const Device device = model.model.layer(0).device();
   std::printf("device:   MoE layers run on %s\n", device.to_string().c_str());
   MOEKIT_ASSIGN_OR_RETURN(auto capturer, RoutedExpertsCapturer::create(spec.num_layers, spec.max_num_tokens,

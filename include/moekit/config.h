@@ -138,6 +138,40 @@ struct ParallelConfig {
   std::string to_string() const;
 };
 
+// Which GEMM path or instance a backend runs, where its own table would choose
+// otherwise: for comparisons, tests and experiments, never needed for
+// correctness (every path computes the same layer). Empty = the table's choice.
+// The environment variables MOEKIT_SM90_GEMM, MOEKIT_SM90_STREAM,
+// MOEKIT_SM90_CUTLASS, MOEKIT_SM90_FP8_GEMM, MOEKIT_SM90_FP8_STREAM,
+// MOEKIT_SM90_FP8_TILE and MOEKIT_CPU_GEMM override the field of that name
+// (kernel_options_in_effect, read in one place: src/core/kernel_options.cpp).
+// A path that cannot serve a problem falls back to the table's choice; an
+// unknown name is an error (validate(), or the backend's supports() for the
+// instance names only it knows).
+struct KernelOptions {
+  std::string sm90_gemm;        // bf16 grouped GEMM path: reference | streaming | cutlass
+  std::string sm90_stream;      // bf16 streaming instance (streaming_gemm.h names)
+  std::string sm90_cutlass;     // bf16 CUTLASS tile: m128_n256 | m64_n256 | swap_n32 | swap_n64
+  std::string sm90_fp8_gemm;    // fp8 GEMM path: cuda_core | cutlass | streaming
+  std::string sm90_fp8_stream;  // fp8 streaming instance, or off
+  std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
+  std::string cpu_gemm;         // cpu GEMM path: blas (f32 BLAS) | packed_bf16
+
+  bool empty() const;
+  // Sets the field called `name` (e.g. "sm90_gemm"); InvalidArgument for another name.
+  Status set(std::string_view name, std::string value);
+  Status validate() const;
+  std::string to_string() const;  // the fields that are set, "name=value" comma-separated
+};
+
+// `config`'s options with the environment's overrides applied. The environment
+// is read once per process; call reload_kernel_options_environment() after
+// changing it in-process (a benchmark comparing paths), while no forward runs.
+KernelOptions kernel_options_in_effect(const KernelOptions& config);
+void reload_kernel_options_environment();
+// Counts the reloads: a kernel holding kernel_options_in_effect() re-reads it when this changed.
+uint64_t kernel_options_environment_generation();
+
 struct MoeConfig {
   int64_t num_experts = 0;     // E (logical)
   int64_t hidden = 0;          // H
@@ -169,6 +203,7 @@ struct MoeConfig {
   // the H200 the side stream was faster at every M measured (2% to 31%,
   // docs/cuda_backend.md).
   bool shared_expert_overlap = true;
+  KernelOptions kernel;  // GEMM path overrides (not part of the math)
 
   int top_k() const { return routing.top_k; }
   Status validate() const;

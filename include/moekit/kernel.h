@@ -112,6 +112,9 @@ class MoeKernel {
   // Once, before run(); may copy and re-lay-out the weights.
   virtual Status prepare_weights(const MoeWeights& weights) = 0;
   virtual Status run(const MoeRunArgs& args, Workspace workspace, Stream stream) = 0;
+  // The GEMM paths a forward of num_tokens tokens takes and why, one line
+  // (kernel options and the backend's tile table applied).
+  virtual std::string gemm_plan(int64_t num_tokens) const = 0;
 
   const MoeConfig& config() const { return config_; }
 

@@ -150,6 +150,10 @@ class MoeLayer:
     def workspace_bytes(self) -> int:
         return self._layer.workspace_bytes
 
+    def gemm_plan(self, num_tokens: int) -> str:
+        """The GEMM paths a forward of num_tokens tokens takes, and why (MoeConfig(kernel=...) forces them)."""
+        return self._layer.gemm_plan(int(num_tokens))
+
     def __call__(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor] = None, return_ids: bool = False,
                  forced_ids: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
                  topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None

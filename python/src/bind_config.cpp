@@ -1,5 +1,6 @@
 // moekit.MoeConfig: the C++ MoeConfig, built from keywords. Names are parsed
 // and the whole config validated by the library (MoeConfig::validate).
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,8 @@ MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidde
                       const std::string& activation, nb::handle max_num_tokens, const std::string& backend,
                       const std::string& weight_dtype, const std::string& act_dtype, const std::string& logits_dtype,
                       bool capture, std::optional<bool> replay, std::optional<bool> renormalize,
-                      bool batch_invariant, const std::string& quant, const std::string& act_scale) {
+                      bool batch_invariant, const std::string& quant, const std::string& act_scale,
+                      const std::map<std::string, std::string>& kernel) {
   MoeConfig c;
   // Every integer is range-checked as the Python int it is, before it is
   // narrowed to its C++ field (2**32 + 16 experts once read as 16).
@@ -110,6 +113,7 @@ MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidde
   c.batch_invariant = batch_invariant;
   // Replay forces ids through the routing method; custom routing has none, so off by default there.
   c.needs_replay = replay.value_or(c.routing.method != RoutingMethod::kCustom);
+  for (const auto& [name, value] : kernel) throw_if_error(c.kernel.set(name, value));
   throw_if_error(c.validate());
   return c;
 }
@@ -126,7 +130,8 @@ void bind_config(nb::module_& m) {
            nb::arg("max_num_tokens") = 4096, nb::arg("backend") = "auto", nb::arg("weight_dtype") = "bf16",
            nb::arg("act_dtype") = "bf16", nb::arg("logits_dtype") = "f32", nb::arg("capture") = true,
            nb::arg("replay").none() = nb::none(), nb::arg("renormalize").none() = nb::none(),
-           nb::arg("batch_invariant") = false, nb::arg("quant") = "none", nb::arg("act_scale") = "dynamic")
+           nb::arg("batch_invariant") = false, nb::arg("quant") = "none", nb::arg("act_scale") = "dynamic",
+           nb::arg("kernel") = std::map<std::string, std::string>{})
       .def_prop_ro("num_experts", [](const MoeConfig& c) { return c.num_experts; })
       .def_prop_ro("top_k", [](const MoeConfig& c) { return c.top_k(); })
       .def_prop_ro("hidden_size", [](const MoeConfig& c) { return c.hidden; })
@@ -150,6 +155,7 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("shared_intermediate_size", [](const MoeConfig& c) { return c.shared_intermediate; })
       .def_prop_ro("shared_gate", [](const MoeConfig& c) { return c.has_shared_gate; })
       .def_prop_ro("batch_invariant", [](const MoeConfig& c) { return c.batch_invariant; })
+      .def_prop_ro("kernel", [](const MoeConfig& c) { return c.kernel.to_string(); })
       .def("__repr__", [](const MoeConfig& c) { return c.to_string(); });
   m.def("routing_methods", [] { return names_of(kAllRoutingMethods, routing_method_name); },
         "Every routing method's name, in the spec's order (the library's own list).");

@@ -82,6 +82,27 @@ def test_layer_reports_its_choice():
     assert moekit.select_backend(Case("renormalize").config, device="cpu")[0]["verdict"] == "chosen"
 
 
+def test_kernel_options_force_a_path_and_the_layer_says_which():
+    """MoeConfig(kernel={...}) forces a GEMM path (here the CPU's f32 BLAS for bf16
+    weights); the layer's gemm_plan names it, and both paths compute the layer
+    within the CPU bf16 bound. Unknown names and values are ValueErrors."""
+    case = Case("renormalize", M=8)
+    forced_cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I,
+                                  routing="renormalize", max_num_tokens=16, kernel={"cpu_gemm": "blas"})
+    assert forced_cfg.kernel == "cpu_gemm=blas" and "kernel{cpu_gemm=blas}" in repr(forced_cfg)
+    forced = moekit.MoeLayer(forced_cfg, case.w13, case.w2, device="cpu")
+    assert "blas_f32 (forced by kernel.cpu_gemm)" in forced.gemm_plan(8)
+    default = case.layer()
+    assert "forced" not in default.gemm_plan(8)
+    ref = moe(case.hidden, case.w13, case.w2, *case.reference_route())
+    for layer in (forced, default):
+        assert rel_l2(layer(case.hidden, case.logits), ref) <= CPU_BF16_BOUND
+    with pytest.raises(ValueError, match="kernel option 'cpu_gem': unknown"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, kernel={"cpu_gem": "blas"})
+    with pytest.raises(ValueError, match="'cutlas' is not one of reference, streaming, cutlass"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, kernel={"sm90_gemm": "cutlas"})
+
+
 def test_set_num_threads_keeps_the_results():
     """moekit's CPU threads follow torch's on import; any count computes the same bits
     (chunks never change what a row computes), and a bad count is a ValueError."""

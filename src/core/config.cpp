@@ -256,7 +256,7 @@ Status MoeConfig::validate() const {
   if (needs_replay && routing.method == RoutingMethod::kCustom) {
     return InvalidArgument(field("needs_replay", "custom routing supplies its own ids; replay does not apply"));
   }
-  return Status::Ok();
+  return kernel_options_in_effect(kernel).validate();  // the environment's overrides are checked too
 }
 
 std::string MoeConfig::to_string() const {
@@ -272,6 +272,7 @@ std::string MoeConfig::to_string() const {
        << (shared_expert_overlap ? " (side stream)" : "");
   }
   if (batch_invariant) os << ", batch_invariant";
+  if (!kernel.empty()) os << ", kernel{" << kernel.to_string() << "}";
   os << "}";
   return os.str();
 }

@@ -40,6 +40,7 @@ class SpyMonolithic : public MoeKernel {
   explicit SpyMonolithic(MoeConfig c) : MoeKernel(std::move(c)) {}
   const char* name() const override { return kCaptureCapable ? "SpyCapable" : "SpyNoReplayOut"; }
   bool is_monolithic() const override { return true; }
+  std::string gemm_plan(int64_t) const override { return "none (a spy)"; }
   bool supports_routing_replay_capture() const override { return kCaptureCapable; }
   Device device() const override { return Device::cpu(); }
   StatusOr<ProblemSize> problem_size(const TensorView&, const TensorView&, const TensorView&,

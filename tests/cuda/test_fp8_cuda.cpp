@@ -54,31 +54,10 @@ constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2e-5 + 1e-3) + 2e-5 + 1
 // 6e-4 to 5.3e-3.
 constexpr double kTensorCoreBound = 0.015 + 0.00390625;
 
-// The GEMM path each case is forced onto (MOEKIT_SM90_FP8_GEMM, read at every
-// forward), so every path meets every shape whatever the tile table picks.
+// The GEMM path each case is forced onto (config.kernel.sm90_fp8_gemm), so
+// every path meets every shape whatever the tile table picks.
 constexpr const char* kPaths[] = {"streaming", "cutlass"};
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty()) {
-      ::unsetenv(name_);
-    } else {
-      ::setenv(name_, old_.c_str(), 1);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
 
 struct Fp8Case {
   Fp8Scheme scheme;
@@ -141,10 +120,10 @@ class CudaFp8Grid : public ::testing::TestWithParam<Fp8Case> {};
 TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   MOEKIT_REQUIRE_SM90();
   const Fp8Case c = GetParam();
-  const ScopedEnv path("MOEKIT_SM90_FP8_GEMM", c.path);
   const Fp8Shape s = c.shape;
   Fp8Layer layer(s, c.scheme, c.act, DType::kBF16, testing::seed_from({int64_t(c.scheme), int64_t(c.act), s.M, s.E, 5}));
   layer.config.needs_capture = layer.config.needs_replay = true;
+  layer.config.kernel.sm90_fp8_gemm = c.path;
   const MoeConfig& cfg = layer.config;
   ASSERT_TRUE(cuda_test::sm90_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
 

@@ -16,7 +16,7 @@
 
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/grouped_gemm_sm90.h"
-#include "experts/cuda/moe_decode_sm90.h"
+#include "experts/cuda/streaming_gemm.h"
 #include "moekit/dtype.h"
 #include "util/test_util.h"
 

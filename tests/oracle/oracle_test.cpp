@@ -4,9 +4,14 @@
 // fake platforms for what the CPU kernels cannot show.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "moekit/oracle.h"
+#ifdef MOEKIT_WITH_CUDA
+#include "experts/cuda/sm90_kernels.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -32,6 +37,116 @@ const CandidateReport* find(const Resolution& r, const std::string& kernel) {
   }
   return nullptr;
 }
+
+// ---------------------------------------------------------------- kernel options
+
+TEST(KernelOptions, SetNamesTheFieldsAndRefusesOthers) {
+  KernelOptions o;
+  EXPECT_TRUE(o.empty());
+  ASSERT_TRUE(o.set("sm90_gemm", "cutlass").ok());
+  ASSERT_TRUE(o.set("cpu_gemm", "blas").ok());
+  EXPECT_FALSE(o.empty());
+  EXPECT_EQ(o.sm90_gemm, "cutlass");
+  EXPECT_EQ(o.to_string(), "sm90_gemm=cutlass, cpu_gemm=blas");
+  const Status s = o.set("sm90_gem", "cutlass");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'sm90_gem': unknown"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("sm90_fp8_tile"), std::string::npos) << s.message();  // lists every option
+}
+
+TEST(KernelOptions, ValidateRefusesAPathNameNoBackendHas) {
+  MoeConfig c = small_config();
+  c.kernel.sm90_gemm = "cutlas";
+  const Status s = c.validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("config.kernel.sm90_gemm (or MOEKIT_SM90_GEMM): 'cutlas' is not one of reference, "
+                             "streaming, cutlass"),
+            std::string::npos)
+      << s.message();
+  c.kernel.sm90_gemm = "streaming";
+  c.kernel.sm90_stream = "any_name";  // instance names are the backend's to check (supports())
+  EXPECT_TRUE(c.validate().ok());
+}
+
+// Sets one variable and reloads the options' environment for a scope.
+class ScopedKernelEnv {
+ public:
+  ScopedKernelEnv(const char* name, const char* value) : name_(name) {
+    ::setenv(name, value, 1);
+    reload_kernel_options_environment();
+  }
+  ~ScopedKernelEnv() {
+    ::unsetenv(name_);
+    reload_kernel_options_environment();
+  }
+  ScopedKernelEnv(const ScopedKernelEnv&) = delete;
+  ScopedKernelEnv& operator=(const ScopedKernelEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST(KernelOptions, TheEnvironmentOverridesTheConfigAfterAReload) {
+  KernelOptions config;
+  config.cpu_gemm = "packed_bf16";
+  const uint64_t before = kernel_options_environment_generation();
+  {
+    const ScopedKernelEnv env("MOEKIT_CPU_GEMM", "blas");
+    EXPECT_GT(kernel_options_environment_generation(), before);
+    EXPECT_EQ(kernel_options_in_effect(config).cpu_gemm, "blas");
+    EXPECT_EQ(kernel_options_in_effect({}).sm90_gemm, "");  // unset variables leave the config's value
+  }
+  EXPECT_EQ(kernel_options_in_effect(config).cpu_gemm, "packed_bf16");
+  {
+    const ScopedKernelEnv env("MOEKIT_CPU_GEMM", "blsa");  // a bad value: every config using it is refused
+    const Status s = small_config().validate();
+    EXPECT_NE(s.message().find("MOEKIT_CPU_GEMM): 'blsa'"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(small_config().validate().ok());
+}
+
+TEST(KernelOptions, TheCpuKernelSaysItsGemmPathAndWhy) {
+  MoeConfig c = small_config();
+  c.quant.weight_dtype = DType::kF32;
+  c.quant.act_dtype = DType::kF32;
+  auto res = select_backend(c, Platform::cpu_only());
+  ASSERT_TRUE(res.ok()) << res.status().message();
+  auto f32 = res->kernel.create(c, Platform::cpu_only());
+  ASSERT_TRUE(f32.ok()) << f32.status().message();
+  EXPECT_EQ((*f32)->gemm_plan(1), "gemm blas_f32 (f32 weights (widened to f32)), every M");
+  c.quant.weight_dtype = DType::kBF16;
+  c.kernel.cpu_gemm = "blas";
+  auto forced = res->kernel.create(c, Platform::cpu_only());
+  ASSERT_TRUE(forced.ok()) << forced.status().message();
+  EXPECT_EQ((*forced)->gemm_plan(8), "gemm blas_f32 (forced by kernel.cpu_gemm), every M");
+}
+
+#ifdef MOEKIT_WITH_CUDA
+// The sm90 classes' rules on a described H200 (no device is touched): an
+// instance name the backend lacks is a supports() reason naming the choices.
+TEST(KernelOptions, TheSm90BackendRefusesAnInstanceItDoesNotHave) {
+  Platform h200 = Platform::cpu_only();
+  h200.cuda_built = h200.sm90a_built = true;
+  CudaDeviceInfo d;
+  d.index = 0;
+  d.cc_major = 9;
+  d.cc_minor = 0;
+  h200.cuda_devices.push_back(d);
+  MoeConfig c = small_config();
+  ASSERT_TRUE(cuda::sm90_modular_supports(c, h200).ok) << cuda::sm90_modular_supports(c, h200).reason;
+  c.kernel.sm90_stream = "rows7_k3";
+  Support s = cuda::sm90_modular_supports(c, h200);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("kernel.sm90_stream 'rows7_k3': no such streaming instance (rows128_k64"),
+            std::string::npos)
+      << s.reason;
+  c.kernel.sm90_stream.clear();
+  c.kernel.sm90_cutlass = "m256";
+  s = cuda::sm90_monolithic_supports(c, h200);
+  EXPECT_NE(s.reason.find("no such CUTLASS tile (m128_n256, m64_n256, swap_n32, swap_n64)"), std::string::npos)
+      << s.reason;
+}
+#endif
 
 // ---------------------------------------------------------------- the real cpu registry
 

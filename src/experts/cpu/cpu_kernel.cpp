@@ -3,7 +3,9 @@
 #include <string>
 
 #include "dispatch/local_prepare_finalize.h"
+#include "experts/cpu/cpu_gemm.h"
 #include "experts/cpu/cpu_kernel_checks.h"
+#include "experts/cpu/packed_bf16_gemm.h"
 
 namespace moekit::cpu {
 
@@ -42,6 +44,21 @@ void CpuKernel::run_stages(const MoeRunArgs& args, const int32_t* topk_ids, cons
   float* y = dispatch::local_output_buffer(args.out, b.y);
   experts_.apply(x, topk_ids, topk_weights, num_tokens, y, b.experts);
   dispatch::local_finalize(y, args.out);
+}
+
+std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
+  const CpuGemmPath path = cpu_gemm_path(config_);
+  std::string why;
+  if (path == CpuGemmPath::kPackedBf16) {
+    why = "bf16 weights, this CPU's AVX-512 kernel";
+  } else if (config_.quant.weight_dtype != DType::kBF16) {
+    why = std::string(dtype_name(config_.quant.weight_dtype)) + " weights (widened to f32)";
+  } else if (kernel_options_in_effect(config_.kernel).cpu_gemm == "blas") {
+    why = "forced by kernel.cpu_gemm";
+  } else {
+    why = "this CPU has no packed bf16 kernel (AVX-512)";
+  }
+  return std::string("gemm ") + cpu_gemm_path_name(path) + " (" + why + "), every M";
 }
 
 }  // namespace moekit::cpu

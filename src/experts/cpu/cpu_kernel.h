@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "experts/cpu/cpu_experts.h"
 #include "experts/cpu/scratch_layout.h"
@@ -19,6 +20,8 @@ class CpuKernel : public MoeKernel {
   // hidden [M, H], w13 [E, n1, H], w2 [E, H, I], topk_ids [M, k] or absent.
   StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
                                      const TensorView& topk_ids) const final;
+  // One GEMM path for every M (cpu_gemm_path) and why.
+  std::string gemm_plan(int64_t num_tokens) const final;
 
  protected:
   using MoeKernel::MoeKernel;

@@ -2,7 +2,7 @@
 // Activations are rounded through e4m3 exactly as the cpu backend rounds them
 // (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value). The
 // GEMM paths (moe_pipeline_fp8.h):
-//  - tensor cores (fp8_gemm_cutlass_sm90.h, fp8_decode_sm90.h): the quantizer
+//  - tensor cores (fp8_gemm_cutlass_sm90.h, fp8_streaming_gemm.h): the quantizer
 //    writes e4m3 bytes and the scales the GEMM reads;
 //  - CUDA cores (fp8_grouped_gemm below): the quantizer writes each quantized
 //    value as f32; one warp per (expert, weight row) reads the e4m3 weights once

@@ -1,8 +1,6 @@
 // The tile choice of the fp8 grouped GEMM (fp8_gemm_cutlass_sm90.h); the
 // kernels are instantiated one per file (fp8_gemm_cutlass_sm90_<tile>.cu).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
@@ -34,13 +32,9 @@ size_t fp8_cutlass_gemm_workspace_size(int64_t num_groups) {
 Status fp8_cutlass_gemm(const Fp8GemmLaunch& launch, cudaStream_t stream) {
   // Batch-invariant: one tile for every M.
   bool small = !launch.batch_invariant && launch.mean_group_rows <= kSmallGroupRows;
-  // NOTE: MOEKIT_SM90_FP8_TILE=m128n128|m64n128 overrides the choice, for comparisons.
-  if (const char* v = std::getenv("MOEKIT_SM90_FP8_TILE"); v != nullptr) {
-    if (std::strcmp(v, "m128n128") != 0 && std::strcmp(v, "m64n128") != 0) {
-      return InvalidArgument(std::string("MOEKIT_SM90_FP8_TILE=") + v + ": expected m128n128 or m64n128");
-    }
-    small = std::strcmp(v, "m64n128") == 0;
-  }
+  // NOTE: kernel.sm90_fp8_tile overrides the choice, for comparisons (validate() checked the name).
+  const std::string tile = (launch.kernel != nullptr ? *launch.kernel : kernel_options_in_effect({})).sm90_fp8_tile;
+  if (!tile.empty()) small = tile == "m64n128";
   return small ? fp8_sm90::m64n128_gemm(launch, stream) : fp8_sm90::m128n128_gemm(launch, stream);
 }
 

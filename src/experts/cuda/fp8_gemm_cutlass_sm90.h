@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moekit/config.h"
 #include "moekit/status.h"
 
 namespace moekit::cuda {
@@ -45,6 +46,9 @@ struct Fp8GemmLaunch {
   // 128-row cooperative ones; batch_invariant keeps the 128-row tile for every M.
   int64_t mean_group_rows = 0;           // rows / G
   bool batch_invariant = false;
+  // sm90_fp8_tile = m128n128 | m64n128 overrides the choice (MoeConfig::kernel
+  // with the environment's applied; null: the environment's alone).
+  const KernelOptions* kernel = nullptr;
 };
 
 // Whether this build has the kernel (CUTLASS headers found, MOEKIT_CUTLASS_KERNELS on).

@@ -1,4 +1,4 @@
-// Printing for the grouped GEMM's problem (the kernels live in grouped_gemm_mma.cu).
+// Printing for the grouped GEMM's problem (the kernels live in grouped_gemm.cu).
 #include "experts/cuda/grouped_gemm.h"
 
 #include <sstream>

@@ -70,6 +70,9 @@ struct GroupedGemmProblem {
   // MoeConfig::batch_invariant: one path (and so one reduction order per element)
   // for every M and rows per group, no K slices (choose_sm90_gemm).
   bool batch_invariant = false;
+  // Path overrides (MoeConfig::kernel with the environment's applied); null:
+  // the environment's alone (kernel_options_in_effect of no options).
+  const KernelOptions* kernel = nullptr;
 
   int64_t n_out() const {
     return epilogue == GemmEpilogue::kActivation && activation.gated() ? n / 2 : n;
@@ -96,6 +99,9 @@ Support grouped_gemm_supports(const GroupedGemmProblem& problem);
 // would like (1: none). A caller that can add f32 partial outputs then sets
 // problem.k_splits to it and out_dtype to f32 (and sizes C for them).
 int64_t grouped_gemm_k_splits(const GroupedGemmProblem& problem);
+
+// The path grouped_gemm() takes for this problem and why, one line (the tile table's choice).
+std::string grouped_gemm_plan(const GroupedGemmProblem& problem);
 
 // Scratch bytes a launch needs (tile schedules, ...); may be 0. Host-only, no device call.
 size_t grouped_gemm_workspace_size(const GroupedGemmProblem& problem);

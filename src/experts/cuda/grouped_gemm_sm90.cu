@@ -2,13 +2,11 @@
 #include "experts/cuda/grouped_gemm_sm90.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <sstream>
 
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
-#include "experts/cuda/moe_decode_sm90.h"
+#include "experts/cuda/streaming_gemm.h"
 
 namespace moekit::cuda {
 namespace {
@@ -28,25 +26,25 @@ constexpr int64_t kSplitGroupsAboveRowsPerGroup = 4;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
-// The overrides are read at every choice (not cached) so that one process can
-// compare paths: the benchmark's --variant captures one graph per setting.
-Forced forced_path() {
-  const char* v = std::getenv("MOEKIT_SM90_GEMM");
-  if (v == nullptr) return Forced::kAuto;
-  if (std::strcmp(v, "reference") == 0) return Forced::kReference;
-  if (std::strcmp(v, "streaming") == 0) return Forced::kStreaming;
-  if (std::strcmp(v, "cutlass") == 0) return Forced::kCutlass;
+// The overrides in effect for a problem (MoeConfig::kernel with the
+// environment's applied; the environment's alone for a problem of no layer).
+KernelOptions options_of(const GroupedGemmProblem& pr) {
+  return pr.kernel != nullptr ? *pr.kernel : kernel_options_in_effect({});
+}
+
+Forced forced_path(const KernelOptions& o) {
+  if (o.sm90_gemm == "reference") return Forced::kReference;
+  if (o.sm90_gemm == "streaming") return Forced::kStreaming;
+  if (o.sm90_gemm == "cutlass") return Forced::kCutlass;
   return Forced::kAuto;
 }
 
-std::optional<sm90::StreamVariant> forced_variant() {
-  const char* v = std::getenv("MOEKIT_SM90_STREAM");
-  return v == nullptr ? std::nullopt : sm90::parse_stream_variant(v);
+std::optional<sm90::StreamVariant> forced_variant(const KernelOptions& o) {
+  return o.sm90_stream.empty() ? std::nullopt : sm90::parse_stream_variant(o.sm90_stream);
 }
 
-std::optional<CutlassTile> forced_cutlass_tile() {
-  const char* v = std::getenv("MOEKIT_SM90_CUTLASS");
-  return v == nullptr ? std::nullopt : parse_cutlass_tile(v);
+std::optional<CutlassTile> forced_cutlass_tile(const KernelOptions& o) {
+  return o.sm90_cutlass.empty() ? std::nullopt : parse_cutlass_tile(o.sm90_cutlass);
 }
 
 // Rows per expert up to which the 64-row ping-pong tile beats the 128-row
@@ -66,18 +64,18 @@ constexpr int64_t kCutlassM64MaxRowsPerGroup = 1024;
 constexpr int64_t kSwapN32MaxRowsPerGroup = 16;
 constexpr int64_t kSwapN64MaxRowsPerGroup = 48;
 
-CutlassTile cutlass_tile_for(int64_t rows_per_group) {
-  if (const auto forced = forced_cutlass_tile()) return *forced;
+CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
+  if (const auto forced = forced_cutlass_tile(o)) return *forced;
   if (rows_per_group <= kSwapN32MaxRowsPerGroup) return CutlassTile::kSwapN32;
   if (rows_per_group <= kSwapN64MaxRowsPerGroup) return CutlassTile::kSwapN64;
   return rows_per_group <= kCutlassM64MaxRowsPerGroup ? CutlassTile::kM64N256 : CutlassTile::kM128N256;
 }
 
-Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
+Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, const KernelOptions& o, std::string* why_not) {
   using sm90::StreamVariant;
   Sm90GemmChoice c;
   c.path = Sm90GemmPath::kStreaming;
-  if (const auto forced = forced_variant(); forced && sm90::streaming_gemm_supports(pr, *forced).ok) {
+  if (const auto forced = forced_variant(o); forced && sm90::streaming_gemm_supports(pr, *forced).ok) {
     c.variant = *forced;
     return c;
   }
@@ -169,16 +167,17 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     c.reason = "batch_invariant: the reference kernel for every M";
     return c;
   }
-  const Forced forced = forced_path();
+  const KernelOptions options = options_of(pr);
+  const Forced forced = forced_path(options);
   if (pr.k_splits > 1) {  // only the streaming kernel has K slices (grouped_gemm_k_splits asked for them)
     std::string why;
-    Sm90GemmChoice c = streaming_choice(pr, &why);
+    Sm90GemmChoice c = streaming_choice(pr, options, &why);
     c.reason = c.path == Sm90GemmPath::kStreaming ? std::to_string(pr.k_splits) + " K slices" : "streaming: " + why;
     return c;
   }
   if (forced == Forced::kReference) {
     Sm90GemmChoice c;
-    c.reason = "forced by MOEKIT_SM90_GEMM";
+    c.reason = "forced by kernel.sm90_gemm";
     return c;
   }
   const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
@@ -196,7 +195,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
       forced == Forced::kStreaming ||
       (forced == Forced::kAuto && rows_per_group <= kStreamingMaxRowsPerGroup && streaming_fits);
   if (want_streaming) {
-    Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
+    Sm90GemmChoice c = streaming_choice(pr, options, &why_streaming);
     if (c.path == Sm90GemmPath::kStreaming) {
       c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
 #if MOEKIT_HAVE_CUTLASS
@@ -217,7 +216,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     if (s.ok) {
       Sm90GemmChoice c;
       c.path = Sm90GemmPath::kCutlass;
-      c.cutlass_tile = cutlass_tile_for(rows_per_group);
+      c.cutlass_tile = cutlass_tile_for(rows_per_group, options);
       c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
       return c;
     }
@@ -225,7 +224,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   }
 #endif
   if (!want_streaming) {  // a large problem the CUTLASS path could not take: streaming is still faster than reference
-    Sm90GemmChoice c = streaming_choice(pr, &why_streaming);
+    Sm90GemmChoice c = streaming_choice(pr, options, &why_streaming);
     if (c.path == Sm90GemmPath::kStreaming) {
       c.reason = "CUTLASS path unavailable (" + why_cutlass + ")";
       return c;

@@ -3,15 +3,16 @@
 // kernel only when the answer is kReference.
 //
 //   kStreaming  decode-size groups: each expert's weights streamed once over many
-//               CTAs (moe_decode_sm90.cuh), gather and activation fused
+//               CTAs (streaming_gemm.cuh), gather and activation fused
 //   kCutlass    prefill-size groups: CUTLASS sm90 warp-specialized grouped GEMM
 //               (grouped_gemm_cutlass_sm90.h), built when the CUTLASS headers are found
-//   kReference  the reference tiled kernel (grouped_gemm_mma.cu)
+//   kReference  the reference tiled kernel (grouped_gemm.cu)
 //
-// The environment variable MOEKIT_SM90_GEMM=reference|streaming|cutlass forces a
-// path where it can serve the problem, and MOEKIT_SM90_STREAM=<variant name>
-// (moe_decode_sm90.h) a streaming instance, MOEKIT_SM90_CUTLASS=<tile name>
-// (grouped_gemm_cutlass_sm90.h) a CUTLASS tile (benchmarks and tests compare them).
+// The kernel options (MoeConfig::kernel, or their environment variables):
+// sm90_gemm = reference|streaming|cutlass forces a path where it can serve the
+// problem, sm90_stream = <variant name> (streaming_gemm.h) a streaming instance,
+// sm90_cutlass = <tile name> (grouped_gemm_cutlass_sm90.h) a CUTLASS tile
+// (benchmarks and tests compare them).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +23,7 @@
 
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
-#include "experts/cuda/moe_decode_sm90.h"
+#include "experts/cuda/streaming_gemm.h"
 #include "moekit/status.h"
 
 namespace moekit::cuda {

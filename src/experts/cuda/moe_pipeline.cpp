@@ -72,6 +72,7 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.epilogue = s.expert_bias ? GemmEpilogue::kNone : GemmEpilogue::kActivation;
   p.activation = s.activation;
   p.batch_invariant = s.batch_invariant;
+  p.kernel = s.kernel;
   return p;
 }
 
@@ -87,6 +88,7 @@ GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_token
   p.epilogue = GemmEpilogue::kActivation;
   p.activation = s.activation;
   p.batch_invariant = s.batch_invariant;
+  p.kernel = s.kernel;
   return p;
 }
 
@@ -100,7 +102,31 @@ GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_token
   p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kNone;
   p.batch_invariant = s.batch_invariant;
+  p.kernel = s.kernel;
   return p;
+}
+
+GroupedGemmProblem gemm2_problem_of_forward(const ExpertsShape& s, int64_t num_tokens) {
+  // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
+  GroupedGemmProblem p2 = gemm2_problem(s, num_tokens);
+  if (p2.max_rows <= kSplitMaxRows && !p2.batch_invariant) {  // K slices would make the sum order depend on M
+    const int64_t splits = std::min(kMaxKSplits, grouped_gemm_k_splits(p2));
+    if (splits > 1) {
+      p2.out_dtype = DType::kF32;
+      p2.k_splits = splits;
+    }
+  }
+  return p2;
+}
+
+std::string experts_gemm_plan(const ExpertsShape& s, int64_t num_tokens) {
+  std::string plan = "gemm1 " + grouped_gemm_plan(gemm1_problem(s, num_tokens)) + "; gemm2 " +
+                     grouped_gemm_plan(gemm2_problem_of_forward(s, num_tokens));
+  if (s.shared_intermediate > 0) {
+    plan += "; shared gemm1 " + grouped_gemm_plan(shared_gemm1_problem(s, num_tokens)) + "; shared gemm2 " +
+            grouped_gemm_plan(shared_gemm2_problem(s, num_tokens));
+  }
+  return plan;
 }
 
 GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
@@ -114,6 +140,7 @@ GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.gather_a = false;
   p.epilogue = GemmEpilogue::kNone;
   p.batch_invariant = s.batch_invariant;
+  p.kernel = s.kernel;
   return p;
 }
 
@@ -239,15 +266,7 @@ Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t st
     MOEKIT_RETURN_IF_ERROR(bias_activation(ba, stream));
   }
 
-  // Few routed rows: GEMM2 may stream K in slices (f32 partials, added in finalize).
-  GroupedGemmProblem p2 = gemm2_problem(s, M);
-  if (p2.max_rows <= kSplitMaxRows && !p2.batch_invariant) {  // K slices would make the sum order depend on M
-    const int64_t splits = std::min(kMaxKSplits, grouped_gemm_k_splits(p2));
-    if (splits > 1) {
-      p2.out_dtype = DType::kF32;
-      p2.k_splits = splits;
-    }
-  }
+  GroupedGemmProblem p2 = gemm2_problem_of_forward(s, M);
   GroupedGemmArgs g2;
   g2.a = inter;
   g2.b = run.w2;

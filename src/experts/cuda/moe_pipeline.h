@@ -34,6 +34,7 @@ struct ExpertsShape {
   // The workspace is sized for this many tokens: a forward of fewer may give its
   // GEMMs' scratch the room (GroupedGemmProblem::scratch_rows). 0: the forward's own M.
   int64_t max_num_tokens = 0;
+  const KernelOptions* kernel = nullptr;  // the GEMM problems' overrides (GroupedGemmProblem::kernel)
   int64_t n1() const { return activation.gated() ? 2 * intermediate : intermediate; }  // GEMM1 N
   int64_t shared_n1() const { return activation.gated() ? 2 * shared_intermediate : shared_intermediate; }
 };
@@ -41,6 +42,10 @@ struct ExpertsShape {
 // The GEMM problems of one forward of M tokens (rows = M·k permuted pairs).
 GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
+// GEMM2 as run_experts runs it: with K slices where few routed rows would leave the GPU idle.
+GroupedGemmProblem gemm2_problem_of_forward(const ExpertsShape& s, int64_t num_tokens);
+// The GEMM paths run_experts takes for M tokens and why (grouped_gemm_plan of each GEMM).
+std::string experts_gemm_plan(const ExpertsShape& s, int64_t num_tokens);
 // The shared expert's GEMMs: one group of M rows (only when s.shared_intermediate > 0).
 GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_tokens);

@@ -3,13 +3,11 @@
 #ifdef MOEKIT_WITH_CUDA
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "experts/cuda/fp8_decode_sm90.h"
+#include "experts/cuda/fp8_streaming_gemm.h"
 #include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 
@@ -28,13 +26,11 @@ namespace {
 
 int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-// MOEKIT_SM90_FP8_GEMM: cuda_core | cutlass | streaming forces a GEMM path (for
-// comparisons); MOEKIT_SM90_FP8_STREAM names the streaming instance. Read at
-// every forward (not cached), so that one process can compare them.
-const char* env(const char* name) { return std::getenv(name); }
-bool env_is(const char* name, const char* value) {
-  const char* v = env(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
+// The overrides in effect (MoeConfig::kernel with the environment's applied:
+// sm90_fp8_gemm = cuda_core | cutlass | streaming forces a GEMM path,
+// sm90_fp8_stream names the streaming instance or turns it off), for comparisons.
+KernelOptions options_of(const ExpertsShape& s) {
+  return s.kernel != nullptr ? *s.kernel : kernel_options_in_effect({});
 }
 
 // GEMM2 may cut K into slices only up to this many routed rows, as the bf16
@@ -53,13 +49,13 @@ size_t expert_out_rows(int64_t pairs) {
 // pipeline wins on every shape, by 8-15%.
 constexpr int64_t kStreamingMaxPairs = 8;
 
-std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, int64_t pairs) {
+std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, const KernelOptions& o, int64_t pairs) {
   if (s.batch_invariant) return std::nullopt;  // one path for every M: the tensor-core GEMM
-  if (const char* forced = env("MOEKIT_SM90_FP8_STREAM")) {
-    if (std::strcmp(forced, "off") == 0) return std::nullopt;
-    if (const auto v = parse_fp8_stream_variant(forced)) return v;
+  if (!o.sm90_fp8_stream.empty()) {
+    if (o.sm90_fp8_stream == "off") return std::nullopt;
+    if (const auto v = parse_fp8_stream_variant(o.sm90_fp8_stream)) return v;
   }
-  if (pairs > kStreamingMaxPairs && !env_is("MOEKIT_SM90_FP8_GEMM", "streaming")) return std::nullopt;
+  if (pairs > kStreamingMaxPairs && o.sm90_fp8_gemm != "streaming") return std::nullopt;
   // The token tile by mean rows per non-empty expert.
   const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
   const int64_t rows = (pairs + groups - 1) / groups;
@@ -79,8 +75,9 @@ int sm_count() {
 }  // namespace
 
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights) {
-  if (env_is("MOEKIT_SM90_FP8_GEMM", "cuda_core")) return "cuda_core";
-  if (!env_is("MOEKIT_SM90_FP8_GEMM", "cutlass") && streaming_variant(s, num_tokens * s.top_k)) return "streaming";
+  const KernelOptions o = options_of(s);
+  if (o.sm90_fp8_gemm == "cuda_core") return "cuda_core";
+  if (o.sm90_fp8_gemm != "cutlass" && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
   return tensor_core_weights ? "cutlass" : "cuda_core";
 }
 
@@ -178,7 +175,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);
   if (path == "cuda_core" && !l.cuda_core_room) {
     return Unsupported(
-        "fp8 CUDA-core GEMMs (MOEKIT_SM90_FP8_GEMM=cuda_core): this build has the tensor-core GEMM, and its "
+        "fp8 CUDA-core GEMMs (kernel.sm90_fp8_gemm=cuda_core): this build has the tensor-core GEMM, and its "
         "workspace has no room for the CUDA-core path's f32 buffers");
   }
   // GEMM1's input: with dynamic scales a token's quantized row is the same in
@@ -227,7 +224,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     q2.scales_by_row = streaming;
   }
   if (streaming) {
-    const Fp8StreamVariant v = *streaming_variant(s, pairs);
+    const Fp8StreamVariant v = *streaming_variant(s, options_of(s), pairs);
     Fp8StreamGemm g1;
     g1.method = w.quant.method;
     g1.num_groups = E;
@@ -289,6 +286,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g1.workspace = ws + l.gemm_tables;
     g1.mean_group_rows = pairs / E;
     g1.batch_invariant = s.batch_invariant;
+    g1.kernel = s.kernel;
     for (int64_t p = 0; p < parts; ++p) {
       g1.b = w.w13 + p * I * H;
       g1.b_scale = w.w13_gemm_scale + p * E * scale_blocks(H) * scale_blocks(I);

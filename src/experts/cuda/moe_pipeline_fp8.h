@@ -4,10 +4,11 @@
 // input -> fp8 grouped GEMM2 -> weighted top-k reduction (fp8_experts.h). One
 // stream, the caller's workspace, no allocation, no host synchronization.
 //
-// The GEMMs stream the weights (fp8_decode_sm90.h) while experts get few rows,
+// The GEMMs stream the weights (fp8_streaming_gemm.h) while experts get few rows,
 // else run on tensor cores (fp8_gemm_cutlass_sm90.h) when the weights were
 // prepared for it (Fp8ExpertWeights::w13_gemm_scale), else on CUDA cores.
-// MOEKIT_SM90_FP8_GEMM=cuda_core|cutlass|streaming forces a path (for comparisons).
+// kernel.sm90_fp8_gemm = cuda_core|cutlass|streaming (MoeConfig::kernel, or
+// MOEKIT_SM90_FP8_GEMM) forces a path (for comparisons).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -80,7 +81,7 @@ struct Fp8ExpertsRun {
   char* workspace = nullptr;            // >= fp8_workspace_layout(s, M).total bytes
 };
 
-// The GEMM path a forward of M tokens takes: "streaming" (fp8_decode_sm90.h,
+// The GEMM path a forward of M tokens takes: "streaming" (fp8_streaming_gemm.h,
 // few rows per expert), "cutlass" (the tensor-core grouped GEMM; needs the
 // weights prepared for it) or "cuda_core".
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights);

@@ -1,22 +1,84 @@
 // The cuda_sm90 backend's rules and registration (sm90_kernels.h): what its two
 // kernel classes support, in the order of DESIGN.md §2.2, and the candidates in
-// priority order. The classes themselves live in sm90_kernels.cpp.
+// priority order. The classes live in sm90_modular.cpp and sm90_monolithic.cpp
+// (their common part in sm90_kernel.h), their weights in sm90_weights.h.
 #include "experts/cuda/sm90_kernels.h"
 
 #ifdef MOEKIT_WITH_CUDA
 
+#include <cuda_runtime_api.h>
+
 #include <string>
 #include <vector>
 
+#include "core/cuda_check.h"
+#include "experts/cuda/fp8_streaming_gemm.h"
 #include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 #include "experts/cuda/sm90_support.h"
+#include "experts/cuda/streaming_gemm.h"
 #include "routing/cuda/route_cuda.h"
 
 namespace moekit::cuda {
 
 namespace {
+
 std::string str(int64_t v) { return std::to_string(v); }
+
+// "a, b, c": every name of an instance enum.
+template <typename T, size_t N>
+std::string names(const T (&all)[N], const char* (*name)(T)) {
+  std::string out;
+  for (T v : all) out += (out.empty() ? "" : ", ") + std::string(name(v));
+  return out;
+}
+
+// ok, or which instance name among the kernel options (in effect) this backend does not have.
+Support check_instance_names(const KernelOptions& o) {
+  if (!o.sm90_stream.empty() && !sm90::parse_stream_variant(o.sm90_stream)) {
+    return Support::no("kernel.sm90_stream '" + o.sm90_stream + "': no such streaming instance (" +
+                       names(sm90::kAllStreamVariants, &sm90::stream_variant_name) + ")");
+  }
+  if (!o.sm90_cutlass.empty() && !parse_cutlass_tile(o.sm90_cutlass)) {
+    return Support::no("kernel.sm90_cutlass '" + o.sm90_cutlass + "': no such CUTLASS tile (" +
+                       names(kAllCutlassTiles, &cutlass_tile_name) + ")");
+  }
+  if (!o.sm90_fp8_stream.empty() && o.sm90_fp8_stream != "off" && !parse_fp8_stream_variant(o.sm90_fp8_stream)) {
+    return Support::no("kernel.sm90_fp8_stream '" + o.sm90_fp8_stream + "': no such fp8 streaming instance (off, " +
+                       names(kAllFp8StreamVariants, &fp8_stream_variant_name) + ")");
+  }
+  return Support::yes();
+}
+
 }  // namespace
+
+Sm90Pipeline sm90_pipeline_of(QuantMethod method) {
+  switch (method) {
+    case QuantMethod::kNone: return Sm90Pipeline::kBf16;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor: return Sm90Pipeline::kFp8;
+  }
+  return Sm90Pipeline::kBf16;  // unreachable: the switch names every method (-Wswitch)
+}
+
+Status require_current_device(int device_index, const char* who) {
+  int current = -1;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_index) {
+    return InvalidArgument(std::string(who) + " lives on cuda:" + str(device_index) +
+                           " but the current CUDA device is cuda:" + str(current));
+  }
+  return Status::Ok();
+}
+
+StatusOr<int> current_sm90_device(const Platform& platform) {
+  int current = -1;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
+  for (const CudaDeviceInfo& d : platform.cuda_devices) {
+    if (d.index == current && d.cc_major == 9 && d.cc_minor == 0) return current;
+  }
+  return Unsupported("the current CUDA device cuda:" + str(current) + " is not an sm_90 device");
+}
 
 ExpertsShape sm90_shape_of(const MoeConfig& c) {
   ExpertsShape s;
@@ -43,7 +105,7 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
                        platform.to_string());
   }
   // dtypes / quant
-  const bool fp8 = c.quant.is_fp8();
+  const bool fp8 = sm90_pipeline_of(c.quant.method) == Sm90Pipeline::kFp8;
   switch (c.quant.method) {
     case QuantMethod::kNone: break;
     case QuantMethod::kFp8Block128:
@@ -110,6 +172,7 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
     const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only (fp8: moe_pipeline_fp8.h)
     if (!gs.ok) return gs;
   }
+  if (const Support names_ok = check_instance_names(kernel_options_in_effect(c.kernel)); !names_ok.ok) return names_ok;
   // capture / replay: both classes serve them (the monolithic kernel writes
   // routing_replay_out and accepts forced ids; the modular one is routed by the caller).
   // batch_invariant is served: the GEMM problems carry it (sm90_shape_of), and

@@ -1,6 +1,7 @@
-// What sm90_backend.cpp and sm90_kernels.cpp share: the expert-stage shape of a
-// config and the support rules both kernel classes check (monolithic: the
-// routing runs inside, so custom routing and dispatch are refused).
+// What the cuda_sm90 files share: the expert-stage shape of a config, the
+// pipeline of its quant scheme, and the support rules both kernel classes
+// check (monolithic: the routing runs inside, so custom routing and dispatch
+// are refused).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -13,6 +14,17 @@
 namespace moekit::cuda {
 
 ExpertsShape sm90_shape_of(const MoeConfig& config);
+
+// The expert pipeline a quant scheme runs on: bf16 (moe_pipeline.h) or fp8
+// W8A8 (moe_pipeline_fp8.h). Every scheme names its pipeline in one exhaustive
+// switch, so a new scheme cannot silently take another's path.
+enum class Sm90Pipeline { kBf16, kFp8 };
+Sm90Pipeline sm90_pipeline_of(QuantMethod method);
+
+// ok when cuda:device_index is the current CUDA device, else an error naming `who`.
+Status require_current_device(int device_index, const char* who);
+// The current CUDA device's index when it is an sm_90 device of `platform`.
+StatusOr<int> current_sm90_device(const Platform& platform);
 Support sm90_supports(const MoeConfig& config, const Platform& platform, bool monolithic);
 
 }  // namespace moekit::cuda

@@ -1,6 +1,6 @@
-// The fp8 weight-streaming grouped GEMM (fp8_decode_sm90.h).
+// The fp8 weight-streaming grouped GEMM (fp8_streaming_gemm.h).
 //
-// As the bf16 streaming kernel (moe_decode_sm90.cuh): each CTA owns a slab of
+// As the bf16 streaming kernel (streaming_gemm.cuh): each CTA owns a slab of
 // 32·kWarps weight rows of one expert and streams it over K once through a
 // cp.async pipeline; the group's token rows ride along as the narrow MMA
 // operand. MMA: mma.sync m16n8k32 e4m3 x e4m3 -> f32 (sm_89+), weights as A
@@ -19,7 +19,7 @@
 // Blocks: blockIdx.x = (j * n_slabs + slab) * k_splits + split, j = index among
 // the non-empty groups; blocks past their count exit at once. Groups with more
 // rows than the token tile are done in several tiles (the slab is re-read).
-#include "experts/cuda/fp8_decode_sm90.h"
+#include "experts/cuda/fp8_streaming_gemm.h"
 
 #include <cuda_runtime.h>
 
@@ -30,7 +30,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
-#include "experts/cuda/moe_decode_sm90.cuh"
+#include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda {
 namespace {

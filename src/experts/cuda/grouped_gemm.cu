@@ -210,6 +210,11 @@ Support grouped_gemm_supports(const GroupedGemmProblem& pr) {
 
 int64_t grouped_gemm_k_splits(const GroupedGemmProblem& pr) { return sm90_gemm_k_splits(pr); }
 
+std::string grouped_gemm_plan(const GroupedGemmProblem& pr) {
+  const Support s = grouped_gemm_supports(pr);
+  return s.ok ? choose_sm90_gemm(pr).to_string() : "unsupported: " + s.reason;
+}
+
 size_t grouped_gemm_workspace_size(const GroupedGemmProblem& pr) {
   // tile_prefix, or what the Hopper path the table may pick needs.
   return std::max(sizeof(int32_t) * static_cast<size_t>(pr.num_groups + 1), sm90_gemm_workspace_size(pr));

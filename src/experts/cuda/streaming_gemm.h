@@ -1,4 +1,4 @@
-// Host entry of the weight-streaming grouped GEMM (moe_decode_sm90.cuh).
+// Host entry of the weight-streaming grouped GEMM (streaming_gemm.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>

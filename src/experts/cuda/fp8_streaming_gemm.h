@@ -1,5 +1,5 @@
 // Weight-streaming grouped GEMM on e4m3 operands for decode-size groups (a few
-// to ~64 rows per expert): the fp8 twin of moe_decode_sm90.h, behind the fp8
+// to ~64 rows per expert): the fp8 twin of streaming_gemm.h, behind the fp8
 // pipeline (moe_pipeline_fp8.h).
 //
 // Per group g with rows, for each row r and output column n:

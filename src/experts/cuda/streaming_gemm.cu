@@ -1,11 +1,11 @@
 // Instantiations and host launcher of the weight-streaming grouped GEMM.
-#include "experts/cuda/moe_decode_sm90.h"
+#include "experts/cuda/streaming_gemm.h"
 
 #include <algorithm>
 #include <string>
 
 #include "core/cuda_check.h"
-#include "experts/cuda/moe_decode_sm90.cuh"
+#include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda::sm90 {
 namespace {

@@ -1,0 +1,123 @@
+// KernelOptions (config.h): the names each path knob takes, and the one place
+// the environment's overrides are read.
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "moekit/config.h"
+
+namespace moekit {
+
+namespace {
+
+struct Knob {
+  std::string KernelOptions::*field;
+  const char* name;  // the field's name
+  const char* env;   // the variable that overrides it
+  // The values validate() accepts; empty: an instance name the backend checks.
+  std::array<const char*, 4> values;
+};
+
+constexpr std::array<Knob, 7> kKnobs = {{
+    {&KernelOptions::sm90_gemm, "sm90_gemm", "MOEKIT_SM90_GEMM", {"reference", "streaming", "cutlass"}},
+    {&KernelOptions::sm90_stream, "sm90_stream", "MOEKIT_SM90_STREAM", {}},
+    {&KernelOptions::sm90_cutlass, "sm90_cutlass", "MOEKIT_SM90_CUTLASS", {}},
+    {&KernelOptions::sm90_fp8_gemm, "sm90_fp8_gemm", "MOEKIT_SM90_FP8_GEMM", {"cuda_core", "cutlass", "streaming"}},
+    {&KernelOptions::sm90_fp8_stream, "sm90_fp8_stream", "MOEKIT_SM90_FP8_STREAM", {}},
+    {&KernelOptions::sm90_fp8_tile, "sm90_fp8_tile", "MOEKIT_SM90_FP8_TILE", {"m128n128", "m64n128"}},
+    {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed_bf16"}},
+}};
+
+KernelOptions read_environment() {
+  KernelOptions env;
+  for (const Knob& k : kKnobs) {
+    if (const char* v = std::getenv(k.env); v != nullptr) env.*k.field = v;
+  }
+  return env;
+}
+
+std::mutex& environment_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+KernelOptions& environment() {
+  static KernelOptions env = read_environment();
+  return env;
+}
+
+std::atomic<uint64_t> generation{0};
+
+}  // namespace
+
+bool KernelOptions::empty() const {
+  for (const Knob& k : kKnobs) {
+    if (!(this->*k.field).empty()) return false;
+  }
+  return true;
+}
+
+Status KernelOptions::set(std::string_view name, std::string value) {
+  std::string names;
+  for (const Knob& k : kKnobs) {
+    if (name == k.name) {
+      this->*k.field = std::move(value);
+      return Status::Ok();
+    }
+    names += (names.empty() ? "" : ", ") + std::string(k.name);
+  }
+  return InvalidArgument("kernel option '" + std::string(name) + "': unknown (options: " + names + ")");
+}
+
+Status KernelOptions::validate() const {
+  for (const Knob& k : kKnobs) {
+    const std::string& v = this->*k.field;
+    if (v.empty() || k.values[0] == nullptr) continue;
+    std::string expected;
+    for (const char* allowed : k.values) {
+      if (allowed == nullptr) break;
+      if (v == allowed) {
+        expected.clear();
+        break;
+      }
+      expected += expected.empty() ? allowed : std::string(", ") + allowed;
+    }
+    if (!expected.empty()) {
+      return InvalidArgument(std::string("config.kernel.") + k.name + " (or " + k.env + "): '" + v +
+                             "' is not one of " + expected);
+    }
+  }
+  return Status::Ok();
+}
+
+std::string KernelOptions::to_string() const {
+  std::string out;
+  for (const Knob& k : kKnobs) {
+    const std::string& v = this->*k.field;
+    if (!v.empty()) out += (out.empty() ? "" : ", ") + std::string(k.name) + "=" + v;
+  }
+  return out;
+}
+
+KernelOptions kernel_options_in_effect(const KernelOptions& config) {
+  KernelOptions out = config;
+  const std::lock_guard<std::mutex> lock(environment_mutex());
+  const KernelOptions& env = environment();
+  for (const Knob& k : kKnobs) {
+    if (!(env.*k.field).empty()) out.*k.field = env.*k.field;
+  }
+  return out;
+}
+
+void reload_kernel_options_environment() {
+  const std::lock_guard<std::mutex> lock(environment_mutex());
+  environment() = read_environment();
+  generation.fetch_add(1, std::memory_order_release);
+}
+
+uint64_t kernel_options_environment_generation() { return generation.load(std::memory_order_acquire); }
+
+}  // namespace moekit

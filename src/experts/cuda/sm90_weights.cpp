@@ -1,0 +1,237 @@
+// prepare_sm90_weights(): the checks and device copies of sm90_weights.h.
+#include "experts/cuda/sm90_weights.h"
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/fp8_experts.h"
+#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
+#include "experts/cuda/weight_layout.h"
+#include "experts/cuda/weight_values.h"
+#include "experts/quant_weights.h"
+
+namespace moekit::cuda {
+
+namespace {
+
+// The device where a weight may be given: the kernel's device, or the host.
+Device weight_device(const TensorView& t, Device dev) {
+  return t.device.type == DeviceType::kCuda ? dev : Device::cpu();
+}
+
+// A host copy of an optional f32|bf16 tensor (host or device) widened to f32.
+StatusOr<std::vector<float>> widened_f32(const TensorView& t) {
+  std::vector<unsigned char> bytes(t.nbytes());
+  if (!bytes.empty()) MOEKIT_CUDA_CHECK(cudaMemcpy(bytes.data(), t.data, bytes.size(), cudaMemcpyDefault));
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == DType::kF32) {
+      std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t b = 0;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      out[i] = bf16_bits_to_f32(b);
+    }
+  }
+  return out;
+}
+
+// `bytes` of device memory on `dev` into *dst (nothing for 0 bytes).
+Status allocate(DeviceBuffer* dst, Device dev, size_t bytes) {
+  MOEKIT_ASSIGN_OR_RETURN(*dst, DeviceBuffer::allocate(dev, bytes));
+  return Status::Ok();
+}
+
+// A device copy of `src` (host or device, `bytes` of it) on `dev`.
+Status copy_to(DeviceBuffer* dst, Device dev, const void* src, size_t bytes) {
+  MOEKIT_RETURN_IF_ERROR(allocate(dst, dev, bytes));
+  if (bytes > 0) MOEKIT_CUDA_CHECK(cudaMemcpy(dst->data(), src, bytes, cudaMemcpyDefault));
+  return Status::Ok();
+}
+
+Status upload(DeviceBuffer* dst, Device dev, const std::vector<float>& src) {
+  return copy_to(dst, dev, src.data(), src.size() * sizeof(float));
+}
+
+// Each extra tensor (kernel.h) required with its config flag, refused without it.
+Status check_extras(const ExpertsShape& shape, Device dev, const MoeWeights& w) {
+  const int64_t E = shape.num_experts, H = shape.hidden, N1 = shape.n1();
+  const int64_t Is = shape.shared_intermediate, N1s = shape.shared_n1();
+  auto check = [&](const TensorView& t, const char* name, bool wanted, const char* flag,
+                   std::initializer_list<DType> dtypes, std::initializer_list<int64_t> dims) -> Status {
+    if (wanted) return check_tensor(t, name, dtypes, dims, weight_device(t, dev));
+    if (t.defined()) return InvalidArgument(std::string(name) + ": given, but " + flag + " is off in the config");
+    return Status::Ok();
+  };
+  const bool bias = shape.expert_bias, shared = Is > 0;
+  MOEKIT_RETURN_IF_ERROR(check(w.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, N1}));
+  MOEKIT_RETURN_IF_ERROR(check(w.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, H}));
+  MOEKIT_RETURN_IF_ERROR(check(w.shared_w13, "shared_w13", shared, "shared_intermediate", {DType::kBF16}, {N1s, H}));
+  MOEKIT_RETURN_IF_ERROR(check(w.shared_w2, "shared_w2", shared, "shared_intermediate", {DType::kBF16}, {H, Is}));
+  MOEKIT_RETURN_IF_ERROR(check(w.shared_gate, "shared_gate", shape.shared_gate, "has_shared_gate",
+                               {DType::kF32, DType::kBF16}, {H}));
+  return Status::Ok();
+}
+
+// Device copies of the extras: biases widened to f32, the gate/up bias in the
+// prepared column order of W13; shared W13 re-laid-out like W13.
+Status prepare_extras(const ExpertsShape& shape, Activation kind, Device dev, const MoeWeights& w, Sm90Weights* out) {
+  const int64_t E = shape.num_experts, H = shape.hidden, N1 = shape.n1(), I = shape.intermediate;
+  if (shape.expert_bias) {
+    MOEKIT_ASSIGN_OR_RETURN(std::vector<float> b13, widened_f32(w.w13_bias));
+    std::vector<float> prepared(b13.size());
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < N1; ++r) prepared[e * N1 + r] = b13[e * N1 + w13_source_row(kind, I, r)];
+    }
+    MOEKIT_ASSIGN_OR_RETURN(std::vector<float> b2, widened_f32(w.w2_bias));
+    MOEKIT_RETURN_IF_ERROR(upload(&out->w13_bias, dev, prepared));
+    MOEKIT_RETURN_IF_ERROR(upload(&out->w2_bias, dev, b2));
+  }
+  if (shape.shared_intermediate > 0) {
+    const int64_t Is = shape.shared_intermediate, N1s = shape.shared_n1();
+    MOEKIT_RETURN_IF_ERROR(allocate(&out->shared_w13, dev, w.shared_w13.nbytes()));
+    DeviceBuffer staging;  // [N1s, H] bf16 as given
+    MOEKIT_RETURN_IF_ERROR(copy_to(&staging, dev, w.shared_w13.data, w.shared_w13.nbytes()));
+    MOEKIT_RETURN_IF_ERROR(relayout_w13(device_ptr<const uint16_t>(staging), device_ptr<uint16_t>(out->shared_w13), 1,
+                                        N1s, H, kind, Is, nullptr));
+    MOEKIT_RETURN_IF_ERROR(copy_to(&out->shared_w2, dev, w.shared_w2.data, w.shared_w2.nbytes()));
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // staging is freed on return
+    if (shape.shared_gate) {
+      MOEKIT_ASSIGN_OR_RETURN(std::vector<float> g, widened_f32(w.shared_gate));
+      MOEKIT_RETURN_IF_ERROR(upload(&out->shared_gate, dev, g));
+    }
+  }
+  return Status::Ok();
+}
+
+Status prepare_bf16(const MoeConfig& config, const ExpertsShape& shape, Device dev, const MoeWeights& w,
+                    Sm90Weights* out) {
+  const int64_t E = shape.num_experts, H = shape.hidden, I = shape.intermediate, N1 = shape.n1();
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13, "w13", {DType::kBF16}, {E, N1, H}, weight_device(w.w13, dev)));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2, "w2", {DType::kBF16}, {E, H, I}, weight_device(w.w2, dev)));
+  MOEKIT_RETURN_IF_ERROR(check_extras(shape, dev, w));
+  MOEKIT_RETURN_IF_ERROR(allocate(&out->w13, dev, w.w13.nbytes()));
+  const uint16_t* w13_src = w.w13.ptr<const uint16_t>();
+  DeviceBuffer staging;  // [E, N1, H] bf16: a host W13 on its way to the re-layout
+  if (w.w13.device.type == DeviceType::kCpu) {
+    MOEKIT_RETURN_IF_ERROR(copy_to(&staging, dev, w.w13.data, w.w13.nbytes()));
+    w13_src = device_ptr<const uint16_t>(staging);
+  }
+  MOEKIT_RETURN_IF_ERROR(
+      relayout_w13(w13_src, device_ptr<uint16_t>(out->w13), E, N1, H, config.activation.kind, I, nullptr));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
+  MOEKIT_RETURN_IF_ERROR(prepare_extras(shape, config.activation.kind, dev, w, out));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the re-layout is done before staging is freed
+  return Status::Ok();
+}
+
+// fp8: weights kept in the checkpoint layout (1 byte each), scales beside them.
+Status prepare_fp8(const MoeConfig& config, const ExpertsShape& shape, Device dev, const MoeWeights& w,
+                   Sm90Weights* out) {
+  const int64_t E = shape.num_experts, H = shape.hidden, I = shape.intermediate, N1 = shape.n1();
+  const Device w_dev = weight_device(w.w13, dev);
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13, "w13", {DType::kF8E4M3}, {E, N1, H}, w_dev));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2, "w2", {DType::kF8E4M3}, {E, H, I}, w_dev));
+  // Scales on the weights' side; device scales are checked on a host copy.
+  MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, w, w_dev));
+  const std::pair<const TensorView*, const char*> scales[] = {
+      {&w.w13_scale, "w13_scale"}, {&w.w2_scale, "w2_scale"}, {&w.a13_scale, "a13_scale"}, {&w.a2_scale, "a2_scale"}};
+  if (w_dev.type == DeviceType::kCuda) {
+    for (const auto& [t, name] : scales) {
+      if (!t->defined()) continue;
+      HostTensor host(DType::kF32, std::vector<int64_t>(t->shape.begin(), t->shape.begin() + t->rank));
+      MOEKIT_CUDA_CHECK(cudaMemcpy(host.data<float>(), t->data, t->nbytes(), cudaMemcpyDeviceToHost));
+      MOEKIT_RETURN_IF_ERROR(check_scale_values(host.view(), name));
+    }
+  }
+  DeviceBuffer* dst[] = {&out->w13_scale, &out->w2_scale, &out->a13_scale, &out->a2_scale};
+  for (int i = 0; i < 4; ++i) {
+    const TensorView& t = *scales[i].first;
+    MOEKIT_RETURN_IF_ERROR(copy_to(dst[i], dev, t.data, t.defined() ? t.nbytes() : 0));
+  }
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13, dev, w.w13.data, w.w13.nbytes()));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
+  if (fp8_cutlass_gemm_built()) {
+    const QuantMethod method = config.quant.method;
+    const int64_t parts = shape.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape) / parts;
+    const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+    MOEKIT_RETURN_IF_ERROR(allocate(&out->w13_gemm_scale, dev, sizeof(float) * parts * part_count));
+    MOEKIT_RETURN_IF_ERROR(allocate(&out->w2_gemm_scale, dev, sizeof(float) * E * blocks(I) * blocks(H)));
+    const auto* w13_scale = device_ptr<const float>(out->w13_scale);
+    auto* w13_gemm_scale = device_ptr<float>(out->w13_gemm_scale);
+    if (fp8_gemm1_single_launch(shape)) {
+      MOEKIT_RETURN_IF_ERROR(
+          fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, -1, w13_gemm_scale, nullptr));
+    } else {
+      for (int64_t p = 0; p < parts; ++p) {
+        MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, p,
+                                                        w13_gemm_scale + p * part_count, nullptr));
+      }
+    }
+    MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, device_ptr<const float>(out->w2_scale), E, H, I, 1, 0,
+                                                    device_ptr<float>(out->w2_gemm_scale), nullptr));
+  }
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Fp8ExpertWeights Sm90Weights::fp8(const QuantScheme& quant) const {
+  Fp8ExpertWeights fw;
+  fw.quant = quant;
+  fw.w13 = device_ptr<const uint8_t>(w13);
+  fw.w2 = device_ptr<const uint8_t>(w2);
+  fw.w13_scale = device_ptr<const float>(w13_scale);
+  fw.w2_scale = device_ptr<const float>(w2_scale);
+  fw.a13_scale = device_ptr<const float>(a13_scale);
+  fw.a2_scale = device_ptr<const float>(a2_scale);
+  fw.w13_gemm_scale = device_ptr<const float>(w13_gemm_scale);
+  fw.w2_gemm_scale = device_ptr<const float>(w2_gemm_scale);
+  return fw;
+}
+
+Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, Sm90Pipeline pipeline,
+                            int device_index, const char* kernel_name, const MoeWeights& w, Sm90Weights* out) {
+  const Device dev = Device::cuda(device_index);
+  // NaN or Inf weights would run and return NaN rows: refused, as the cpu
+  // backend refuses them, on the host or on the device where they are.
+  const std::pair<const TensorView*, const char*> values[] = {
+      {&w.w13, "w13"}, {&w.w2, "w2"}, {&w.w13_bias, "w13_bias"}, {&w.w2_bias, "w2_bias"},
+      {&w.shared_w13, "shared_w13"}, {&w.shared_w2, "shared_w2"}, {&w.shared_gate, "shared_gate"}};
+  for (const auto& [t, name] : values) {
+    MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
+    if (t->defined() && t->device == dev) {  // on another device: check_tensor refuses it
+      MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+      MOEKIT_RETURN_IF_ERROR(check_device_weight_values(*t, name));
+    }
+  }
+  if (config.routing.has_score_bias) {
+    MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {shape.num_experts},
+                                        weight_device(w.score_bias, dev)));
+  }
+  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+  *out = Sm90Weights{};
+  Sm90Weights prepared;
+  switch (pipeline) {
+    case Sm90Pipeline::kBf16: MOEKIT_RETURN_IF_ERROR(prepare_bf16(config, shape, dev, w, &prepared)); break;
+    case Sm90Pipeline::kFp8: MOEKIT_RETURN_IF_ERROR(prepare_fp8(config, shape, dev, w, &prepared)); break;
+  }
+  if (config.routing.has_score_bias) {
+    MOEKIT_RETURN_IF_ERROR(copy_to(&prepared.score_bias, dev, w.score_bias.data, sizeof(float) * shape.num_experts));
+  }
+  prepared.prepared = true;
+  *out = std::move(prepared);
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA
