@@ -447,8 +447,9 @@ def main(argv=None) -> int:
                 for variant, note in c.get("compile", {}).items():
                     if note.get("fullgraph") is not True:
                         e = note.get("explain", {})
+                        breaks = e.get("graph_break_count", "?")
                         how = ("compile failed" if "fullgraph" not in note else
-                               f"fullgraph=True failed, default compile: {e.get('graph_break_count', '?')} graph breaks")
+                               f"fullgraph=True failed, default compile: {breaks} graph breaks")
                         notes.append(f"{s} {name} {variant}: {how}")
                 if c.get("error"):
                     notes.append(f"{s} {name}: {brief(c['error'])}")

@@ -104,6 +104,8 @@ class MoE(torch.nn.Module):
             device.type, device.index or 0, self.options["backend"], self.options["batch_invariant"],
             self.options["capture"])
         self.layer = MoeLayer._of_checkpoint(device, loaded)
+        # Read here, not in forward(): torch.compile cannot trace the native config's properties.
+        self._act_dtype = torch.float32 if self.layer.config.act_dtype == "f32" else torch.bfloat16
         self._versions = [t._version for t in self._weights()]
 
     def _apply(self, fn, *args, **kwargs):
@@ -122,14 +124,16 @@ class MoE(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor):
         if torch.is_grad_enabled() and any(t.requires_grad for t in self.parameters()):
             return self.block(hidden_states)  # training: transformers' own path and gradients
-        if [t._version for t in self._weights()] != self._versions:
-            self.refit()  # an in-place update (an optimizer step, load_state_dict) since the last preparation
+        # An in-place update (an optimizer step, load_state_dict) since the last preparation.
+        # Not looked for inside torch.compile, where tensor versions are not graph values:
+        # a compiled model calls refit() itself after changing its weights.
+        if not torch.compiler.is_compiling() and [t._version for t in self._weights()] != self._versions:
+            self.refit()
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         router_out = getattr(self, self._router_name)(x)  # the block's own router: its hooks fire
         logits = router_out[0]
-        act = torch.float32 if self.layer.config.act_dtype == "f32" else torch.bfloat16
-        x = x.to(act)
+        x = x.to(self._act_dtype)
         out = torch.empty_like(x)
         step = self.options["max_num_tokens"]
         forced = self._forced_ids  # set by moekit.transformers.replay (every row forced)
