@@ -169,6 +169,8 @@ struct KernelOptions {
 // changing it in-process (a benchmark comparing paths), while no forward runs.
 KernelOptions kernel_options_in_effect(const KernelOptions& config);
 void reload_kernel_options_environment();
+// The environment's overrides alone (valid until the next reload).
+const KernelOptions& kernel_options_environment();
 // Counts the reloads: a kernel holding kernel_options_in_effect() re-reads it when this changed.
 uint64_t kernel_options_environment_generation();
 

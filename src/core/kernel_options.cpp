@@ -102,6 +102,11 @@ std::string KernelOptions::to_string() const {
   return out;
 }
 
+const KernelOptions& kernel_options_environment() {
+  const std::lock_guard<std::mutex> lock(environment_mutex());
+  return environment();
+}
+
 KernelOptions kernel_options_in_effect(const KernelOptions& config) {
   KernelOptions out = config;
   const std::lock_guard<std::mutex> lock(environment_mutex());

@@ -71,7 +71,7 @@ struct GroupedGemmProblem {
   // for every M and rows per group, no K slices (choose_sm90_gemm).
   bool batch_invariant = false;
   // Path overrides (MoeConfig::kernel with the environment's applied); null:
-  // the environment's alone (kernel_options_in_effect of no options).
+  // the environment's alone (kernel_options_environment()).
   const KernelOptions* kernel = nullptr;
 
   int64_t n_out() const {

@@ -28,8 +28,8 @@ enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
 // The overrides in effect for a problem (MoeConfig::kernel with the
 // environment's applied; the environment's alone for a problem of no layer).
-KernelOptions options_of(const GroupedGemmProblem& pr) {
-  return pr.kernel != nullptr ? *pr.kernel : kernel_options_in_effect({});
+const KernelOptions& options_of(const GroupedGemmProblem& pr) {
+  return pr.kernel != nullptr ? *pr.kernel : kernel_options_environment();
 }
 
 Forced forced_path(const KernelOptions& o) {
@@ -167,7 +167,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     c.reason = "batch_invariant: the reference kernel for every M";
     return c;
   }
-  const KernelOptions options = options_of(pr);
+  const KernelOptions& options = options_of(pr);
   const Forced forced = forced_path(options);
   if (pr.k_splits > 1) {  // only the streaming kernel has K slices (grouped_gemm_k_splits asked for them)
     std::string why;

@@ -29,8 +29,8 @@ int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8Blo
 // The overrides in effect (MoeConfig::kernel with the environment's applied:
 // sm90_fp8_gemm = cuda_core | cutlass | streaming forces a GEMM path,
 // sm90_fp8_stream names the streaming instance or turns it off), for comparisons.
-KernelOptions options_of(const ExpertsShape& s) {
-  return s.kernel != nullptr ? *s.kernel : kernel_options_in_effect({});
+const KernelOptions& options_of(const ExpertsShape& s) {
+  return s.kernel != nullptr ? *s.kernel : kernel_options_environment();
 }
 
 // GEMM2 may cut K into slices only up to this many routed rows, as the bf16
@@ -75,7 +75,7 @@ int sm_count() {
 }  // namespace
 
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights) {
-  const KernelOptions o = options_of(s);
+  const KernelOptions& o = options_of(s);
   if (o.sm90_fp8_gemm == "cuda_core") return "cuda_core";
   if (o.sm90_fp8_gemm != "cutlass" && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
   return tensor_core_weights ? "cutlass" : "cuda_core";
