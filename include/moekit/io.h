@@ -75,6 +75,9 @@ class SafetensorsFile {
   static StatusOr<SafetensorsFile> open(const std::string& path);
   // The same over bytes in memory (copied); `name` labels error messages.
   static StatusOr<SafetensorsFile> parse(const void* bytes, size_t size, std::string_view name);
+  // The same without the copy: `bytes` must stay alive and unchanged as long
+  // as the returned object (a caller's image of tensors it holds).
+  static StatusOr<SafetensorsFile> parse_borrowed(const void* bytes, size_t size, std::string_view name);
 
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;

@@ -1,5 +1,6 @@
 // load_checkpoint_layer (include/moekit/checkpoint.h): a model folder's layer
 // as a ready Layer, with its router's weights for the logits.
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
@@ -76,13 +77,29 @@ nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle ma
 }
 
 // A live model's layer: config.json's text and the block's tensors as a
-// safetensors image (names "model.layers.<layer>.mlp.*").
-nb::tuple load_in_memory(const std::string& config_json, nb::bytes tensors, nb::handle layer_arg,
+// safetensors image (names "model.layers.<layer>.mlp.*"): bytes, or a 1-D
+// uint8 CPU tensor/array, read in place (the loader copies what it keeps
+// before this returns).
+using ImageArray = nb::ndarray<const uint8_t, nb::ndim<1>, nb::device::cpu, nb::c_contig>;
+nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb::handle layer_arg,
                          nb::handle max_num_tokens_arg, const std::string& device_type, int device_index,
                          const std::string& backend, bool batch_invariant, bool capture) {
   const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
   const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
-  StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::parse(tensors.c_str(), tensors.size(), "block tensors");
+  const void* data = nullptr;
+  size_t size = 0;
+  ImageArray image;
+  if (nb::isinstance<nb::bytes>(tensors)) {
+    const auto b = nb::borrow<nb::bytes>(tensors);
+    data = b.c_str();
+    size = b.size();
+  } else if (nb::try_cast(tensors, image)) {
+    data = image.data();
+    size = image.size();
+  } else {
+    throw nb::type_error("tensors: a safetensors image as bytes or a 1-D contiguous uint8 CPU tensor");
+  }
+  StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::parse_borrowed(data, size, "block tensors");
   throw_if_error(file.status());
   return layer_of([&] { return load_checkpoint_layer_in_memory(config_json, std::move(*file), layer); }, o,
                   device_type, device_index);

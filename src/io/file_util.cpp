@@ -130,6 +130,13 @@ std::unique_ptr<ByteSource> ByteSource::copy_of(const void* bytes, size_t size) 
   return src;
 }
 
+std::unique_ptr<ByteSource> ByteSource::borrow(const void* bytes, size_t size) {
+  std::unique_ptr<ByteSource> src(new ByteSource());
+  src->data_ = static_cast<const uint8_t*>(bytes);
+  src->size_ = size;
+  return src;
+}
+
 ByteSource::~ByteSource() {
   if (mapped_) ::munmap(mapped_, size_);
   if (fd_ >= 0) ::close(fd_);

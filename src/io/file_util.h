@@ -34,11 +34,14 @@ Status open_input(const std::string& path, InputFile* out);
 // Reads exactly n bytes at the current position.
 Status read_exact(InputFile& f, void* dst, uint64_t n, const std::string& path);
 
-// Read-only bytes of a whole file: an mmap of it, or an owned copy (parse()).
+// Read-only bytes of a whole file: an mmap of it, an owned copy, or the caller's
+// memory (SafetensorsFile::parse, parse_borrowed).
 class ByteSource {
  public:
   static StatusOr<std::unique_ptr<ByteSource>> map_file(const std::string& path);
   static std::unique_ptr<ByteSource> copy_of(const void* bytes, size_t size);
+  // The caller's bytes, not copied: they must outlive this object.
+  static std::unique_ptr<ByteSource> borrow(const void* bytes, size_t size);
   ~ByteSource();
   ByteSource(const ByteSource&) = delete;
   ByteSource& operator=(const ByteSource&) = delete;

@@ -137,6 +137,12 @@ StatusOr<SafetensorsFile> SafetensorsFile::parse(const void* bytes, size_t size,
   return from_mapping(std::move(m), std::string(name));
 }
 
+StatusOr<SafetensorsFile> SafetensorsFile::parse_borrowed(const void* bytes, size_t size, std::string_view name) {
+  auto m = std::make_unique<Mapping>();
+  m->bytes = ByteSource::borrow(bytes, size);
+  return from_mapping(std::move(m), std::string(name));
+}
+
 StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping> mapping, std::string path) {
   const uint8_t* b = mapping->bytes->data();
   const uint64_t size = mapping->bytes->size();

@@ -106,6 +106,31 @@ TEST_F(IoHardening, SafetensorsShapeWhoseStridesOverflowIsDataLoss) {
   EXPECT_NE(f.status().message().find("is too large"), std::string::npos) << f.status().to_string();
 }
 
+// parse_borrowed reads the caller's bytes in place: the same checks as parse
+// (a hostile header is refused alike), and views point into the caller's buffer.
+TEST_F(IoHardening, SafetensorsParseBorrowedChecksAlikeAndReadsInPlace) {
+  const Bytes hostile =
+      safetensors(R"({"w":{"dtype":"F32","shape":[0,4398046511104,4398046511104],"data_offsets":[0,0]}})", 0);
+  auto bad = io::SafetensorsFile::parse_borrowed(hostile.data(), hostile.size(), "hostile.safetensors");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(bad.status().message(),
+            io::SafetensorsFile::parse(hostile.data(), hostile.size(), "hostile.safetensors").status().message());
+
+  Bytes file = safetensors(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  const float values[2] = {1.5f, -2.0f};
+  std::memcpy(file.data() + file.size() - 8, values, 8);
+  auto f = io::SafetensorsFile::parse_borrowed(file.data(), file.size(), "image");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto v = f->view("w");
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_EQ(static_cast<const uint8_t*>(v->data), file.data() + file.size() - 8);  // no copy
+  auto r = f->read("w");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->data<float>()[0], 1.5f);
+  EXPECT_EQ(r->data<float>()[1], -2.0f);
+}
+
 // ------------------------------------------------------------ empty input (defect 9)
 
 TEST(NpyEmpty, NullAndZeroBytesIsDataLossWithoutTouchingThePointer) {
