@@ -20,9 +20,9 @@ Status run_replay(const std::string& path) {
   std::fflush(stdout);
   RunDescription run;
   MOEKIT_ASSIGN_OR_RETURN(ReplayOutcome r, replay_capture_file(path, Platform::probe(), &run));
-  std::printf("model:    %d MoE layers, E=%" PRId64 ", k=%d, H=%" PRId64 ", I=%" PRId64 ", seed %" PRIu64 "\n",
-              run.spec.num_layers, run.spec.num_experts, run.spec.top_k, run.spec.hidden, run.spec.intermediate,
-              run.spec.seed);
+  std::printf("model:    %d MoE layers%s%s, E=%" PRId64 ", k=%d, H=%" PRId64 ", I=%" PRId64 ", seed %" PRIu64 "\n",
+              run.spec.num_layers, run.model_dir.empty() ? "" : " of ", run.model_dir.c_str(), run.spec.num_experts,
+              run.spec.top_k, run.spec.hidden, run.spec.intermediate, run.spec.seed);
   if (!r.matched) return DataLoss("replay differs from the recorded run at " + r.mismatch);
   std::printf("replay:   %zu steps with the captured experts forced in every layer, %.3f s: outputs matched bit for bit\n",
               r.steps, r.seconds);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct RunOptions {
   int64_t decode_tokens = 16;    // per request
   int threads = 0;               // 0: every hardware thread
   std::string backend = "auto";  // MoeConfig::backend: "auto" or a backend name
+  std::string model_dir;         // --model: the MoE layers of this folder instead of synthetic ones
+  std::vector<int> moe_layers;   // --model: their model layer indices (spec_of_model_folder)
   std::string capture_path = "moekit_capture.safetensors";
   bool no_capture = false;
   int ep = 1;                    // expert-parallel ranks (run_ep.h)
@@ -69,7 +72,10 @@ Status check_options(const RunOptions& o) {
     std::snprintf(msg, sizeof msg, "--tokens + --requests x --decode is %.3g tokens; at most 2^40 per run", total);
     return InvalidArgument(msg);
   }
-  MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
+  if (o.model_dir.empty()) MOEKIT_RETURN_IF_ERROR(synthetic_config(s).validate());
+  if (!o.model_dir.empty() && o.ep > 1) {
+    return Unsupported("--model with --ep: an expert-parallel run serves the synthetic model only (for now)");
+  }
   if (o.eplb_redundant_given) {
     if (o.ep < 2) return InvalidArgument("--eplb-redundant applies to an expert-parallel run (--ep N, N >= 2) only");
     // At most every rank holding every expert: E x N slots in all.
@@ -91,7 +97,9 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-Status run_run(const RunOptions& o) {
+Status run_run(RunOptions o) {
+  // --model: the folder's sizes replace the synthetic model's before anything is checked or sized.
+  if (!o.model_dir.empty()) MOEKIT_RETURN_IF_ERROR(spec_of_model_folder(o.model_dir, &o.spec, &o.moe_layers));
   MOEKIT_RETURN_IF_ERROR(check_options(o));
   if (o.threads > 0) {
     // Before the first parallel_for creates its pool.
@@ -106,6 +114,13 @@ Status run_run(const RunOptions& o) {
   MoeConfig config = synthetic_config(spec, o.backend);
   config.needs_capture = config.needs_replay = !o.no_capture;
   const Platform& platform = Platform::probe();
+  const auto t_build = Clock::now();
+  std::optional<SyntheticModel> folder_model;
+  if (!o.model_dir.empty()) {  // built first: the oracle then answers for the folder's own config
+    MoeConfig first;
+    MOEKIT_ASSIGN_OR_RETURN(folder_model, build_checkpoint_model(o.model_dir, o.moe_layers, config, platform, &first));
+    config = first;
+  }
   MOEKIT_ASSIGN_OR_RETURN(const Resolution resolution, select_backend(config, platform));
 
   const std::vector<Request> requests = make_requests(o.num_requests, o.prompt_tokens, o.decode_tokens, spec.seed);
@@ -113,7 +128,13 @@ Status run_run(const RunOptions& o) {
   int64_t total_tokens = 0;
   for (const Step& s : steps) total_tokens += s.num_tokens;
 
-  std::printf("moekit run: synthetic MoE model, seed %" PRIu64 "\n", spec.seed);
+  if (o.model_dir.empty()) {
+    std::printf("moekit run: synthetic MoE model, seed %" PRIu64 "\n", spec.seed);
+  } else {
+    std::printf("moekit run: the MoE layers of %s (model layers", o.model_dir.c_str());
+    for (int l : o.moe_layers) std::printf(" %d", l);
+    std::printf("), synthetic embeddings, seed %" PRIu64 "\n", spec.seed);
+  }
   std::printf("config:   %d MoE layers, %s\n", spec.num_layers, config.to_string().c_str());
   std::printf("platform: %s\n", platform.to_string().c_str());
   std::printf("backend:  %s, kernel %s (%s)\n%s", resolution.backend.c_str(), resolution.kernel.name.c_str(),
@@ -124,8 +145,12 @@ Status run_run(const RunOptions& o) {
               o.decode_tokens, steps.size(), spec.max_num_tokens, total_tokens);
   std::fflush(stdout);
 
-  const auto t_build = Clock::now();
-  MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(spec, config, platform));
+  SyntheticModel model;
+  if (folder_model) {
+    model = std::move(*folder_model);
+  } else {
+    MOEKIT_ASSIGN_OR_RETURN(model, build_synthetic_model(spec, config, platform));
+  }
   std::printf("weights:  %d layers built and prepared in %.2f s\n", spec.num_layers, seconds_since(t_build));
   std::printf("workspace: %.1f MiB per layer, %.1f MiB for the model (its layers share one)\n",
               static_cast<double>(model.model.moe_layer(0)->workspace_bytes()) / (1 << 20),
@@ -139,7 +164,7 @@ Status run_run(const RunOptions& o) {
                                                                      spec.top_k, device, !o.no_capture));
   MOEKIT_RETURN_IF_ERROR(bind(model.model, *capturer));
   MOEKIT_RETURN_IF_ERROR(add_requests(*capturer, requests));
-  RunDescription described{spec, resolution.backend, o.num_requests, o.prompt_tokens, o.decode_tokens, {}};
+  RunDescription described{spec, o.model_dir, resolution.backend, o.num_requests, o.prompt_tokens, o.decode_tokens, {}};
   Progress progress("run", steps.size());
 
   MOEKIT_ASSIGN_OR_RETURN(StepBuffers buffers, StepBuffers::create(config, device));
@@ -193,16 +218,22 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Serve a batch of requests through a seeded synthetic MoE model (GPU when present) and report");
   SyntheticModelSpec& s = o->spec;
-  cmd->add_option("--layers", s.num_layers, "MoE layers")->capture_default_str();
-  cmd->add_option("--experts", s.num_experts, "experts per layer (E)")->capture_default_str();
-  cmd->add_option("--top-k", s.top_k, "experts per token (k)")->capture_default_str();
-  cmd->add_option("--hidden", s.hidden, "hidden size (H)")->capture_default_str();
-  cmd->add_option("--intermediate", s.intermediate, "expert intermediate size (I)")->capture_default_str();
-  cmd->add_option("--num-groups", s.num_groups, "deepseek_v3 expert groups")->capture_default_str();
-  cmd->add_option("--topk-groups", s.topk_groups, "deepseek_v3 groups kept per token")->capture_default_str();
-  cmd->add_option("--scaling", s.routed_scaling_factor, "deepseek_v3 routed scaling factor")
-      ->check(finite_positive_f32())
-      ->capture_default_str();
+  CLI::Option* model = cmd->add_option(
+      "--model", o->model_dir,
+      "a model folder (config.json + safetensors): serve every MoE layer of it, with its own routers, "
+      "instead of the synthetic layers");
+  std::vector<CLI::Option*> synthetic;  // what --model's config.json describes instead
+  synthetic.push_back(cmd->add_option("--layers", s.num_layers, "MoE layers")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--experts", s.num_experts, "experts per layer (E)")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--top-k", s.top_k, "experts per token (k)")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--hidden", s.hidden, "hidden size (H)")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--intermediate", s.intermediate, "expert intermediate size (I)")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--num-groups", s.num_groups, "deepseek_v3 expert groups")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--topk-groups", s.topk_groups, "deepseek_v3 groups kept per token")->capture_default_str());
+  synthetic.push_back(cmd->add_option("--scaling", s.routed_scaling_factor, "deepseek_v3 routed scaling factor")
+                          ->check(finite_positive_f32())
+                          ->capture_default_str());
+  for (CLI::Option* opt : synthetic) opt->excludes(model);
   cmd->add_option("--tokens", o->prompt_tokens, "prompt tokens of all requests together")->capture_default_str();
   cmd->add_option("--requests", o->num_requests, "requests in the batch")->capture_default_str();
   cmd->add_option("--decode", o->decode_tokens, "tokens generated per request")->capture_default_str();

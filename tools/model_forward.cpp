@@ -55,6 +55,10 @@ Status forward_step(const SyntheticModelSpec& spec, SyntheticModel& m, const Ste
   for (int l = 0; l < m.model.num_layers(); ++l) {
     rmsnorm_to_bf16(b.h.data(), M, H, b.x.data<uint16_t>());
     router_logits(b.x.data<uint16_t>(), m.gates[l].data<float>(), M, E, H, b.logits.data<float>());
+    if (static_cast<size_t>(l) < m.router_biases.size() && !m.router_biases[l].shape().empty()) {
+      const float* bias = m.router_biases[l].data<float>();  // [E] (gpt-oss's router has one)
+      for (int64_t i = 0; i < M * E; ++i) b.logits.data<float>()[i] += bias[i % E];
+    }
     if (replayer) args.forced_ids = replayer->forced_ids(l);
     // Timed: the layer forward, with the copies to and from its device (synchronous).
     const auto t0 = std::chrono::steady_clock::now();

@@ -46,7 +46,10 @@ std::string encode_run_description(const RunDescription& r) {
                   {"prompt_tokens", r.prompt_tokens},
                   {"decode_tokens", r.decode_tokens},
                   {"step_digests", digests}};
-  return j.dump();
+  if (r.model_dir.empty()) return j.dump();
+  Json with_model = j;
+  with_model["model_dir"] = r.model_dir;
+  return with_model.dump();
 }
 
 StatusOr<RunDescription> decode_run_description(const std::string& text) {
@@ -95,6 +98,12 @@ StatusOr<RunDescription> decode_run_description(const std::string& text) {
   s.topk_groups = static_cast<int>(topk_groups);
   s.seed = seed.get<uint64_t>();
   s.routed_scaling_factor = static_cast<float>(scale);
+  if (j.contains("model_dir")) {
+    if (!j["model_dir"].is_string() || j["model_dir"].get<std::string>().empty()) {
+      return DataLoss(what + ": \"model_dir\" must be a non-empty string");
+    }
+    r.model_dir = j["model_dir"].get<std::string>();
+  }
   MOEKIT_ASSIGN_OR_RETURN(Json backend, need(j, "backend"));
   if (!backend.is_string()) return DataLoss(what + ": \"backend\" must be a string");
   r.backend = backend.get<std::string>();
@@ -206,11 +215,30 @@ StatusOr<ReplayOutcome> replay_capture_file(const std::string& path, const Platf
   MOEKIT_ASSIGN_OR_RETURN(RunDescription run, decode_run_description(it->second));
   MoeConfig config = synthetic_config(run.spec, run.backend);
   config.needs_replay = true;
-  MOEKIT_RETURN_IF_ERROR(config.validate());
+  if (run.model_dir.empty()) {
+    MOEKIT_RETURN_IF_ERROR(config.validate());
+  }
   // The capture is held already; the model and schedule it describes are not.
   MOEKIT_RETURN_IF_ERROR(check_memory("replay", run_memory_bytes(run.spec, run.num_requests, run.prompt_tokens,
                                                                  run.decode_tokens, /*capture=*/false)));
-  MOEKIT_ASSIGN_OR_RETURN(SyntheticModel model, build_synthetic_model(run.spec, config, platform));
+  SyntheticModel model;
+  if (run.model_dir.empty()) {
+    MOEKIT_ASSIGN_OR_RETURN(model, build_synthetic_model(run.spec, config, platform));
+  } else {
+    // The folder the run served: its MoE layers again, checked against what the capture recorded.
+    SyntheticModelSpec folder = run.spec;
+    std::vector<int> moe_layers;
+    MOEKIT_RETURN_IF_ERROR(spec_of_model_folder(run.model_dir, &folder, &moe_layers));
+    if (folder.num_layers != run.spec.num_layers || folder.num_experts != run.spec.num_experts ||
+        folder.top_k != run.spec.top_k || folder.hidden != run.spec.hidden) {
+      return FailedPrecondition(path + ": captured from " + run.model_dir + " with " +
+                                std::to_string(run.spec.num_layers) + " MoE layers (E = " +
+                                std::to_string(run.spec.num_experts) + "), but the folder now describes " +
+                                std::to_string(folder.num_layers) + " (E = " + std::to_string(folder.num_experts) + ")");
+    }
+    MoeConfig first;
+    MOEKIT_ASSIGN_OR_RETURN(model, build_checkpoint_model(run.model_dir, moe_layers, config, platform, &first));
+  }
   if (run_out) *run_out = run;
   return replay_run(run, model, std::move(captures));
 }

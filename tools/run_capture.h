@@ -23,6 +23,7 @@ inline constexpr const char* kRunMetadataKey = "moekit_run";
 // of every step (FNV-1a over the bf16 bits).
 struct RunDescription {
   SyntheticModelSpec spec;
+  std::string model_dir;  // `run --model DIR`: the folder whose MoE layers ran (empty: the synthetic model)
   std::string backend;  // the backend that ran; a replay forces it (bits match within one backend)
   int num_requests = 0;
   int64_t prompt_tokens = 0;

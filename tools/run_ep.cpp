@@ -394,7 +394,7 @@ Status run_expert_parallel(const EpRunOptions& o) {
     rc.first_generated_token = requests[i].prompt_tokens;
     captures.requests.push_back(std::move(rc));
   }
-  RunDescription described{spec, on_gpus ? o.backend : "cpu", o.num_requests, o.prompt_tokens, o.decode_tokens,
+  RunDescription described{spec, {}, on_gpus ? o.backend : "cpu", o.num_requests, o.prompt_tokens, o.decode_tokens,
                            chain.steps()};
   captures.extra_metadata[kRunMetadataKey] = encode_run_description(described);
   MOEKIT_RETURN_IF_ERROR(write_capture_file(o.capture_path, captures));

@@ -1,7 +1,12 @@
 #include "synthetic_model.h"
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
 
+#include "moekit/checkpoint.h"
 #include "moekit/parallel_for.h"
 #include "moekit/dtype.h"
 
@@ -85,6 +90,58 @@ StatusOr<SyntheticModel> build_synthetic_model(const SyntheticModelSpec& spec, c
     MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::create(config, w.weights(), platform));
     MOEKIT_RETURN_IF_ERROR(m.model.add_layer(std::move(layer), 2 * l + 1));
     m.gates.push_back(std::move(w.gate));
+  }
+  return m;
+}
+
+Status spec_of_model_folder(const std::string& dir, SyntheticModelSpec* spec, std::vector<int>* moe_layers) {
+  std::ifstream in(dir + "/config.json", std::ios::binary);
+  if (!in) return NotFound(dir + "/config.json: cannot be opened (--model takes a model folder)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  moe_layers->clear();
+  for (int layer = 0;; ++layer) {
+    StatusOr<MoeConfig> c = checkpoint_layer_config(text, layer);
+    if (c.status().code() == StatusCode::kFailedPrecondition) continue;  // a dense layer
+    if (c.status().code() == StatusCode::kOutOfRange && layer > 0) break;  // past num_hidden_layers
+    if (!c.ok()) return c.status();
+    if (moe_layers->empty()) {
+      spec->num_experts = c->num_experts;
+      spec->top_k = c->top_k();
+      spec->hidden = c->hidden;
+      spec->intermediate = c->intermediate;
+    } else if (c->num_experts != spec->num_experts || c->hidden != spec->hidden) {
+      return Unsupported(dir + ": MoE layer " + std::to_string(layer) + " has E = " + std::to_string(c->num_experts) +
+                         ", H = " + std::to_string(c->hidden) + " where the first has E = " +
+                         std::to_string(spec->num_experts) + ", H = " + std::to_string(spec->hidden) +
+                         " (moekit run takes one E and H for the whole model)");
+    }
+    moe_layers->push_back(layer);
+  }
+  if (moe_layers->empty()) return FailedPrecondition(dir + ": config.json describes no MoE layer");
+  spec->num_layers = static_cast<int>(moe_layers->size());
+  return Status::Ok();
+}
+
+StatusOr<SyntheticModel> build_checkpoint_model(const std::string& dir, const std::vector<int>& moe_layers,
+                                                const MoeConfig& run_config, const Platform& platform,
+                                                MoeConfig* config) {
+  SyntheticModel m;
+  for (size_t i = 0; i < moe_layers.size(); ++i) {
+    MOEKIT_ASSIGN_OR_RETURN(CheckpointLayer ck, load_checkpoint_layer(dir, moe_layers[i]));
+    if (ck.router_weight.shape().empty()) {
+      return FailedPrecondition(ck.prefix + ": the checkpoint has no router weight; moekit run needs it to route");
+    }
+    MoeConfig c = ck.config;
+    c.max_num_tokens = run_config.max_num_tokens;
+    c.backend = run_config.backend;
+    c.needs_capture = run_config.needs_capture;
+    c.needs_replay = run_config.needs_replay;
+    c.quant.act_dtype = DType::kBF16;  // the run's layer inputs and outputs are bf16 rows
+    MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::create(c, ck.weights(), platform));
+    MOEKIT_RETURN_IF_ERROR(m.model.add_layer(std::move(layer), moe_layers[i]));
+    m.gates.push_back(std::move(ck.router_weight));
+    m.router_biases.push_back(std::move(ck.router_bias));
+    if (i == 0) *config = c;
   }
   return m;
 }

@@ -61,11 +61,25 @@ SyntheticLayer build_synthetic_layer(const SyntheticModelSpec& spec, int layer);
 // layers in between, as in DeepSeek-V3's first layers, are not simulated).
 struct SyntheticModel {
   Model model;
-  std::vector<HostTensor> gates;  // per MoE layer: [E, H] f32 router weight
+  std::vector<HostTensor> gates;         // per MoE layer: [E, H] f32 router weight
+  std::vector<HostTensor> router_biases;  // per MoE layer: [E] f32, or empty (shape {}); none for a synthetic model
 };
 // Builds and prepares one layer at a time, so only one bf16 copy is alive.
 StatusOr<SyntheticModel> build_synthetic_model(const SyntheticModelSpec& spec, const MoeConfig& config,
                                                const Platform& platform);
+
+// `moekit run --model DIR`: the MoE layers of a model folder, each with its
+// checkpoint router (and router bias), in place of the synthetic ones; the
+// embeddings, rmsnorm and residual stream stay synthetic. spec_of_model_folder
+// reads only config.json: spec's sizes from the first MoE layer (E, k, H, I),
+// num_layers = the MoE layers, and their model layer indices.
+Status spec_of_model_folder(const std::string& dir, SyntheticModelSpec* spec, std::vector<int>* moe_layers);
+// Loads and prepares every MoE layer (one at a time), each with its own
+// config (max_num_tokens, backend and capture as `run_config` says, bf16
+// activations as the run's residual stream takes); *config gets the first's.
+StatusOr<SyntheticModel> build_checkpoint_model(const std::string& dir, const std::vector<int>& moe_layers,
+                                                const MoeConfig& run_config, const Platform& platform,
+                                                MoeConfig* config);
 
 // The embedding of token `position` of request `request`: [H] values of unit
 // RMS written into row `dst` of h [*, H] f32.

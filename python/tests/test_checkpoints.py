@@ -339,3 +339,29 @@ def test_mxfp4_gpt_oss_folder_equals_transformers_dequantization(tmp_path):
     assert "MXFP4" in a.summary, a.summary
     out = a(x)
     assert out.float().abs().sum() > 0 and torch.equal(out, b(x))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_run_serves_every_moe_layer_of_a_folder_and_replays_it(family, tmp_path):
+    """`moekit run --model DIR`: every MoE layer of the folder (deepseek_v3's dense first
+    layer skipped), each routed by its own checkpoint router (gpt-oss's with its bias);
+    the capture replays bit for bit in the run and again through `moekit replay`, and its
+    layer map names the folder's layers. Flags that describe a synthetic model are refused."""
+    folder = tmp_path / "model"
+    build(family, "bf16", folder)
+    cap = tmp_path / "cap.safetensors"
+    run = subprocess.run([_cli(), "run", "--model", str(folder), "--tokens", "24", "--requests", "2", "--decode", "2",
+                          "--backend", "cpu", "--capture", str(cap)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    moe_layers = [1] if family == "deepseek_v3" else [0, 1]
+    assert f"(model layers {' '.join(map(str, moe_layers))})" in run.stdout, run.stdout
+    assert "outputs matched bit for bit" in run.stdout, run.stdout
+    again = subprocess.run([_cli(), "replay", "--captures", str(cap)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"MoE layers of {folder}" in again.stdout and "outputs matched bit for bit" in again.stdout
+    stats = subprocess.run([_cli(), "capture", "stats", str(cap)], capture_output=True, text=True, timeout=60)
+    assert stats.returncode == 0, stats.stderr
+    assert all(f"model layer {l}:" in stats.stdout for l in moe_layers), stats.stdout
+    bad = subprocess.run([_cli(), "run", "--model", str(folder), "--experts", "4"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--model excludes --experts" in bad.stderr, bad.stderr
