@@ -257,7 +257,9 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([o, cmd] {
     o->eplb_redundant_given = cmd->count("--eplb-redundant") > 0;
-    const Status st = run_run(*o);
+    const Status st = cmd->count("--model") > 0 && o->model_dir.empty()
+                          ? InvalidArgument("--model: the option is empty; give a model folder")
+                          : run_run(*o);
     finish(st.ok() ? kExitOk : report_error("run", st));
   });
 }

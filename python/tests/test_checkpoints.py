@@ -365,3 +365,5 @@ def test_run_serves_every_moe_layer_of_a_folder_and_replays_it(family, tmp_path)
     bad = subprocess.run([_cli(), "run", "--model", str(folder), "--experts", "4"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "--model excludes --experts" in bad.stderr, bad.stderr
+    empty = subprocess.run([_cli(), "run", "--model", ""], capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "--model: the option is empty" in empty.stderr, empty.stderr
