@@ -30,7 +30,7 @@ std::string encode_run_description(const RunDescription& r) {
   const SyntheticModelSpec& s = r.spec;
   Json digests = Json::array();
   for (uint64_t d : r.step_digests) digests.push_back(hex(d));
-  const Json j = {{"spec",
+  Json j = {{"spec",
                    {{"num_layers", s.num_layers},
                     {"num_experts", s.num_experts},
                     {"top_k", s.top_k},
@@ -46,10 +46,8 @@ std::string encode_run_description(const RunDescription& r) {
                   {"prompt_tokens", r.prompt_tokens},
                   {"decode_tokens", r.decode_tokens},
                   {"step_digests", digests}};
-  if (r.model_dir.empty()) return j.dump();
-  Json with_model = j;
-  with_model["model_dir"] = r.model_dir;
-  return with_model.dump();
+  if (!r.model_dir.empty()) j["model_dir"] = r.model_dir;
+  return j.dump();
 }
 
 StatusOr<RunDescription> decode_run_description(const std::string& text) {

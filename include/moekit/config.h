@@ -171,6 +171,11 @@ KernelOptions kernel_options_in_effect(const KernelOptions& config);
 void reload_kernel_options_environment();
 // The environment's overrides alone (valid until the next reload).
 const KernelOptions& kernel_options_environment();
+// What a kernel choice reads: `in_effect` (a kernel's kernel_options_in_effect,
+// held by the caller), or the environment's alone when there is none.
+const KernelOptions& kernel_options_or_environment(const KernelOptions* in_effect);
+// One knob in effect without a copy: the environment's value when set, else the config's.
+const std::string& kernel_option_in_effect(const KernelOptions& config, std::string KernelOptions::*field);
 // Counts the reloads: a kernel holding kernel_options_in_effect() re-reads it when this changed.
 uint64_t kernel_options_environment_generation();
 

@@ -107,6 +107,15 @@ const KernelOptions& kernel_options_environment() {
   return environment();
 }
 
+const KernelOptions& kernel_options_or_environment(const KernelOptions* in_effect) {
+  return in_effect != nullptr ? *in_effect : kernel_options_environment();
+}
+
+const std::string& kernel_option_in_effect(const KernelOptions& config, std::string KernelOptions::*field) {
+  const std::string& env = kernel_options_environment().*field;
+  return env.empty() ? config.*field : env;
+}
+
 KernelOptions kernel_options_in_effect(const KernelOptions& config) {
   KernelOptions out = config;
   const std::lock_guard<std::mutex> lock(environment_mutex());

@@ -20,7 +20,7 @@ const char* cpu_gemm_path_name(CpuGemmPath path) {
 
 CpuGemmPath cpu_gemm_path(const MoeConfig& config) {
   // kernel.cpu_gemm = blas forces the f32 BLAS path (packed_bf16 is the table's choice where it can serve).
-  const bool force_blas = kernel_options_in_effect(config.kernel).cpu_gemm == "blas";
+  const bool force_blas = kernel_option_in_effect(config.kernel, &KernelOptions::cpu_gemm) == "blas";
   const bool packed = config.quant.weight_dtype == DType::kBF16 && !force_blas && packed_bf16_gemm_supported();
   return packed ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kBlasF32;
 }

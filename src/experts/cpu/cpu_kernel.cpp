@@ -53,7 +53,7 @@ std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
     why = "bf16 weights, this CPU's AVX-512 kernel";
   } else if (config_.quant.weight_dtype != DType::kBF16) {
     why = std::string(dtype_name(config_.quant.weight_dtype)) + " weights (widened to f32)";
-  } else if (kernel_options_in_effect(config_.kernel).cpu_gemm == "blas") {
+  } else if (kernel_option_in_effect(config_.kernel, &KernelOptions::cpu_gemm) == "blas") {
     why = "forced by kernel.cpu_gemm";
   } else {
     why = "this CPU has no packed bf16 kernel (AVX-512)";

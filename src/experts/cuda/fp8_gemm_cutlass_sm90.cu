@@ -33,7 +33,7 @@ Status fp8_cutlass_gemm(const Fp8GemmLaunch& launch, cudaStream_t stream) {
   // Batch-invariant: one tile for every M.
   bool small = !launch.batch_invariant && launch.mean_group_rows <= kSmallGroupRows;
   // NOTE: kernel.sm90_fp8_tile overrides the choice, for comparisons (validate() checked the name).
-  const std::string& tile = (launch.kernel != nullptr ? *launch.kernel : kernel_options_environment()).sm90_fp8_tile;
+  const std::string& tile = kernel_options_or_environment(launch.kernel).sm90_fp8_tile;
   if (!tile.empty()) small = tile == "m64n128";
   return small ? fp8_sm90::m64n128_gemm(launch, stream) : fp8_sm90::m128n128_gemm(launch, stream);
 }

@@ -26,12 +26,6 @@ constexpr int64_t kSplitGroupsAboveRowsPerGroup = 4;
 
 enum class Forced : uint8_t { kAuto, kReference, kStreaming, kCutlass };
 
-// The overrides in effect for a problem (MoeConfig::kernel with the
-// environment's applied; the environment's alone for a problem of no layer).
-const KernelOptions& options_of(const GroupedGemmProblem& pr) {
-  return pr.kernel != nullptr ? *pr.kernel : kernel_options_environment();
-}
-
 Forced forced_path(const KernelOptions& o) {
   if (o.sm90_gemm == "reference") return Forced::kReference;
   if (o.sm90_gemm == "streaming") return Forced::kStreaming;
@@ -167,7 +161,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     c.reason = "batch_invariant: the reference kernel for every M";
     return c;
   }
-  const KernelOptions& options = options_of(pr);
+  const KernelOptions& options = kernel_options_or_environment(pr.kernel);
   const Forced forced = forced_path(options);
   if (pr.k_splits > 1) {  // only the streaming kernel has K slices (grouped_gemm_k_splits asked for them)
     std::string why;

@@ -26,12 +26,9 @@ namespace {
 
 int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-// The overrides in effect (MoeConfig::kernel with the environment's applied:
-// sm90_fp8_gemm = cuda_core | cutlass | streaming forces a GEMM path,
-// sm90_fp8_stream names the streaming instance or turns it off), for comparisons.
-const KernelOptions& options_of(const ExpertsShape& s) {
-  return s.kernel != nullptr ? *s.kernel : kernel_options_environment();
-}
+// The overrides (ExpertsShape::kernel): sm90_fp8_gemm = cuda_core | cutlass |
+// streaming forces a GEMM path, sm90_fp8_stream names the streaming instance or
+// turns it off, for comparisons.
 
 // GEMM2 may cut K into slices only up to this many routed rows, as the bf16
 // pipeline: the f32 partials need at most kMaxFp8StreamKSplits x this many rows of H.
@@ -75,7 +72,7 @@ int sm_count() {
 }  // namespace
 
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights) {
-  const KernelOptions& o = options_of(s);
+  const KernelOptions& o = kernel_options_or_environment(s.kernel);
   if (o.sm90_fp8_gemm == "cuda_core") return "cuda_core";
   if (o.sm90_fp8_gemm != "cutlass" && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
   return tensor_core_weights ? "cutlass" : "cuda_core";
@@ -224,7 +221,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     q2.scales_by_row = streaming;
   }
   if (streaming) {
-    const Fp8StreamVariant v = *streaming_variant(s, options_of(s), pairs);
+    const Fp8StreamVariant v = *streaming_variant(s, kernel_options_or_environment(s.kernel), pairs);
     Fp8StreamGemm g1;
     g1.method = w.quant.method;
     g1.num_groups = E;
