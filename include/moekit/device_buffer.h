@@ -29,6 +29,8 @@ class DeviceBuffer {
 
   // Copies n bytes between host memory and/or CUDA device memory (synchronous).
   static Status copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t n);
+  // Waits for all work enqueued on a CUDA device, on every stream (nothing for the CPU).
+  static Status synchronize(Device device);
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }

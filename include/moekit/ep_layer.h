@@ -1,9 +1,10 @@
 // ExpertParallelLayer: one MoE layer whose experts are spread over the ranks
-// of a Communicator (DESIGN.md §2.5, docs/expert_parallel.md). Each rank
-// routes its own tokens (logical ids; capture and replay see only those),
-// maps every (token, slot) to a physical replica by the token's position,
-// and runs the modular kernel with an expert-parallel prepare/finalize:
-// dispatch -> the experts this rank holds -> combine -> weighted reduce.
+// of a Communicator (DESIGN.md §2.5, docs/expert_parallel.md). It runs the
+// same layer pipeline as MoeLayer with an expert-parallel prepare/finalize:
+// each rank routes its own tokens (logical ids; capture and replay see only
+// those), maps every (token, slot) to a physical replica by the token's
+// position, dispatches, runs the experts it holds through the oracle's modular
+// kernel, combines and reduces.
 //
 // The communicator's device decides where it runs: host ranks (loopback) run
 // the CPU kernels; GPU ranks (NCCL, bf16) run everything on the device, on the
@@ -125,15 +126,14 @@ class ExpertParallelLayer : public RoutedLayer {
                                                                     const ExpertPlacement* placement,
                                                                     const Platform& platform);
   Status validate(const LayerForwardArgs& args) const;
-  Status forward_on_host(const LayerForwardArgs& args);
 
   MoeConfig config_;
   Communicator* comm_ = nullptr;
   ExpertPlacement placement_;
   std::string dispatch_reason_;
   std::vector<CandidateReport> report_;
-  mutable std::vector<int64_t> expert_load_;  // [E] (GPU ranks: refreshed from the device when read)
-  mutable int64_t computed_pairs_ = 0;
+  mutable std::vector<int64_t> expert_load_;  // [E], refreshed from the routing stage's counters when read
+  mutable int64_t computed_pairs_ = 0;        // refreshed from the prepare/finalize when read
   TensorView capture_target_;
   TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
   std::unique_ptr<State> state_;

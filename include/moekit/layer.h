@@ -1,7 +1,7 @@
-// MoeLayer: one MoE layer ready to run. It owns the kernel the oracle chose,
-// the kernel's prepared weights, the kernel's workspace and (for modular
-// kernels) the routing outputs; forward() routes (modular kernels) and runs the
-// kernel. A capture target (bind(), capture.h) makes the ids of every forward
+// MoeLayer: one MoE layer ready to run on one device. It owns the kernel the
+// oracle chose, with its prepared weights and workspace, and the routing
+// stage's buffers; forward() runs the layer pipeline (routing -> local
+// prepare/finalize -> kernel; a monolithic kernel routes inside). A capture target (bind(), capture.h) makes the ids of every forward
 // land in the capturer's buffer; forced ids replay a capture.
 //
 // Model: the MoE layers of one model, each with its index among the model's
@@ -22,6 +22,8 @@
 #include "moekit/tensor.h"
 
 namespace moekit {
+
+class LayerPipeline;  // layer/pipeline.h: routing -> prepare/finalize -> experts
 
 // The tensors of one forward. M = hidden.dim(0) <= config.max_num_tokens.
 struct LayerForwardArgs {
@@ -97,11 +99,11 @@ class MoeLayer : public RoutedLayer {
   std::string producer() const override;
 
   const MoeConfig& config() const override { return config_; }
-  const MoeKernel& kernel() const { return *kernel_; }
+  const MoeKernel& kernel() const;
   const std::string& backend() const { return backend_; }
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
-  Device device() const override { return kernel_->device(); }
+  Device device() const override;
   // The bytes of kernel workspace this layer needs (for max_num_tokens).
   size_t workspace_bytes() const;
   // The workspace it runs with: its own, or its Model's shared one.
@@ -111,26 +113,19 @@ class MoeLayer : public RoutedLayer {
   // one at a time on one stream). Refused once the layer has run, since a
   // captured CUDA graph may hold the old address.
   Status use_workspace(std::shared_ptr<DeviceBuffer> buffer);
-  bool has_run() const { return has_run_; }
+  bool has_run() const;
 
  private:
-  struct Buffers;
   MoeLayer() = default;
-  Status validate(const LayerForwardArgs& args) const;
-  Status route_tokens(const LayerForwardArgs& args, int64_t num_tokens, Stream stream);
-  Status check_ids_target(const TensorView& target, const char* name) const;
   static StatusOr<std::unique_ptr<MoeLayer>> from_resolution(Resolution res, const MoeConfig& config,
                                                              const MoeWeights& weights, const Platform& platform);
 
   MoeConfig config_;
   std::string backend_;
   std::vector<CandidateReport> report_;
-  std::unique_ptr<MoeKernel> kernel_;
-  std::unique_ptr<Buffers> buffers_;
-  TensorView score_bias_;      // [E] f32 on the layer's device (deepseek_v3 with a bias), else empty
+  std::unique_ptr<LayerPipeline> pipeline_;  // routing -> local prepare/finalize -> the chosen kernel
   TensorView capture_target_;  // [>= max_num_tokens, k] i16, optional
   TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
-  bool has_run_ = false;  // a forward reached the kernel
 };
 
 // The layers of a model run one at a time on one stream, so they share one

@@ -40,4 +40,16 @@ Status route(const RoutingConfig& cfg, const RoutingArgs& args, Stream stream = 
 // CPU routing (what route() runs for host tensors).
 Status route_cpu(const RoutingConfig& cfg, const RoutingArgs& args);
 
+// Custom routing's routing step, on the ids' device (enqueued on `stream`):
+// topk_ids [M, k] i32 (M may be 0) are the caller's; expert_counts ([E] i32,
+// optional) is overwritten with their tokens per expert (an id outside [0, E)
+// counts nowhere: on a GPU only the device sees it, and its row is NaN) and
+// routing_replay_out ([>= M, k] i16, optional) gets them as given.
+Status record_caller_ids(const TensorView& topk_ids, int64_t num_experts, const TensorView& expert_counts,
+                         const TensorView& routing_replay_out, Stream stream = nullptr);
+
+// load[e] += counts[e] for counts [E] i32 and load [E] int64 on counts' device
+// (the expert-load counters an EPLB plan reads).
+Status accumulate_expert_load(const TensorView& counts, int64_t* load, Stream stream = nullptr);
+
 }  // namespace moekit

@@ -147,6 +147,17 @@ Status DeviceBuffer::copy_bytes(void* dst, Device dst_device, const void* src, D
 #endif
 }
 
+Status DeviceBuffer::synchronize(Device device) {
+  if (device.type == DeviceType::kCpu) return Status::Ok();
+#ifdef MOEKIT_WITH_CUDA
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) return Internal(std::string("synchronize ") + device.to_string() + ": " + cudaGetErrorString(err));
+  return Status::Ok();
+#else
+  return Unsupported("synchronize " + device.to_string() + ": this build has no CUDA support");
+#endif
+}
+
 StatusOr<DeviceBuffer> DeviceBuffer::copy_of(Device device, const TensorView& src) {
   if (!src.is_contiguous()) return InvalidArgument("copy_of: the source must be contiguous");
   MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer b, allocate(device, src.nbytes()));

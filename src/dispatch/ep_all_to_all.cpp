@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "dispatch/ep_pair_rows.h"
-#include "dispatch/ep_prepare_finalize.h"
+#include "dispatch/ep_host_exchange.h"
 #include "dispatch/local_prepare_finalize.h"
 #include "dispatch/topk_reduce.h"
 
 namespace moekit::dispatch {
 namespace {
 
-class AllToAll final : public EpPrepareFinalize {
+class AllToAll final : public EpHostExchange {
  public:
   AllToAll(Communicator& comm, const EpShape& s) : comm_(comm), s_(s) {
     const int n = comm.size();
@@ -118,9 +118,9 @@ class AllToAll final : public EpPrepareFinalize {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<EpPrepareFinalize>> make_all_to_all(Communicator& comm, const EpShape& shape) {
+StatusOr<std::unique_ptr<EpHostExchange>> make_all_to_all(Communicator& comm, const EpShape& shape) {
   MOEKIT_RETURN_IF_ERROR(check_ep_shape(comm, shape));
-  return std::unique_ptr<EpPrepareFinalize>(new AllToAll(comm, shape));
+  return std::unique_ptr<EpHostExchange>(new AllToAll(comm, shape));
 }
 
 }  // namespace moekit::dispatch

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "dispatch/ep_pair_rows.h"
-#include "dispatch/ep_prepare_finalize.h"
+#include "dispatch/ep_host_exchange.h"
 #include "dispatch/local_prepare_finalize.h"
 #include "dispatch/topk_reduce.h"
 
 namespace moekit::dispatch {
 namespace {
 
-class AllgatherReduceScatter final : public EpPrepareFinalize {
+class AllgatherReduceScatter final : public EpHostExchange {
  public:
   AllgatherReduceScatter(Communicator& comm, const EpShape& s) : comm_(comm), s_(s) {
     const int n = comm.size();
@@ -110,9 +110,9 @@ class AllgatherReduceScatter final : public EpPrepareFinalize {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<EpPrepareFinalize>> make_allgather_reduce_scatter(Communicator& comm, const EpShape& shape) {
+StatusOr<std::unique_ptr<EpHostExchange>> make_allgather_reduce_scatter(Communicator& comm, const EpShape& shape) {
   MOEKIT_RETURN_IF_ERROR(check_ep_shape(comm, shape));
-  return std::unique_ptr<EpPrepareFinalize>(new AllgatherReduceScatter(comm, shape));
+  return std::unique_ptr<EpHostExchange>(new AllgatherReduceScatter(comm, shape));
 }
 
 }  // namespace moekit::dispatch

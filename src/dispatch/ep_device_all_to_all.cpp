@@ -86,8 +86,6 @@ StatusOr<EpExpertsInputs> EpDeviceAllToAll::prepare(const EpDeviceTokens& in, cu
   da.replica_slots = ptr<const int32_t>(replica_slots_);
   da.physical_ids = ptr<int32_t>(physical_ids_);
   da.needs_rank = ptr<int32_t>(needs_rank_);
-  da.expert_counts = in.expert_counts;
-  da.ids_out = in.ids_out;
   MOEKIT_RETURN_IF_ERROR(cuda::ep_choose_destinations(s_, da, stream));
   MOEKIT_RETURN_IF_ERROR(cuda::ep_number_rows(s_, in.num_tokens, ptr<const int32_t>(needs_rank_),
                                               ptr<int32_t>(row_of_), ptr<int32_t>(send_counts_), stream));

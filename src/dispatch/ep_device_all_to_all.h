@@ -37,9 +37,6 @@ struct EpDeviceTokens {
   const uint16_t* hidden = nullptr;     // [m, H] bf16, 16-byte aligned
   const int32_t* topk_ids = nullptr;    // [m, k] i32 logical
   const float* topk_weights = nullptr;  // [m, k] f32
-  // Custom routing only: the caller's ids are counted and captured where first read.
-  int32_t* expert_counts = nullptr;     // [E] i32, optional: overwritten
-  int16_t* ids_out = nullptr;           // [>= m, k] i16, optional
 };
 
 // What prepare hands the experts stage: views into this object's buffers, M = N·T rows.

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "dispatch/ep_prepare_finalize.h"
+#include "dispatch/ep_host_exchange.h"
 
 namespace moekit::dispatch {
 

@@ -1,18 +1,20 @@
-// ExpertParallelLayer: routing (logical ids) -> replica choice -> EP
-// prepare (dispatch) -> this rank's experts through the modular kernel ->
-// EP finalize (combine + slot-order reduce). Host ranks run it here; GPU
-// ranks run it through EpLayerDevicePath (ep_layer_device.h).
+// ExpertParallelLayer: the layer pipeline (layer/pipeline.h) with an
+// expert-parallel prepare/finalize: routing (logical ids) -> replica choice and
+// dispatch -> this rank's experts through the oracle's modular kernel ->
+// combine and reduce. Host ranks and GPU ranks differ only in the
+// PrepareFinalize (host or device) and the experts stage's config.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "dispatch/ep_prepare_finalize.h"
 #include "dispatch/host_all_gather.h"
+#include "dispatch/prepare_finalize.h"
 #include "eplb/slot_weights.h"
-#include "layer/ep_layer_device.h"
 #include "layer/forward_checks.h"
+#include "layer/pipeline.h"
+#include "moekit/device_buffer.h"
 #include "moekit/ep_layer.h"
 #include "moekit/routing.h"
 
@@ -20,36 +22,36 @@ namespace moekit {
 
 struct ExpertParallelLayer::State {
   Platform platform;
-  std::unique_ptr<MoeKernel> experts;               // this rank's slots: modular, custom routing, k = 1, f32 acts
-  std::vector<char> workspace;                      // experts->workspace_size(max_pairs)
-  eplb::SlotWeights weights;                        // this rank's slots, checkpoint dtype
-  std::unique_ptr<dispatch::EpPrepareFinalize> pf;  // all-to-all or allgather + reduce-scatter
-  std::vector<std::vector<int32_t>> replicas;       // logical -> physical slots
-  std::vector<int32_t> topk_ids;                    // [max_tokens, k] logical
-  std::vector<float> topk_weights;                  // [max_tokens, k]
-  std::vector<int32_t> physical_ids;                // [max_tokens, k]
-  std::vector<int32_t> counts;                      // [E] this forward's tokens per logical expert
-  std::vector<float> ones;                          // [max_pairs] the k = 1 weight of each pair
-  std::vector<float> score_bias;                    // [E] deepseek_v3 bias, when given
-  std::unique_ptr<EpLayerDevicePath> device;        // GPU ranks: everything above but weights lives here
+  KernelClass experts_class;       // the oracle's modular class for the layer, run on this rank's slots
+  All2AllBackend dispatch_kind = All2AllBackend::kNccl;  // host ranks: all-to-all or allgather + reduce-scatter
+  eplb::SlotWeights weights;       // this rank's slots, checkpoint dtype
+  std::unique_ptr<LayerPipeline> pipeline;
 };
 
 namespace {
 
-// The config of the kernel that runs one rank's experts: its slots as the
-// experts, every pair a token with k = 1 and weight 1 (its output unweighted),
-// fp32 activations (the pair outputs stay fp32 until the final reduce).
-MoeConfig slot_kernel_config(const MoeConfig& c, int64_t slots, int64_t max_pairs) {
+// The config of the experts stage on one rank: its slots as the experts and
+// the caller's routing. Host ranks: one row per (token, slot) pair, k = 1 with
+// weight 1 (the pair's output unweighted) and fp32 rows, reduced in finalize.
+// GPU ranks: one row per received token, k' = min(k, S) local slots, each
+// row's weighted partial sum in the activation dtype.
+MoeConfig experts_config(const MoeConfig& c, int64_t slots, int ranks, bool on_gpu) {
   MoeConfig local = c;
   local.num_experts = slots;
-  local.max_num_tokens = std::max<int64_t>(max_pairs, 1);
-  local.quant.act_dtype = DType::kF32;
   local.routing = RoutingConfig{};
   local.routing.method = RoutingMethod::kCustom;
-  local.routing.top_k = 1;
   local.parallel = ParallelConfig{};
   local.needs_capture = false;
   local.needs_replay = false;
+  const dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), slots, c.quant.act_dtype};
+  if (on_gpu) {
+    local.max_num_tokens = ranks * c.max_num_tokens;
+    local.routing.top_k = static_cast<int>(std::min<int64_t>(c.top_k(), slots));
+  } else {
+    local.max_num_tokens = std::max<int64_t>(shape.max_pairs(ranks), 1);
+    local.routing.top_k = 1;
+    local.quant.act_dtype = DType::kF32;
+  }
   return local;
 }
 
@@ -80,34 +82,41 @@ Status check_same_on_every_rank(Communicator& comm, const std::string& mine, con
   return Status::Ok();
 }
 
-struct SlotKernel {
-  std::unique_ptr<MoeKernel> kernel;
-  std::vector<char> workspace;
-  std::vector<CandidateReport> report;
+// The experts stage and prepare/finalize of one rank: `kernel_class` (the
+// oracle's choice for the whole layer) on this rank's slots, its workspace,
+// and the host or device PrepareFinalize.
+struct RankStages {
+  std::unique_ptr<MoeKernel> experts;
+  std::shared_ptr<DeviceBuffer> workspace;
+  std::unique_ptr<dispatch::PrepareFinalize> pf;
 };
 
-// The kernel for one rank's slots, chosen by the oracle among CPU backends,
-// with `weights` prepared.
-StatusOr<SlotKernel> make_slot_kernel(const MoeConfig& c, const eplb::SlotWeights& weights, int64_t max_pairs,
-                                      const Platform& platform) {
-  const MoeConfig local = slot_kernel_config(c, weights.slots, max_pairs);
-  MOEKIT_ASSIGN_OR_RETURN(Resolution res, select_backend_on(local, platform, DeviceType::kCpu));
-  SlotKernel k;
-  MOEKIT_ASSIGN_OR_RETURN(k.kernel, res.kernel.create(local, platform));
+StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& kernel_class,
+                                      const eplb::SlotWeights& weights, const ExpertPlacement& placement,
+                                      All2AllBackend kind, Communicator& comm, const Platform& platform) {
+  const bool on_gpu = comm.device().type != DeviceType::kCpu;
+  const MoeConfig local = experts_config(c, placement.slots_per_rank, comm.size(), on_gpu);
+  if (const Support s = kernel_class.supports(local, platform); !s.ok) {
+    return Internal("expert parallel: " + kernel_class.name + " serves the layer but not its experts stage: " +
+                    s.reason);
+  }
+  RankStages st;
+  MOEKIT_ASSIGN_OR_RETURN(st.experts, kernel_class.create(local, platform));
+  if (!(st.experts->device() == comm.device())) {
+    return InvalidArgument("expert parallel: the communicator is on " + comm.device().to_string() + " but " +
+                           kernel_class.name + " runs on " + st.experts->device().to_string());
+  }
   MoeWeights w;
   w.w13 = weights.w13_view();
   w.w2 = weights.w2_view();
-  MOEKIT_RETURN_IF_ERROR(k.kernel->prepare_weights(w));
-  k.workspace.resize(k.kernel->workspace_size(local.max_num_tokens) + 64);
-  k.report = std::move(res.report);
-  return k;
-}
-
-StatusOr<std::unique_ptr<dispatch::EpPrepareFinalize>> make_prepare_finalize(Communicator& comm, const MoeConfig& c,
-                                                                             All2AllBackend kind, int64_t slots) {
-  dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), slots, c.quant.act_dtype};
-  if (kind == All2AllBackend::kAllgatherReducescatter) return dispatch::make_allgather_reduce_scatter(comm, shape);
-  return dispatch::make_all_to_all(comm, shape);
+  MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(w));
+  MOEKIT_ASSIGN_OR_RETURN(st.workspace, LayerPipeline::allocate_workspace(*st.experts));
+  const dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), placement.slots_per_rank, c.quant.act_dtype};
+  MOEKIT_ASSIGN_OR_RETURN(st.pf, on_gpu ? dispatch::make_ep_device_prepare_finalize(comm, shape, placement,
+                                                                                   placement.replicas())
+                                        : dispatch::make_ep_host_prepare_finalize(comm, shape, kind, placement,
+                                                                                 placement.replicas()));
+  return st;
 }
 
 }  // namespace
@@ -146,15 +155,6 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                             std::to_string(comm.size()) + "), ep_rank == dp_rank == communicator rank (" +
                             std::to_string(comm.rank()) + ") and tp_size 1");
   }
-  if (local.ok() && weights.score_bias.defined() != config.routing.has_score_bias) {
-    local = InvalidArgument("weights.score_bias: given iff routing.has_score_bias is set");
-  }
-  if (local.ok() && (config.has_expert_bias || config.shared_intermediate > 0)) {
-    // TODO(ep): biases travel with their expert's slot; the shared MLP runs once per token on its own rank.
-    local = Unsupported(std::string("expert parallel: ") +
-                        (config.has_expert_bias ? "expert biases are" : "a shared expert is") +
-                        " not placed on ranks yet; run this layer with ep_size 1");
-  }
   ExpertPlacement chosen;
   if (local.ok()) {
     if (placement != nullptr) {
@@ -183,133 +183,106 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                        choice->reason + ")";
     }
   }
+  // The modular kernel class the oracle picks for the layer, asked with its real
+  // parallel config: a monolithic class refuses dispatch across ranks, and the
+  // EP limits (expert_parallel_support) are reasons in its report.
+  StatusOr<Resolution> whole = local.ok() ? select_backend_on(config, platform, comm.device().type)
+                                          : StatusOr<Resolution>(local);
+  if (local.ok()) local = whole.status();
+  if (local.ok() && whole->kernel.monolithic) {
+    local = Internal("expert parallel: the oracle chose the monolithic " + whole->kernel.name + " for ep > 1");
+  }
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, local));
   MOEKIT_RETURN_IF_ERROR(check_same_on_every_rank(comm, group_fingerprint(config, chosen), "the layer config"));
 
-  // The modular kernel class the oracle picks for the whole layer (a
-  // monolithic one refuses dispatch across ranks and says why in the report).
   Status built = Status::Ok();
   std::unique_ptr<ExpertParallelLayer> layer(new ExpertParallelLayer());
   layer->config_ = config;
   layer->comm_ = &comm;
   layer->placement_ = chosen;
   layer->dispatch_reason_ = choice->reason;
+  layer->report_ = std::move(whole->report);
   layer->expert_load_.assign(config.num_experts, 0);
   layer->state_ = std::make_unique<State>();
   State& st = *layer->state_;
   st.platform = platform;
-  StatusOr<Resolution> whole = select_backend_on(config, platform, comm.device().type);
-  if (!whole.ok()) {
-    built = whole.status();
-  } else if (whole->kernel.monolithic) {
-    built = Internal("expert parallel: the oracle chose the monolithic " + whole->kernel.name + " for ep > 1");
-  }
+  st.experts_class = whole->kernel;
+  st.dispatch_kind = choice->kind;
   const int64_t n1 = config.activation.gated() ? 2 * config.intermediate : config.intermediate;  // w13 rows
-  if (built.ok()) {
-    StatusOr<eplb::SlotWeights> w =
-        weights_are_slots
-            ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
-                                            config.hidden, config.intermediate)
-            : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
-                                              config.hidden, config.intermediate);
-    if (w.ok()) st.weights = std::move(*w); else built = w.status();
-  }
-  const int64_t max_pairs = dispatch::EpShape{config.max_num_tokens, config.hidden, config.top_k(),
-                                              chosen.slots_per_rank, config.quant.act_dtype}
-                                .max_pairs(comm.size());
-  if (built.ok() && config.routing.has_score_bias) {
-    built = check_tensor(weights.score_bias, "weights.score_bias", {DType::kF32}, {config.num_experts}, Device::cpu());
-    if (built.ok()) st.score_bias.assign(weights.score_bias.ptr<const float>(),
-                                         weights.score_bias.ptr<const float>() + config.num_experts);
-  }
-  if (built.ok() && on_gpu) {
-    StatusOr<std::unique_ptr<EpLayerDevicePath>> d =
-        EpLayerDevicePath::create(config, st.weights, chosen, st.score_bias, comm, platform);
-    if (d.ok()) {
-      st.device = std::move(*d);
-      layer->report_ = std::move(whole->report);
-    } else {
-      built = d.status();
-    }
-  }
-  if (built.ok() && !on_gpu) {
-    StatusOr<SlotKernel> k = make_slot_kernel(config, st.weights, max_pairs, platform);
-    if (k.ok()) {
-      st.experts = std::move(k->kernel);
-      st.workspace = std::move(k->workspace);
-      layer->report_ = std::move(whole->report);
-    } else {
-      built = k.status();
-    }
-  }
-  if (built.ok() && !on_gpu) {
-    StatusOr<std::unique_ptr<dispatch::EpPrepareFinalize>> pf =
-        make_prepare_finalize(comm, config, choice->kind, chosen.slots_per_rank);
-    if (pf.ok()) st.pf = std::move(*pf); else built = pf.status();
-  }
+  StatusOr<eplb::SlotWeights> w =
+      weights_are_slots
+          ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config.quant.weight_dtype, n1, config.hidden,
+                                          config.intermediate)
+          : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
+                                            config.hidden, config.intermediate);
+  if (w.ok()) st.weights = std::move(*w); else built = w.status();
+  RoutingStage::Options routing_options;
+  routing_options.keep_load = true;
+  StatusOr<RoutingStage> routing = built.ok() ? RoutingStage::create(config, comm.device(), weights.score_bias,
+                                                                     routing_options)
+                                              : StatusOr<RoutingStage>(built);
+  if (built.ok()) built = routing.status();
+  StatusOr<RankStages> stages =
+      built.ok() ? make_rank_stages(config, st.experts_class, st.weights, chosen, choice->kind, comm, platform)
+                 : StatusOr<RankStages>(built);
+  if (built.ok()) built = stages.status();
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, built));
-  st.replicas = chosen.replicas();
-  if (on_gpu) return layer;  // the routing buffers live on the device (EpLayerDevicePath)
-  const int64_t rows = config.max_num_tokens * config.top_k();
-  st.topk_ids.resize(rows);
-  st.topk_weights.resize(rows);
-  st.physical_ids.resize(rows);
-  st.counts.resize(config.num_experts);
-  st.ones.assign(std::max<int64_t>(max_pairs, 1), 1.0f);
+  st.pipeline = std::make_unique<LayerPipeline>(std::move(*routing), std::move(stages->pf),
+                                                std::move(stages->experts), std::move(stages->workspace));
   return layer;
 }
 
-const char* ExpertParallelLayer::dispatch_name() const {
-  return state_->device != nullptr ? "all_to_all" : state_->pf->name();
-}
+const char* ExpertParallelLayer::dispatch_name() const { return state_->pipeline->prepare_finalize()->name(); }
 
-// GPU ranks: the counters live on the device. A failed read leaves the last
+// The counters live on the layer's device. A failed read leaves the last
 // values (the CUDA error then fails the next forward).
 const std::vector<int64_t>& ExpertParallelLayer::expert_load() const {
-  if (state_->device != nullptr) (void)state_->device->read_load(&expert_load_, &computed_pairs_);
+  std::vector<int64_t> load;
+  if (state_->pipeline->routing().read_load(&load).ok()) expert_load_ = std::move(load);
   return expert_load_;
 }
 
 int64_t ExpertParallelLayer::computed_pairs() const {
-  if (state_->device != nullptr) (void)state_->device->read_load(&expert_load_, &computed_pairs_);
+  StatusOr<int64_t> pairs = state_->pipeline->prepare_finalize()->computed_pairs();
+  if (pairs.ok()) computed_pairs_ = *pairs;
   return computed_pairs_;
 }
 
 void ExpertParallelLayer::reset_load() {
   std::fill(expert_load_.begin(), expert_load_.end(), 0);
   computed_pairs_ = 0;
-  if (state_->device != nullptr) (void)state_->device->reset_load();
+  (void)state_->pipeline->routing().reset_load();
+  (void)state_->pipeline->prepare_finalize()->reset_computed_pairs();
 }
 
 StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_expert_load() {
   const int n = comm_->size();
   const int64_t E = config_.num_experts;
-  std::vector<int64_t> all(n * E), sum(E, 0);
-  if (state_->device != nullptr) MOEKIT_RETURN_IF_ERROR(state_->device->read_load(&expert_load_, &computed_pairs_));
-  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, expert_load_.data(), all.data(), E * sizeof(int64_t)));
+  std::vector<int64_t> mine, all(n * E), sum(E, 0);
+  MOEKIT_RETURN_IF_ERROR(state_->pipeline->routing().read_load(&mine));
+  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, mine.data(), all.data(), E * sizeof(int64_t)));
   for (int r = 0; r < n; ++r) {
     for (int64_t e = 0; e < E; ++e) sum[e] += all[r * E + e];
   }
   return sum;
 }
 
+StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_computed_pairs() {
+  std::vector<int64_t> all(comm_->size());
+  MOEKIT_ASSIGN_OR_RETURN(const int64_t mine, state_->pipeline->prepare_finalize()->computed_pairs());
+  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, &mine, all.data(), sizeof(int64_t)));
+  return all;
+}
+
 Status ExpertParallelLayer::set_phase_timing(bool on) {
-  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
-  return state_->device->set_phase_timing(on);
+  return state_->pipeline->prepare_finalize()->set_phase_timing(on);
 }
 
 StatusOr<ExpertParallelLayer::PhaseTimes> ExpertParallelLayer::last_phase_times() const {
-  if (state_->device == nullptr) return Unsupported("phase timing: GPU ranks only (this layer runs on host ranks)");
   PhaseTimes t;
-  MOEKIT_RETURN_IF_ERROR(state_->device->last_phase_times(&t.dispatch_us, &t.experts_us, &t.combine_us));
+  MOEKIT_RETURN_IF_ERROR(
+      state_->pipeline->prepare_finalize()->last_phase_times(&t.dispatch_us, &t.experts_us, &t.combine_us));
   return t;
-}
-
-StatusOr<std::vector<int64_t>> ExpertParallelLayer::gather_computed_pairs() {
-  std::vector<int64_t> all(comm_->size());
-  if (state_->device != nullptr) MOEKIT_RETURN_IF_ERROR(state_->device->read_load(&expert_load_, &computed_pairs_));
-  MOEKIT_RETURN_IF_ERROR(dispatch::all_gather_host(*comm_, &computed_pairs_, all.data(), sizeof(int64_t)));
-  return all;
 }
 
 Device ExpertParallelLayer::device() const { return comm_->device(); }
@@ -323,20 +296,9 @@ std::string ExpertParallelLayer::producer() const {
 }
 
 Status ExpertParallelLayer::set_capture_target(const TensorView& target, const TensorView& router_weights) {
-  if (!target.defined()) {
-    if (router_weights.defined()) return InvalidArgument("capture router weights: given without an ids target");
-    capture_target_ = {};
-    router_weights_target_ = {};
-    return Status::Ok();
-  }
-  MOEKIT_RETURN_IF_ERROR(check_ids_rows(target, "capture target", config_.max_num_tokens, "max_num_tokens",
-                                        config_.top_k(), comm_->device()));
-  if (router_weights.defined()) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(router_weights, "capture router weights", {DType::kF32},
-                                        {target.dim(0), config_.top_k()}, comm_->device()));
-  }
+  MOEKIT_RETURN_IF_ERROR(check_capture_targets(*this, target, router_weights));
   capture_target_ = target;
-  router_weights_target_ = router_weights;
+  router_weights_target_ = target.defined() ? router_weights : TensorView{};
   return Status::Ok();
 }
 
@@ -354,7 +316,7 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
     }
     return Status::Ok();
   }
-  MOEKIT_RETURN_IF_ERROR(check_forward_args(config_, a, dev));
+  MOEKIT_RETURN_IF_ERROR(check_forward_args(*this, a));
   if (!on_host && (reinterpret_cast<uintptr_t>(a.hidden.data) % 16 != 0 ||
                    reinterpret_cast<uintptr_t>(a.out.data) % 16 != 0)) {
     return InvalidArgument("hidden/out: the GPU path reads and writes rows in 16-byte pieces; both must be "
@@ -367,82 +329,15 @@ Status ExpertParallelLayer::validate(const LayerForwardArgs& a) const {
 }
 
 Status ExpertParallelLayer::forward(const LayerForwardArgs& args, Stream stream) {
-  if (state_->device != nullptr) {
-    // No agreement round on GPU ranks (it would wait on the host): a rank with
-    // bad arguments runs with no tokens so that no other rank is left waiting.
-    return state_->device->forward(args, capture_target_, router_weights_target_, validate(args), stream);
-  }
-  return forward_on_host(args);
-}
-
-Status ExpertParallelLayer::forward_on_host(const LayerForwardArgs& args) {
-  MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, validate(args)));
-  State& st = *state_;
-  const int64_t m = args.hidden.dim(0), k = config_.top_k(), E = config_.num_experts;
-  // 1. Route this rank's tokens (logical ids; the capture target gets them).
-  const int32_t* ids = st.topk_ids.data();
-  const float* weights = st.topk_weights.data();
-  const TensorView ids_target = args.routing_replay_out.defined() ? args.routing_replay_out : capture_target_;
-  if (m == 0) {
-    std::fill(st.counts.begin(), st.counts.end(), 0);
-  } else if (config_.routing.method == RoutingMethod::kCustom) {
-    ids = args.topk_ids.ptr<const int32_t>();
-    weights = args.topk_weights.ptr<const float>();
-    std::fill(st.counts.begin(), st.counts.end(), 0);
-    for (int64_t i = 0; i < m * k; ++i) ++st.counts[ids[i]];
-    if (ids_target.defined()) {
-      for (int64_t i = 0; i < m * k; ++i) ids_target.ptr<int16_t>()[i] = static_cast<int16_t>(ids[i]);
-    }
-  } else {
-    RoutingArgs r;
-    r.logits = args.router_logits;
-    if (!st.score_bias.empty()) {
-      r.score_bias = TensorView::contiguous(st.score_bias.data(), DType::kF32, {E});
-    }
-    r.forced_ids = args.forced_ids;
-    r.topk_ids = TensorView::contiguous(st.topk_ids.data(), DType::kI32, {m, k});
-    r.topk_weights = TensorView::contiguous(st.topk_weights.data(), DType::kF32, {m, k});
-    r.expert_counts = TensorView::contiguous(st.counts.data(), DType::kI32, {E});
-    r.routing_replay_out = ids_target;
-    MOEKIT_RETURN_IF_ERROR(route_cpu(config_.routing, r));  // inputs validated above: cannot fail on one rank only
-  }
-  if (m > 0 && args.routing_replay_out.defined() && capture_target_.defined()) {
-    std::memcpy(capture_target_.data, args.routing_replay_out.data, m * k * sizeof(int16_t));
-  }
-  if (m > 0 && router_weights_target_.defined()) {
-    std::memcpy(router_weights_target_.data, weights, m * k * sizeof(float));
-  }
-  for (int64_t e = 0; e < E; ++e) expert_load_[e] += st.counts[e];
-  if (m > 0 && args.expert_counts.defined()) std::memcpy(args.expert_counts.data, st.counts.data(), E * sizeof(int32_t));
-
-  // 2. Replica of every (token, slot): a function of the token's position alone.
-  const int64_t token_key0 = static_cast<int64_t>(comm_->rank()) * config_.max_num_tokens;
-  for (int64_t t = 0; t < m; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      st.physical_ids[t * k + j] = replica_for_token(st.replicas, ids[t * k + j], token_key0 + t);
-    }
-  }
-
-  // 3. Dispatch, this rank's experts (pair outputs unweighted), combine.
-  MOEKIT_ASSIGN_OR_RETURN(dispatch::EpPairs pairs, st.pf->prepare(args.hidden, st.physical_ids.data(), placement_));
-  computed_pairs_ += pairs.num_pairs;
-  Status ran = Status::Ok();
-  if (pairs.num_pairs > 0) {
-    const int64_t P = pairs.num_pairs, H = config_.hidden;
-    MoeRunArgs run;
-    run.hidden = TensorView::contiguous(const_cast<float*>(pairs.x), DType::kF32, {P, H});
-    run.out = TensorView::contiguous(pairs.y, DType::kF32, {P, H});
-    run.topk_ids = TensorView::contiguous(const_cast<int32_t*>(pairs.local_slot), DType::kI32, {P, 1});
-    run.topk_weights = TensorView::contiguous(st.ones.data(), DType::kF32, {P, 1});
-    ran = st.experts->run(run, Workspace{st.workspace.data(), st.workspace.size()}, nullptr);
-  }
-  MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, ran));
-  return st.pf->finalize(weights, args.out);
+  // What a bad argument on one rank does is the prepare/finalize's (admit):
+  // host ranks agree and all stop; GPU ranks go on without its tokens.
+  return state_->pipeline->forward(args, validate(args), CaptureTargets{capture_target_, router_weights_target_},
+                                   stream);
 }
 
 Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   Status local = next.validate();
-  if (local.ok() && state_->device != nullptr) {
+  if (local.ok() && comm_->device().type != DeviceType::kCpu) {
     // TODO(ep): move slot weights between GPUs (move_slot_weights stages through host memory,
     // which an NCCL communicator cannot send). Until then: create the layer again with the plan.
     local = Unsupported("rebalance: not implemented for GPU ranks yet; create the layer again with the new "
@@ -460,23 +355,12 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   StatusOr<eplb::SlotWeights> moved_or = eplb::move_slot_weights(*comm_, st.weights, placement_, next);
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, moved_or.status()));
   eplb::SlotWeights moved = std::move(*moved_or);
-  const int64_t max_pairs = dispatch::EpShape{config_.max_num_tokens, config_.hidden, config_.top_k(),
-                                              next.slots_per_rank, config_.quant.act_dtype}
-                                .max_pairs(comm_->size());
-  StatusOr<SlotKernel> k = make_slot_kernel(config_, moved, max_pairs, st.platform);
-  StatusOr<EpDispatchChoice> choice = choose_ep_dispatch(config_);
-  StatusOr<std::unique_ptr<dispatch::EpPrepareFinalize>> pf =
-      k.ok() && choice.ok() ? make_prepare_finalize(*comm_, config_, choice->kind, next.slots_per_rank)
-                            : StatusOr<std::unique_ptr<dispatch::EpPrepareFinalize>>(
-                                  !k.ok() ? k.status() : choice.status());
-  MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, pf.status()));
+  StatusOr<RankStages> stages =
+      make_rank_stages(config_, st.experts_class, moved, next, st.dispatch_kind, *comm_, st.platform);
+  MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, stages.status()));
   st.weights = std::move(moved);
-  st.experts = std::move(k->kernel);
-  st.workspace = std::move(k->workspace);
-  st.pf = std::move(*pf);
-  st.ones.assign(std::max<int64_t>(max_pairs, 1), 1.0f);
+  st.pipeline->replace_experts(std::move(stages->experts), std::move(stages->workspace), std::move(stages->pf));
   placement_ = next;
-  st.replicas = next.replicas();
   return Status::Ok();
 }
 
@@ -496,15 +380,13 @@ Status ExpertParallelLayer::update_expert_weights(int64_t logical, const TensorV
     std::memcpy(next.w13.data() + s * w.w13_bytes(), w13.data, w.w13_bytes());
     std::memcpy(next.w2.data() + s * w.w2_bytes(), w2.data, w.w2_bytes());
   }
-  // The kernel keeps its own prepared copy: re-prepare it from every slot.
-  if (st.device != nullptr) {
-    MOEKIT_RETURN_IF_ERROR(st.device->update_weights(next));
-  } else {
-    MoeWeights mw;
-    mw.w13 = next.w13_view();
-    mw.w2 = next.w2_view();
-    MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(mw));
-  }
+  // The kernel keeps its own prepared copy: re-prepare it from every slot,
+  // once no forward may still read the old weights.
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(comm_->device()));
+  MoeWeights mw;
+  mw.w13 = next.w13_view();
+  mw.w2 = next.w2_view();
+  MOEKIT_RETURN_IF_ERROR(st.pipeline->experts().prepare_weights(mw));
   st.weights = std::move(next);
   return Status::Ok();
 }

@@ -16,7 +16,28 @@ Status check_ids_rows(const TensorView& target, const char* name, int64_t min_ro
   return Status::Ok();
 }
 
-Status check_forward_args(const MoeConfig& c, const LayerForwardArgs& a, Device dev) {
+Status check_capture_targets(const RoutedLayer& layer, const TensorView& ids, const TensorView& router_weights) {
+  if (!ids.defined()) {
+    if (router_weights.defined()) return InvalidArgument("capture router weights: given without an ids target");
+    return Status::Ok();
+  }
+  const MoeConfig& c = layer.config();
+  if (Status s = layer.capture_supported(); !s.ok()) return Unsupported("capture target: " + s.message());
+  MOEKIT_RETURN_IF_ERROR(check_ids_rows(ids, "capture target", c.max_num_tokens, "max_num_tokens", c.top_k(),
+                                        layer.device()));
+  if (router_weights.defined()) {
+    if (Status s = layer.router_weights_capture_supported(); !s.ok()) {
+      return Unsupported("capture router weights: " + s.message());
+    }
+    MOEKIT_RETURN_IF_ERROR(check_tensor(router_weights, "capture router weights", {DType::kF32},
+                                        {ids.dim(0), c.top_k()}, layer.device()));
+  }
+  return Status::Ok();
+}
+
+Status check_forward_args(const RoutedLayer& layer, const LayerForwardArgs& a) {
+  const MoeConfig& c = layer.config();
+  const Device dev = layer.device();
   const int64_t H = c.hidden, E = c.num_experts, k = c.top_k();
   MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {c.quant.act_dtype}, {-1, H}, dev));
   const int64_t m = a.hidden.dim(0);
@@ -29,6 +50,7 @@ Status check_forward_args(const MoeConfig& c, const LayerForwardArgs& a, Device 
     MOEKIT_RETURN_IF_ERROR(check_tensor(a.expert_counts, "expert_counts", {DType::kI32}, {E}, dev));
   }
   if (a.routing_replay_out.defined()) {
+    if (Status s = layer.capture_supported(); !s.ok()) return Unsupported("routing_replay_out: " + s.message());
     MOEKIT_RETURN_IF_ERROR(check_ids_rows(a.routing_replay_out, "routing_replay_out", m, "M", static_cast<int>(k), dev));
   }
   if (c.routing.method == RoutingMethod::kCustom) {

@@ -16,11 +16,17 @@ namespace moekit {
 Status check_ids_rows(const TensorView& target, const char* name, int64_t min_rows, const char* rows_for, int k,
                       Device device);
 
+// What RoutedLayer::set_capture_target needs: ids [>= max_num_tokens, k] i16
+// and router weights [same rows, k] f32 (only with ids) on the layer's device,
+// each refused with the layer's reason when it cannot write them.
+Status check_capture_targets(const RoutedLayer& layer, const TensorView& ids, const TensorView& router_weights);
+
 // hidden [M, H] (1 <= M <= max_num_tokens) and out [M, H] in the act dtype,
-// expert_counts [E] i32, routing_replay_out [>= M, k] i16, then either the
-// caller's ids and weights (custom routing; ids in range on host devices) or
-// the router logits [M, E] with optional forced ids [M, k] i32 on the host
-// (range, duplicates, sentinel). All on `device` unless said.
-Status check_forward_args(const MoeConfig& config, const LayerForwardArgs& args, Device device);
+// expert_counts [E] i32, routing_replay_out [>= M, k] i16 (when the layer can
+// write ids), then either the caller's ids and weights (custom routing; ids in
+// range on host devices) or the router logits [M, E] with optional forced ids
+// [M, k] i32 on the host (range, duplicates, sentinel). All on the layer's
+// device unless said.
+Status check_forward_args(const RoutedLayer& layer, const LayerForwardArgs& args);
 
 }  // namespace moekit

@@ -86,6 +86,63 @@ TEST_P(EpLayerOneGpu, WithEplbReplicasTheSameHolds) {
   expect_equals_single_gpu(in, ep, ref);
 }
 
+// Custom routing on GPU ranks runs the same pipeline after the routing stage:
+// given the router's own ids and weights, a custom-routed EP layer's output,
+// expert counts, captured ids, load and computed pairs equal the routed one's.
+TEST_P(EpLayerOneGpu, CustomRoutingWithTheRoutersIdsAndWeightsIsTheRoutedLayer) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = GetParam();
+  const Inputs in(n);
+  auto st = run_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
+    MOEKIT_ASSIGN_OR_RETURN(auto routed, ExpertParallelLayer::create(rank_config(n, r), in.weights(), comm));
+    MoeConfig cc = rank_config(n, r);
+    cc.routing.method = RoutingMethod::kCustom;
+    cc.routing.has_score_bias = false;
+    MoeWeights cw = in.weights();
+    cw.score_bias = {};
+    MOEKIT_ASSIGN_OR_RETURN(auto custom, ExpertParallelLayer::create(cc, cw, comm));
+    const int64_t m = tokens_of(r);
+    RankStep step(in, r);
+    cuda_test::DeviceTensor ids(DType::kI16, {kMaxPerRank, kK}), weights(DType::kF32, {kMaxPerRank, kK}),
+        counts(DType::kI32, {kE}), ids_b(DType::kI16, {kMaxPerRank, kK}), counts_b(DType::kI32, {kE}),
+        out_b(DType::kBF16, {m, kH});
+    MOEKIT_RETURN_IF_ERROR(routed->set_capture_target(ids.view(), weights.view()));
+    MOEKIT_RETURN_IF_ERROR(custom->set_capture_target(ids_b.view()));
+    LayerForwardArgs a = step.args();
+    a.expert_counts = counts.view();
+    MOEKIT_RETURN_IF_ERROR(routed->forward(a, s));
+    if (cudaStreamSynchronize(s) != cudaSuccess) return Internal("routed forward failed");
+    const HostTensor ids_i32 = ids_as_i32(ids.download(), m);
+    cuda_test::DeviceTensor topk_ids(ids_i32), topk_weights(rows(weights.download(), 0, m));
+    out_b.poison();
+    counts_b.poison();
+    LayerForwardArgs b;
+    b.hidden = step.hidden.view();
+    b.out = out_b.view();
+    b.topk_ids = topk_ids.view();
+    b.topk_weights = topk_weights.view();
+    b.expert_counts = counts_b.view();
+    MOEKIT_RETURN_IF_ERROR(custom->forward(b, s));
+    if (cudaStreamSynchronize(s) != cudaSuccess) return Internal("custom forward failed");
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    std::string diff = cuda_test::first_difference(out_b.download(), step.out.download());
+    if (!diff.empty()) return DataLoss(rank + "custom output differs: " + diff);
+    diff = cuda_test::first_difference(counts_b.download(), counts.download());
+    if (!diff.empty()) return DataLoss(rank + "expert counts differ: " + diff);
+    diff = cuda_test::first_difference(rows(ids_b.download(), 0, m), rows(ids.download(), 0, m));
+    if (!diff.empty()) return DataLoss(rank + "captured ids differ: " + diff);
+    if (custom->expert_load() != routed->expert_load()) return DataLoss(rank + "expert load differs");
+    int64_t counted = 0;
+    for (int64_t e : routed->expert_load()) counted += e;
+    if (counted != m * kK) return DataLoss(rank + "expert load sums to " + std::to_string(counted));
+    if (custom->computed_pairs() != routed->computed_pairs() || routed->computed_pairs() == 0) {
+      return DataLoss(rank + "computed pairs differ or are 0");
+    }
+    return Status::Ok();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, EpLayerOneGpu, ::testing::Values(2, 3),
                          [](const ::testing::TestParamInfo<int>& p) { return "ep" + std::to_string(p.param); });
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "experts/cuda/moe_pipeline.h"
 #include "experts/cuda/sm90_kernels.h"
 #include "moekit/kernel.h"
+#include "moekit/layer.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
 #include "reference/reference.h"
@@ -381,6 +383,67 @@ TEST(CudaLayer, SupportsNamesWhatItCannotDo) {
   MoeConfig oddh = c;
   oddh.hidden = 1000;
   EXPECT_NE(reason(oddh, false, p).find("hidden"), std::string::npos);
+}
+
+// Custom routing on the GPU goes through the same routing stage as on the CPU:
+// the caller's ids are counted into expert_counts and captured (ids and
+// weights) as given; the output is the modular kernel's own, bit for bit.
+TEST(CudaLayer, CustomRoutingCountsAndCapturesTheCallersIds) {
+  MOEKIT_REQUIRE_SM90();
+  LayerCase c{37, 16, 4, Activation::kSiluGated, RoutingMethod::kCustom, 128, 64, DType::kF32};
+  const LayerData d = draw(c, testing::seed_from({79}));
+  std::mt19937_64 rng(testing::seed_from({80}));
+  HostTensor ids(DType::kI32, {c.M, c.k}), w(DType::kF32, {c.M, c.k});
+  std::vector<int32_t> expected(c.E, 0);
+  for (int64_t t = 0; t < c.M; ++t) {
+    std::vector<int32_t> perm(c.E);
+    for (int32_t e = 0; e < c.E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < c.k; ++j) {
+      ids.data<int32_t>()[t * c.k + j] = perm[j];
+      w.data<float>()[t * c.k + j] = 0.125f * static_cast<float>(j + 1);
+      ++expected[perm[j]];
+    }
+  }
+  MoeConfig cfg = c.config();
+  cfg.needs_capture = false;  // the oracle's capture rule concerns monolithic classes only
+  cfg.needs_replay = false;
+  auto layer = MoeLayer::create(cfg, MoeWeights{d.w13.view(), d.w2.view(), {}}, Device::cuda(0));
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  DeviceTensor hidden(d.hidden), dids(ids), dw(w), out(DType::kBF16, {c.M, c.H}), counts(DType::kI32, {c.E}),
+      captured(DType::kI16, {c.M, c.k}), captured_w(DType::kF32, {c.M, c.k}), direct(DType::kBF16, {c.M, c.H});
+  out.poison();
+  counts.poison();
+  captured.poison();
+  captured_w.poison();
+  ASSERT_TRUE((*layer)->set_capture_target(captured.view(), captured_w.view()).ok());
+  LayerForwardArgs a;
+  a.hidden = hidden.view();
+  a.topk_ids = dids.view();
+  a.topk_weights = dw.view();
+  a.out = out.view();
+  a.expert_counts = counts.view();
+  ASSERT_TRUE((*layer)->forward(a).ok());
+
+  auto mod = make_kernel(c, "Sm90Modular", d);
+  ASSERT_TRUE(mod);
+  DeviceBytes ws(mod->workspace_size(c.M));
+  MoeRunArgs ra;
+  ra.hidden = hidden.view();
+  ra.out = direct.view();
+  ra.topk_ids = dids.view();
+  ra.topk_weights = dw.view();
+  ASSERT_TRUE(mod->run(ra, Workspace{ws.data(), ws.bytes()}, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  const HostTensor got_counts = counts.download(), got_ids = captured.download(), got_w = captured_w.download();
+  for (int64_t e = 0; e < c.E; ++e) EXPECT_EQ(got_counts.data<int32_t>()[e], expected[e]) << "expert " << e;
+  for (int64_t i = 0; i < c.M * c.k; ++i) {
+    ASSERT_EQ(got_ids.data<int16_t>()[i], ids.data<int32_t>()[i]) << i;
+    ASSERT_EQ(got_w.data<float>()[i], w.data<float>()[i]) << i;
+  }
+  const HostTensor o = out.download(), r = direct.download();
+  EXPECT_EQ(std::memcmp(o.data<void>(), r.data<void>(), o.nbytes()), 0) << "layer output != the kernel's own";
 }
 
 TEST(CudaLayer, TheOracleChoosesTheGpuWhenPresent) {

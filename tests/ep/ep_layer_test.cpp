@@ -13,12 +13,13 @@
 #include <string>
 #include <tuple>
 
-#include "dispatch/ep_prepare_finalize.h"
+#include "dispatch/ep_host_exchange.h"
 #include "experts/cpu/cpu_gemm.h"
 #include "ep/ep_test_util.h"
 #include "moekit/capture.h"
 #include "moekit/ep_layer.h"
 #include "moekit/layer.h"
+#include "moekit/oracle.h"
 #include "reference/reference.h"
 #include "util/reference_params.h"
 #include "util/test_util.h"
@@ -463,6 +464,13 @@ TEST(EpBadInput, BiasesAndSharedExpertsAreRefusedByName) {
       EXPECT_NE(s.message().find(shared ? "a shared expert is not placed" : "expert biases are not placed"),
                 std::string::npos) << s.message();
     }
+    // The oracle, asked with the real parallel config, says the same in its report.
+    const MoeConfig rc = rank_config(c, 2, 0, All2AllBackend::kNccl);
+    StatusOr<Resolution> res = select_backend_on(rc, Platform::cpu_only(), DeviceType::kCpu);
+    ASSERT_FALSE(res.ok());
+    EXPECT_NE(res.status().message().find("CpuModular"), std::string::npos) << res.status().message();
+    EXPECT_NE(res.status().message().find(shared ? "a shared expert is not placed" : "expert biases are not placed"),
+              std::string::npos) << res.status().message();
   }
 }
 

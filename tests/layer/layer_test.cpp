@@ -3,7 +3,9 @@
 // routing_replay_out next to a bound capture target, shared layers in a Model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <random>
 
 #include "moekit/capture.h"
@@ -127,6 +129,47 @@ TEST(MoeLayerIdsOut, TooFewRowsIsRejected) {
   const Status s = (*layer)->forward(a);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("routing_replay_out: needs at least M"), std::string::npos) << s.message();
+}
+
+// Custom routing: the caller's ids are counted and captured by the layer's
+// routing stage, as the router's are (before, a modular layer left
+// expert_counts unwritten for them).
+TEST(MoeLayerCustomRouting, CountsAndCapturesTheCallersIds) {
+  Inputs in(testing::seed_from({5}));
+  MoeConfig c = config();
+  c.routing.method = RoutingMethod::kCustom;
+  auto layer = MoeLayer::create(c, in.weights(), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  std::mt19937_64 rng(testing::seed_from({6}));
+  HostTensor ids(DType::kI32, {kM, kK}), weights(DType::kF32, {kM, kK});
+  std::vector<int32_t> expected(kE, 0);
+  for (int64_t t = 0; t < kM; ++t) {
+    std::vector<int32_t> perm(kE);
+    for (int32_t e = 0; e < kE; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < kK; ++j) {
+      ids.data<int32_t>()[t * kK + j] = perm[j];
+      weights.data<float>()[t * kK + j] = 0.25f;
+      ++expected[perm[j]];
+    }
+  }
+  HostTensor out(DType::kBF16, {kM, kH}), counts(DType::kI32, {kE}), captured(DType::kI16, {8, kK}),
+      captured_weights(DType::kF32, {8, kK});
+  testing::poison(counts);
+  testing::poison(captured);
+  ASSERT_TRUE((*layer)->set_capture_target(captured.view(), captured_weights.view()).ok());
+  LayerForwardArgs a;
+  a.hidden = in.hidden.view();
+  a.topk_ids = ids.view();
+  a.topk_weights = weights.view();
+  a.out = out.view();
+  a.expert_counts = counts.view();
+  ASSERT_TRUE((*layer)->forward(a).ok());
+  for (int64_t e = 0; e < kE; ++e) EXPECT_EQ(counts.data<int32_t>()[e], expected[e]) << "expert " << e;
+  for (int64_t i = 0; i < kM * kK; ++i) {
+    EXPECT_EQ(captured.data<int16_t>()[i], ids.data<int32_t>()[i]) << i;
+    EXPECT_EQ(captured_weights.data<float>()[i], 0.25f) << i;
+  }
 }
 
 TEST(MoeConfigValidate, ChecksNumExpertsBeforeNarrowingIt) {

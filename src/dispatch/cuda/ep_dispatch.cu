@@ -48,8 +48,6 @@ __global__ void choose_destinations_kernel(EpDeviceShape s, DestinationArgs a) {
     const int32_t slot = replica_slot(a.replica_offsets, a.replica_slots, E, logical, key);
     a.physical_ids[t * s.top_k + j] = slot;
     if (slot >= 0) ranks_needed |= 1ull << (slot / s.slots_per_rank);
-    if (a.expert_counts != nullptr && logical >= 0 && logical < E) atomicAdd(&a.expert_counts[logical], 1);  // integer: order-free
-    if (a.ids_out != nullptr) a.ids_out[t * s.top_k + j] = static_cast<int16_t>(logical);
   }
   for (int d = 0; d < s.ranks; ++d) a.needs_rank[d * s.max_tokens + t] = static_cast<int32_t>((ranks_needed >> d) & 1ull);
 }
@@ -148,9 +146,6 @@ Status ep_choose_destinations(const EpDeviceShape& s, const DestinationArgs& a, 
   if (a.num_tokens < 0 || a.num_tokens > s.max_tokens) {
     return InvalidArgument("ep device dispatch: " + std::to_string(a.num_tokens) + " tokens; at most " +
                            std::to_string(s.max_tokens));
-  }
-  if (a.expert_counts != nullptr) {
-    MOEKIT_CUDA_CHECK(cudaMemsetAsync(a.expert_counts, 0, sizeof(int32_t) * s.num_logical, stream));
   }
   if (a.num_tokens == 0) return Status::Ok();
   const unsigned blocks = static_cast<unsigned>((a.num_tokens + kThreads - 1) / kThreads);

@@ -48,9 +48,6 @@ struct DestinationArgs {
   const int32_t* replica_slots = nullptr;    // [replicas] i32
   int32_t* physical_ids = nullptr;       // [T, k] i32 out: rows [0, m), -1 for a bad id
   int32_t* needs_rank = nullptr;         // [N, T] i32 out: 1 when token t sends a row to rank d, else 0 (cols [0, m))
-  // Custom routing only (the caller's ids are first read here):
-  int32_t* expert_counts = nullptr;      // [E] i32, optional: overwritten with tokens per logical expert
-  int16_t* ids_out = nullptr;            // [>= m, k] i16, optional: the ids as given (capture)
 };
 Status ep_choose_destinations(const EpDeviceShape& s, const DestinationArgs& a, cudaStream_t stream);
 
@@ -96,9 +93,6 @@ struct CombineArgs {
   uint16_t* out = nullptr;             // [m, H] bf16, every element written
 };
 Status ep_combine_partials(const EpDeviceShape& s, const CombineArgs& a, cudaStream_t stream);
-
-// load[e] += counts[e] for e in [0, E): the layer's device-side load counters.
-Status ep_accumulate_load(const int32_t* counts, int64_t* load, int64_t num_experts, cudaStream_t stream);
 
 }  // namespace moekit::dispatch::cuda
 

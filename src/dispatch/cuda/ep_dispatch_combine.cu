@@ -1,5 +1,4 @@
-// Expert-parallel combine on the device (step 6) and the load counters: see
-// ep_dispatch.h.
+// Expert-parallel combine on the device (step 6): see ep_dispatch.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -45,11 +44,6 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(EpDeviceShap
   *reinterpret_cast<uint4*>(a.out + t * s.hidden + h) = o;
 }
 
-__global__ void accumulate_load_kernel(const int32_t* counts, int64_t* load, int64_t num_experts) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e < num_experts) load[e] += counts[e];
-}
-
 }  // namespace
 
 Status ep_combine_partials(const EpDeviceShape& s, const CombineArgs& a, cudaStream_t stream) {
@@ -59,15 +53,6 @@ Status ep_combine_partials(const EpDeviceShape& s, const CombineArgs& a, cudaStr
                   static_cast<unsigned>((s.hidden / kVec + kThreads - 1) / kThreads));
   combine_partials_kernel<<<grid, kThreads, 0, stream>>>(s, a);
   MOEKIT_CUDA_CHECK_LAUNCH("combine_partials_kernel");
-  return Status::Ok();
-}
-
-Status ep_accumulate_load(const int32_t* counts, int64_t* load, int64_t num_experts, cudaStream_t stream) {
-  if (num_experts < 1) return Status::Ok();
-  const int threads = 256;
-  accumulate_load_kernel<<<static_cast<unsigned>((num_experts + threads - 1) / threads), threads, 0, stream>>>(
-      counts, load, num_experts);
-  MOEKIT_CUDA_CHECK_LAUNCH("accumulate_load_kernel");
   return Status::Ok();
 }
 

@@ -1,6 +1,7 @@
-// Expert-parallel PrepareFinalize (DESIGN.md §1, §2.5): prepare moves token
-// rows from the rank that routed them to the ranks holding their experts;
-// finalize brings the expert outputs back and reduces them.
+// The token movement of the host expert-parallel PrepareFinalize
+// (prepare_finalize.h, DESIGN.md §1, §2.5): prepare moves token rows from the
+// rank that routed them to the ranks holding their experts; finalize brings the
+// expert outputs back and reduces them.
 //
 // Both implementations hand the experts stage *pairs*: one row per (token,
 // slot) whose physical expert lives on this rank, with the rank-local slot it
@@ -49,9 +50,9 @@ struct EpPairs {
   int64_t num_pairs = 0;
 };
 
-class EpPrepareFinalize {
+class EpHostExchange {
  public:
-  virtual ~EpPrepareFinalize() = default;
+  virtual ~EpHostExchange() = default;
   virtual const char* name() const = 0;
 
   // hidden: [M, H] act dtype (host); physical_ids: [M, k] i32 physical slots,
@@ -67,11 +68,11 @@ class EpPrepareFinalize {
 // (a) all-to-all: each token sent once per destination rank holding at least
 // one of its experts, with the slots it wants there; outputs return one row
 // per pair.
-StatusOr<std::unique_ptr<EpPrepareFinalize>> make_all_to_all(Communicator& comm, const EpShape& shape);
+StatusOr<std::unique_ptr<EpHostExchange>> make_all_to_all(Communicator& comm, const EpShape& shape);
 // (b) allgather + reduce-scatter: every rank sees every token, computes the
 // pairs it holds, and partial outputs [M, k, H] (zero where another rank
 // computes) are reduce-scattered back.
-StatusOr<std::unique_ptr<EpPrepareFinalize>> make_allgather_reduce_scatter(Communicator& comm, const EpShape& shape);
+StatusOr<std::unique_ptr<EpHostExchange>> make_allgather_reduce_scatter(Communicator& comm, const EpShape& shape);
 
 // Every rank learns whether all ranks' `local` verdicts are ok; the first
 // failing rank's verdict is returned on every rank (its own message on that
