@@ -20,6 +20,7 @@
 #include "moekit/device_buffer.h"
 #include "moekit/ep_layer.h"
 #include "moekit/eplb.h"
+#include "moekit/layer.h"
 #include "moekit/platform.h"
 
 namespace moekit::tools {
@@ -98,11 +99,12 @@ struct PassResult {
   double seconds = 0;
 };
 
-// One rank's state: its layers and step buffers.
+// One rank's state: its layers (also as a Model: one experts workspace for all) and step buffers.
 struct Rank {
   int rank = 0;
   Device device = Device::cpu();  // the communicator's: a GPU rank's layer takes device tensors
-  std::vector<std::unique_ptr<ExpertParallelLayer>> layers;
+  std::vector<std::shared_ptr<ExpertParallelLayer>> layers;
+  std::unique_ptr<Model> model;
   std::vector<float> h;  // [max_rows, H] residual stream
   HostTensor x, logits, out, ids;
   DeviceBuffer dx, dlogits, dout, dids;  // GPU ranks: the same four on the device
@@ -121,6 +123,15 @@ Status to_layer_side(const Rank& me, const HostTensor& host, const DeviceBuffer&
 Status from_layer_side(const Rank& me, HostTensor& host, const DeviceBuffer& dev, size_t bytes) {
   if (me.device.type != DeviceType::kCuda || bytes == 0) return Status::Ok();
   return DeviceBuffer::copy_bytes(host.view().data, Device::cpu(), dev.data(), me.device, bytes);
+}
+
+// The rank's layers as a Model (MoE layers at 2l + 1, as in the synthetic model).
+Status into_model(Rank& me) {
+  me.model = std::make_unique<Model>();
+  for (size_t l = 0; l < me.layers.size(); ++l) {
+    MOEKIT_RETURN_IF_ERROR(me.model->add_layer(me.layers[l], static_cast<int>(2 * l + 1)));
+  }
+  return Status::Ok();
 }
 
 // One pass over every step. `forced`: per (step, layer) ids to replay, or null.
@@ -233,6 +244,7 @@ Status run_expert_parallel(const EpRunOptions& o) {
   std::vector<PassResult> before(N), after(N), replayed(N);
   std::vector<Status> status(N);
   std::string dispatch, placement_after;
+  size_t layer_workspace = 0, model_workspace = 0;  // rank 0's, after EPLB
   std::mutex mu;
   CommUniqueId id = loopback_unique_id();
   if (on_gpus) {
@@ -262,6 +274,7 @@ Status run_expert_parallel(const EpRunOptions& o) {
           MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, model[l].weights(), *comm));
           me.layers.push_back(std::move(layer));
         }
+        MOEKIT_RETURN_IF_ERROR(into_model(me));
         me.h.resize(per_rank * spec.hidden);
         me.x = HostTensor(DType::kBF16, {per_rank, spec.hidden});
         me.logits = HostTensor(DType::kF32, {per_rank, spec.num_experts});
@@ -288,10 +301,13 @@ Status run_expert_parallel(const EpRunOptions& o) {
             MOEKIT_RETURN_IF_ERROR(me.layers[l]->rebalance(plan));
           }
         }
+        if (on_gpus) MOEKIT_RETURN_IF_ERROR(into_model(me));  // the new layers share a workspace again
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, after[r], &chain));
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, &after[r].captured, replayed[r]));
         if (r == 0) {
           std::lock_guard<std::mutex> lock(mu);
+          layer_workspace = me.model->layer(0).workspace_bytes();
+          model_workspace = me.model->workspace_bytes();
           dispatch = std::string(me.layers[0]->dispatch_name()) + " (" + me.layers[0]->dispatch_reason() + ")";
           placement_after = me.layers[0]->placement().to_string();
         }
@@ -320,6 +336,9 @@ Status run_expert_parallel(const EpRunOptions& o) {
     }
   }
   std::printf("dispatch: %s\n", dispatch.c_str());
+  std::printf("workspace: %.1f MiB per layer, %.1f MiB for rank 0's %d layers (they share one)\n",
+              static_cast<double>(layer_workspace) / (1 << 20), static_cast<double>(model_workspace) / (1 << 20),
+              spec.num_layers);
   std::printf("run:      contiguous placement %.3f s; after EPLB %.3f s; replay %.3f s (%" PRId64 " tokens x %d layers)\n",
               before[0].seconds, after[0].seconds, replayed[0].seconds, total_tokens, spec.num_layers);
   print_rank_load("before", before[0].computed_pairs);

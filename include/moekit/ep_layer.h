@@ -76,6 +76,12 @@ class ExpertParallelLayer : public RoutedLayer {
 
   const MoeConfig& config() const override { return config_; }
   Device device() const override;
+  // The experts stage's workspace (RoutedLayer). rebalance() keeps it, grown
+  // in place when the new placement needs more (host ranks only rebalance).
+  size_t workspace_bytes() const override;
+  const std::shared_ptr<DeviceBuffer>& workspace_buffer() const override;
+  Status use_workspace(std::shared_ptr<DeviceBuffer> buffer) override;
+  bool has_run() const override;
   const ExpertPlacement& placement() const { return placement_; }
   // "all_to_all" or "allgather_reduce_scatter", and the oracle's reason.
   const char* dispatch_name() const;

@@ -66,6 +66,17 @@ class RoutedLayer {
   virtual Status router_weights_capture_supported() const = 0;
   // What computes it, for capture files: "backend/kernel" (e.g. "cpu/CpuModular").
   virtual std::string producer() const = 0;
+
+  // The experts stage's workspace: the bytes a forward needs (for
+  // max_num_tokens), and the buffer it runs with, its own or its Model's.
+  virtual size_t workspace_bytes() const = 0;
+  virtual const std::shared_ptr<DeviceBuffer>& workspace_buffer() const = 0;
+  // Runs with `buffer` (on its device, >= workspace_bytes()) from now on,
+  // releasing its own: for layers that never run at the same time (a Model's,
+  // one at a time on one stream). Refused once the layer has run, since a
+  // captured CUDA graph may hold the old address.
+  virtual Status use_workspace(std::shared_ptr<DeviceBuffer> buffer) = 0;
+  virtual bool has_run() const = 0;
 };
 
 class MoeLayer : public RoutedLayer {
@@ -104,16 +115,10 @@ class MoeLayer : public RoutedLayer {
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
   Device device() const override;
-  // The bytes of kernel workspace this layer needs (for max_num_tokens).
-  size_t workspace_bytes() const;
-  // The workspace it runs with: its own, or its Model's shared one.
-  const std::shared_ptr<DeviceBuffer>& workspace_buffer() const;
-  // Runs with `buffer` (on its device, >= workspace_bytes()) from now on,
-  // releasing its own: for layers that never run at the same time (a Model's,
-  // one at a time on one stream). Refused once the layer has run, since a
-  // captured CUDA graph may hold the old address.
-  Status use_workspace(std::shared_ptr<DeviceBuffer> buffer);
-  bool has_run() const;
+  size_t workspace_bytes() const override;
+  const std::shared_ptr<DeviceBuffer>& workspace_buffer() const override;
+  Status use_workspace(std::shared_ptr<DeviceBuffer> buffer) override;
+  bool has_run() const override;
 
  private:
   MoeLayer() = default;
@@ -129,7 +134,8 @@ class MoeLayer : public RoutedLayer {
 };
 
 // The layers of a model run one at a time on one stream, so they share one
-// kernel workspace per device, sized for the largest (engines do the same):
+// experts workspace per device, sized for the largest (engines do the same;
+// single-rank and expert-parallel layers alike):
 // add_layer hands the model's buffer to each new layer and frees the layer's
 // own (48 layers hold one layer's workspace, not 48). A larger layer grows the
 // buffer while no layer on it has run; once one has (a captured graph may hold
@@ -144,7 +150,7 @@ class Model {
   // its index among all layers of the model and must increase from one MoE
   // layer to the next.
   Status add_layer(std::shared_ptr<RoutedLayer> layer, int model_layer_index);
-  // Bytes of kernel workspace the model's single-rank layers hold, each buffer counted once.
+  // Bytes of experts workspace the model's layers hold, each buffer counted once.
   size_t workspace_bytes() const;
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -156,7 +162,7 @@ class Model {
   const std::vector<int>& model_layer_indices() const { return model_layers_; }
 
  private:
-  void share_workspace_with(MoeLayer& layer);
+  void share_workspace_with(RoutedLayer& layer);
 
   bool share_workspace_ = true;
   std::vector<std::shared_ptr<DeviceBuffer>> workspaces_;  // one per device its layers share

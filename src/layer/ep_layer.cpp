@@ -91,9 +91,11 @@ struct RankStages {
   std::unique_ptr<dispatch::PrepareFinalize> pf;
 };
 
+// reuse (host ranks): the workspace to keep, grown if needed (rebalance keeps a Model's shared one).
 StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& kernel_class,
                                       const eplb::SlotWeights& weights, const ExpertPlacement& placement,
-                                      All2AllBackend kind, Communicator& comm, const Platform& platform) {
+                                      All2AllBackend kind, Communicator& comm, const Platform& platform,
+                                      std::shared_ptr<DeviceBuffer> reuse = nullptr) {
   const bool on_gpu = comm.device().type != DeviceType::kCpu;
   const MoeConfig local = experts_config(c, placement.slots_per_rank, comm.size(), on_gpu);
   if (const Support s = kernel_class.supports(local, platform); !s.ok) {
@@ -110,7 +112,17 @@ StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& ker
   w.w13 = weights.w13_view();
   w.w2 = weights.w2_view();
   MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(w));
-  MOEKIT_ASSIGN_OR_RETURN(st.workspace, LayerPipeline::allocate_workspace(*st.experts));
+  const size_t need = st.experts->workspace_size(local.max_num_tokens);
+  if (reuse != nullptr && reuse->device().type == DeviceType::kCpu && reuse->device() == comm.device()) {
+    // Host ranks run the experts inline and are never in a captured graph: a
+    // buffer too small grows in place, for every layer that shares it.
+    if (reuse->bytes() < need) {
+      MOEKIT_ASSIGN_OR_RETURN(*reuse, DeviceBuffer::allocate(comm.device(), need));
+    }
+    st.workspace = std::move(reuse);
+  } else {
+    MOEKIT_ASSIGN_OR_RETURN(st.workspace, LayerPipeline::allocate_workspace(*st.experts));
+  }
   const dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), placement.slots_per_rank, c.quant.act_dtype};
   MOEKIT_ASSIGN_OR_RETURN(st.pf, on_gpu ? dispatch::make_ep_device_prepare_finalize(comm, shape, placement,
                                                                                    placement.replicas())
@@ -287,6 +299,18 @@ StatusOr<ExpertParallelLayer::PhaseTimes> ExpertParallelLayer::last_phase_times(
 
 Device ExpertParallelLayer::device() const { return comm_->device(); }
 
+size_t ExpertParallelLayer::workspace_bytes() const { return state_->pipeline->workspace_bytes(); }
+
+const std::shared_ptr<DeviceBuffer>& ExpertParallelLayer::workspace_buffer() const {
+  return state_->pipeline->workspace_buffer();
+}
+
+Status ExpertParallelLayer::use_workspace(std::shared_ptr<DeviceBuffer> buffer) {
+  return state_->pipeline->use_workspace(std::move(buffer));
+}
+
+bool ExpertParallelLayer::has_run() const { return state_->pipeline->has_run(); }
+
 std::string ExpertParallelLayer::producer() const {
   std::string experts = "experts";
   for (const CandidateReport& c : report_) {
@@ -355,8 +379,8 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   StatusOr<eplb::SlotWeights> moved_or = eplb::move_slot_weights(*comm_, st.weights, placement_, next);
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, moved_or.status()));
   eplb::SlotWeights moved = std::move(*moved_or);
-  StatusOr<RankStages> stages =
-      make_rank_stages(config_, st.experts_class, moved, next, st.dispatch_kind, *comm_, st.platform);
+  StatusOr<RankStages> stages = make_rank_stages(config_, st.experts_class, moved, next, st.dispatch_kind, *comm_,
+                                                 st.platform, st.pipeline->workspace_buffer());
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, stages.status()));
   st.weights = std::move(moved);
   st.pipeline->replace_experts(std::move(stages->experts), std::move(stages->workspace), std::move(stages->pf));

@@ -17,9 +17,7 @@ Status Model::add_layer(std::shared_ptr<RoutedLayer> layer, int model_layer_inde
     return InvalidArgument("model.add_layer: model_layer_index " + std::to_string(model_layer_index) +
                            " must be greater than the previous MoE layer's " + std::to_string(model_layers_.back()));
   }
-  if (auto* single = dynamic_cast<MoeLayer*>(layer.get()); single != nullptr && share_workspace_) {
-    share_workspace_with(*single);
-  }
+  if (share_workspace_) share_workspace_with(*layer);
   layers_.push_back(std::move(layer));
   model_layers_.push_back(model_layer_index);
   return Status::Ok();
@@ -27,7 +25,7 @@ Status Model::add_layer(std::shared_ptr<RoutedLayer> layer, int model_layer_inde
 
 // Best effort: sharing only saves memory, so a layer that cannot share (it
 // has run, or is larger than a buffer a layer has run with) keeps its own.
-void Model::share_workspace_with(MoeLayer& layer) {
+void Model::share_workspace_with(RoutedLayer& layer) {
   if (layer.has_run()) return;
   std::shared_ptr<DeviceBuffer>* shared = nullptr;  // the model's buffer on the layer's device
   for (std::shared_ptr<DeviceBuffer>& b : workspaces_) {
@@ -40,14 +38,13 @@ void Model::share_workspace_with(MoeLayer& layer) {
   // The first layer on its device, or a larger one: its own buffer becomes the
   // model's, and the layers on the old one move to it.
   if (shared != nullptr) {
-    std::vector<MoeLayer*> on_old;
-    for (int i = 0; i < num_layers(); ++i) {
-      MoeLayer* other = moe_layer(i);
-      if (other == nullptr || other->workspace_buffer() != *shared) continue;
+    std::vector<RoutedLayer*> on_old;
+    for (const std::shared_ptr<RoutedLayer>& other : layers_) {
+      if (other->workspace_buffer() != *shared) continue;
       if (other->has_run()) return;
-      on_old.push_back(other);
+      on_old.push_back(other.get());
     }
-    for (MoeLayer* other : on_old) (void)other->use_workspace(layer.workspace_buffer());
+    for (RoutedLayer* other : on_old) (void)other->use_workspace(layer.workspace_buffer());
     *shared = layer.workspace_buffer();
   } else {
     workspaces_.push_back(layer.workspace_buffer());
@@ -57,9 +54,7 @@ void Model::share_workspace_with(MoeLayer& layer) {
 size_t Model::workspace_bytes() const {
   std::set<const DeviceBuffer*> seen;
   size_t bytes = 0;
-  for (int i = 0; i < num_layers(); ++i) {
-    const MoeLayer* layer = moe_layer(i);
-    if (layer == nullptr) continue;
+  for (const std::shared_ptr<RoutedLayer>& layer : layers_) {
     const DeviceBuffer* b = layer->workspace_buffer().get();
     if (seen.insert(b).second) bytes += b->bytes();
   }

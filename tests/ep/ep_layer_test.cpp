@@ -341,6 +341,11 @@ TEST(EpCapture, BindOnEpLayersCapturesWhatOneRankCaptures) {
     MOEKIT_ASSIGN_OR_RETURN(CaptureSet mine, cap->snapshot());
     const RequestCapture& got = mine.requests.at(0);
     std::string& why = problems[r];
+    // The model's EP layers run one at a time: one experts workspace for all of them.
+    if (model.workspace_bytes() != model.layer(0).workspace_bytes() ||
+        model.layer(0).workspace_buffer() != model.layer(kLayers - 1).workspace_buffer()) {
+      why += "workspace not shared; ";
+    }
     if (got.num_tokens() != e - b) why += "token count; ";
     if (std::memcmp(got.ids.data<int16_t>(), all.ids.data<int16_t>() + b * row, (e - b) * row * sizeof(int16_t)) != 0) {
       why += "ids; ";
