@@ -62,12 +62,32 @@ inline constexpr Activation kAllActivations[] = {Activation::kSiluGated, Activat
 const char* activation_name(Activation a);
 std::optional<Activation> parse_activation(std::string_view name);
 
+// Where an activation's inputs sit in a row of GEMM1's output (w13's rows):
+// every kernel lays out and reads w13 by this, so a new activation with an
+// existing layout adds only its function (CPU activations.cpp, CUDA activation.cuh).
+enum class GateUpLayout : uint8_t {
+  kSplit,        // 2I rows: gate rows [0, I), up rows [I, 2I)
+  kInterleaved,  // 2I rows: gate 2i, up 2i + 1 (gpt-oss)
+  kNotGated,     // I rows, one input each
+};
+// constexpr: kernels call it too (--expt-relaxed-constexpr).
+constexpr GateUpLayout gate_up_layout(Activation a) {
+  switch (a) {
+    case Activation::kSiluGated:
+    case Activation::kGeluGated: return GateUpLayout::kSplit;
+    case Activation::kSwigluOai: return GateUpLayout::kInterleaved;
+    case Activation::kRelu2: return GateUpLayout::kNotGated;
+  }
+  return GateUpLayout::kSplit;
+}
+
 struct ActivationConfig {
   Activation kind = Activation::kSiluGated;
   float swiglu_limit = 7.0f;    // kSwigluOai: gate clamped to (-inf, limit], up to [-limit, limit]
   float swiglu_alpha = 1.702f;  // kSwigluOai: gate * sigmoid(alpha * gate)
 
-  bool gated() const { return kind != Activation::kRelu2; }
+  GateUpLayout layout() const { return gate_up_layout(kind); }
+  bool gated() const { return layout() != GateUpLayout::kNotGated; }
   std::string to_string() const;
 };
 

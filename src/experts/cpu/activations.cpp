@@ -38,13 +38,7 @@ void relu2_row(float* h, int64_t n) {
 }  // namespace
 
 int64_t gemm1_width(Activation kind, int64_t intermediate) {
-  switch (kind) {
-    case Activation::kSiluGated:
-    case Activation::kGeluGated:
-    case Activation::kSwigluOai: return 2 * intermediate;
-    case Activation::kRelu2: return intermediate;
-  }
-  return 2 * intermediate;
+  return gate_up_layout(kind) == GateUpLayout::kNotGated ? intermediate : 2 * intermediate;
 }
 
 void apply_activation(const ActivationConfig& cfg, float* h, int64_t rows, int64_t intermediate) {

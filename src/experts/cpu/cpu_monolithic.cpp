@@ -23,17 +23,8 @@ struct CpuMonolithic::Scratch {
 Support CpuMonolithic::supports(const MoeConfig& config, const Platform& platform) {
   Support s = supports_common(config, platform);
   if (!s.ok) return s;
-  switch (config.routing.method) {
-    case RoutingMethod::kSoftmaxTopk:
-    case RoutingMethod::kRenormalize:
-    case RoutingMethod::kRenormalizeNaive:
-    case RoutingMethod::kTopk:
-    case RoutingMethod::kSigmoid:
-    case RoutingMethod::kSigmoidRenorm:
-    case RoutingMethod::kLlama4:
-    case RoutingMethod::kDeepseekV3: break;
-    case RoutingMethod::kCustom: return Support::no("custom routing needs a modular kernel");
-  }
+  // Routing: every built-in method (route_cpu's switch is exhaustive); custom has no router.
+  if (config.routing.method == RoutingMethod::kCustom) return Support::no("custom routing needs a modular kernel");
   if (config.logits_dtype != DType::kF32 && config.logits_dtype != DType::kBF16) {
     return Support::no(std::string("router logits dtype ") + dtype_name(config.logits_dtype) +
                        " not supported (f32 or bf16)");

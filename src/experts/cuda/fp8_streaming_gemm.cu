@@ -436,7 +436,7 @@ Status fp8_streaming_gemm(const Fp8StreamGemm& g, Fp8StreamVariant v, cudaStream
   p.block_scales = g.method == QuantMethod::kFp8Block128;
   p.activation = g.activation;
   p.gated = gated;
-  p.interleaved = gated && g.act.kind == Activation::kSwigluOai;
+  p.interleaved = gate_up_layout(g.act.kind) == GateUpLayout::kInterleaved;
   p.act = ActivationParams{g.act.kind, g.act.swiglu_limit, g.act.swiglu_alpha};
   const int max_groups = static_cast<int>(std::min<int64_t>(g.num_groups, g.max_rows));
   const cudaError_t e = with_traits(v, [&](auto t) {

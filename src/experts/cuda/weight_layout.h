@@ -29,14 +29,10 @@ MOEKIT_HOST_DEVICE inline int64_t w13_source_row(Activation kind, int64_t interm
   const int64_t within = row % (2 * kGateUpBlock);
   const int64_t col = block * kGateUpBlock + within % kGateUpBlock;  // intermediate column
   const bool up = within >= kGateUpBlock;
-  switch (kind) {
-    case Activation::kSiluGated:
-    case Activation::kGeluGated:
-      return up ? intermediate + col : col;  // [gate rows; up rows]
-    case Activation::kSwigluOai:
-      return up ? 2 * col + 1 : 2 * col;  // gpt-oss: gate 2i, up 2i+1
-    case Activation::kRelu2:
-      return row;  // not gated: as stored
+  switch (gate_up_layout(kind)) {
+    case GateUpLayout::kSplit: return up ? intermediate + col : col;        // [gate rows; up rows]
+    case GateUpLayout::kInterleaved: return up ? 2 * col + 1 : 2 * col;    // gpt-oss: gate 2i, up 2i+1
+    case GateUpLayout::kNotGated: return row;                               // as stored
   }
   return row;
 }
