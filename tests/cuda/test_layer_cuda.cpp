@@ -393,18 +393,10 @@ TEST(CudaLayer, CustomRoutingCountsAndCapturesTheCallersIds) {
   LayerCase c{37, 16, 4, Activation::kSiluGated, RoutingMethod::kCustom, 128, 64, DType::kF32};
   const LayerData d = draw(c, testing::seed_from({79}));
   std::mt19937_64 rng(testing::seed_from({80}));
-  HostTensor ids(DType::kI32, {c.M, c.k}), w(DType::kF32, {c.M, c.k});
-  std::vector<int32_t> expected(c.E, 0);
-  for (int64_t t = 0; t < c.M; ++t) {
-    std::vector<int32_t> perm(c.E);
-    for (int32_t e = 0; e < c.E; ++e) perm[e] = e;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int j = 0; j < c.k; ++j) {
-      ids.data<int32_t>()[t * c.k + j] = perm[j];
-      w.data<float>()[t * c.k + j] = 0.125f * static_cast<float>(j + 1);
-      ++expected[perm[j]];
-    }
-  }
+  std::vector<int32_t> expected;
+  const HostTensor ids = testing::random_distinct_ids(rng, c.M, c.E, c.k, &expected);
+  HostTensor w(DType::kF32, {c.M, c.k});
+  for (int64_t i = 0; i < c.M * c.k; ++i) w.data<float>()[i] = 0.125f * static_cast<float>(i % c.k + 1);
   MoeConfig cfg = c.config();
   cfg.needs_capture = false;  // the oracle's capture rule concerns monolithic classes only
   cfg.needs_replay = false;

@@ -141,18 +141,10 @@ TEST(MoeLayerCustomRouting, CountsAndCapturesTheCallersIds) {
   auto layer = MoeLayer::create(c, in.weights(), Device::cpu(), Platform::cpu_only());
   ASSERT_TRUE(layer.ok()) << layer.status().to_string();
   std::mt19937_64 rng(testing::seed_from({6}));
-  HostTensor ids(DType::kI32, {kM, kK}), weights(DType::kF32, {kM, kK});
-  std::vector<int32_t> expected(kE, 0);
-  for (int64_t t = 0; t < kM; ++t) {
-    std::vector<int32_t> perm(kE);
-    for (int32_t e = 0; e < kE; ++e) perm[e] = e;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int j = 0; j < kK; ++j) {
-      ids.data<int32_t>()[t * kK + j] = perm[j];
-      weights.data<float>()[t * kK + j] = 0.25f;
-      ++expected[perm[j]];
-    }
-  }
+  std::vector<int32_t> expected;
+  const HostTensor ids = testing::random_distinct_ids(rng, kM, kE, kK, &expected);
+  HostTensor weights(DType::kF32, {kM, kK});
+  std::fill_n(weights.data<float>(), kM * kK, 0.25f);
   HostTensor out(DType::kBF16, {kM, kH}), counts(DType::kI32, {kE}), captured(DType::kI16, {8, kK}),
       captured_weights(DType::kF32, {8, kK});
   testing::poison(counts);

@@ -91,6 +91,21 @@ double rel_l2_error(const std::vector<double>& out, const std::vector<double>& r
   return std::sqrt(num / den);
 }
 
+HostTensor random_distinct_ids(std::mt19937_64& rng, int64_t M, int64_t E, int k, std::vector<int32_t>* counts) {
+  HostTensor ids(DType::kI32, {M, k});
+  if (counts != nullptr) counts->assign(static_cast<size_t>(E), 0);
+  std::vector<int32_t> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < M; ++t) {
+    for (int32_t e = 0; e < E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int j = 0; j < k; ++j) {
+      ids.data<int32_t>()[t * k + j] = perm[j];
+      if (counts != nullptr) ++(*counts)[perm[j]];
+    }
+  }
+  return ids;
+}
+
 void poison(HostTensor& t) {
   switch (t.dtype()) {
     case DType::kF32: std::fill_n(t.data<float>(), t.numel(), std::numeric_limits<float>::quiet_NaN()); return;

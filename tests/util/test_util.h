@@ -36,4 +36,9 @@ double rel_l2_error(const std::vector<double>& out, const std::vector<double>& r
 // unwritten element fails the check.
 void poison(HostTensor& t);
 
+// Caller routing: ids [M, k] i32, each row k distinct experts of [0, E) drawn
+// uniformly; `counts` (optional) gets the tokens routed to each expert.
+HostTensor random_distinct_ids(std::mt19937_64& rng, int64_t M, int64_t E, int k,
+                               std::vector<int32_t>* counts = nullptr);
+
 }  // namespace moekit::testing
