@@ -1,5 +1,7 @@
 #include "cli_util.h"
 
+#include "moekit/oracle.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -109,20 +111,7 @@ StatusOr<RoutingConfig> routing_config_from(const RoutingFlags& flags, int64_t n
 }
 
 void print_gemm_plan(const MoeKernel& kernel, int64_t max_tokens) {
-  std::printf("gemm plan (%s):\n", kernel.name());
-  std::vector<std::pair<int64_t, std::string>> plans;  // (M, plan), M increasing
-  for (const int64_t m : {int64_t{1}, int64_t{16}, int64_t{256}, int64_t{4096}, max_tokens}) {
-    const int64_t rows = std::min(m, max_tokens);
-    if (plans.empty() || rows > plans.back().first) plans.emplace_back(rows, kernel.gemm_plan(rows));
-  }
-  for (size_t i = 0; i < plans.size();) {  // equal plans of consecutive M on one line
-    size_t j = i;
-    while (j + 1 < plans.size() && plans[j + 1].second == plans[i].second) ++j;
-    const std::string ms = j == i ? std::to_string(plans[i].first)
-                                  : std::to_string(plans[i].first) + ".." + std::to_string(plans[j].first);
-    std::printf("  M=%-11s %s\n", ms.c_str(), plans[i].second.c_str());
-    i = j + 1;
-  }
+  std::printf("%s", format_gemm_plan(kernel, max_tokens).c_str());
 }
 
 }  // namespace moekit::tools

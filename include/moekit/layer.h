@@ -114,6 +114,9 @@ class MoeLayer : public RoutedLayer {
   const std::string& backend() const { return backend_; }
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
+  // Printable: the oracle's report (every candidate and its reason, what was
+  // resolved), then the GEMM paths the kernel takes and why (format_gemm_plan).
+  std::string report_string() const;
   Device device() const override;
   size_t workspace_bytes() const override;
   const std::shared_ptr<DeviceBuffer>& workspace_buffer() const override;

@@ -150,6 +150,12 @@ class MoeLayer:
     def workspace_bytes(self) -> int:
         return self._layer.workspace_bytes
 
+    @property
+    def report(self) -> str:
+        """Printable: every candidate the oracle considered and why, what it resolved, and the GEMM paths the
+        kernel takes at several M and why."""
+        return self._layer.report
+
     def gemm_plan(self, num_tokens: int) -> str:
         """The GEMM paths a forward of num_tokens tokens takes, and why (MoeConfig(kernel=...) forces them)."""
         return self._layer.gemm_plan(int(num_tokens))

@@ -131,6 +131,7 @@ void bind_layer(nb::module_& m) {
       .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); })
       .def_prop_ro("workspace_bytes", &MoeLayer::workspace_bytes)
       .def_prop_ro("selection_report", [](const MoeLayer& l) { return report_list(l.selection_report()); })
+      .def_prop_ro("report", &MoeLayer::report_string)
       .def("gemm_plan", [](const MoeLayer& l, int64_t num_tokens) { return l.kernel().gemm_plan(num_tokens); },
            nb::arg("num_tokens"), "The GEMM paths a forward of num_tokens tokens takes, and why.")
       .def("forward", &forward, nb::arg("hidden"), nb::arg("router_logits").none(), nb::arg("out"),

@@ -114,6 +114,12 @@ Status MoeLayer::use_workspace(std::shared_ptr<DeviceBuffer> buffer) {
 
 bool MoeLayer::has_run() const { return pipeline_->has_run(); }
 
+std::string MoeLayer::report_string() const {
+  std::string s = report_.empty() ? std::string()
+                                  : format_report(report_) + "resolved: " + backend_ + " / " + kernel().name() + "\n";
+  return s + format_gemm_plan(kernel(), config_.max_num_tokens);
+}
+
 std::string MoeLayer::producer() const {
   return backend_.empty() ? std::string(kernel().name()) : backend_ + "/" + kernel().name();
 }

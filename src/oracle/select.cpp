@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "moekit/oracle.h"
 
@@ -50,6 +53,25 @@ std::string format_report(const std::vector<CandidateReport>& report) {
       os << "rejected: " << c.reason;
     }
     os << "\n";
+  }
+  return os.str();
+}
+
+std::string format_gemm_plan(const MoeKernel& kernel, int64_t max_tokens) {
+  std::vector<std::pair<int64_t, std::string>> plans;  // (M, plan), M increasing
+  for (const int64_t m : {int64_t{1}, int64_t{16}, int64_t{256}, int64_t{4096}, max_tokens}) {
+    const int64_t rows = std::min(m, max_tokens);
+    if (plans.empty() || rows > plans.back().first) plans.emplace_back(rows, kernel.gemm_plan(rows));
+  }
+  std::ostringstream os;
+  os << "gemm plan (" << kernel.name() << "):\n";
+  for (size_t i = 0; i < plans.size();) {
+    size_t j = i;
+    while (j + 1 < plans.size() && plans[j + 1].second == plans[i].second) ++j;
+    const std::string ms = j == i ? std::to_string(plans[i].first)
+                                  : std::to_string(plans[i].first) + ".." + std::to_string(plans[j].first);
+    os << "  M=" << ms << std::string(ms.size() < 11 ? 11 - ms.size() : 0, ' ') << " " << plans[i].second << "\n";
+    i = j + 1;
   }
   return os.str();
 }

@@ -116,6 +116,19 @@ TEST(MoeLayerIdsOut, PerForwardTargetAndBoundCaptureTargetGetTheSameRows) {
   EXPECT_EQ(model.moe_layer(0), layer.get());
 }
 
+// The layer's report: the oracle's walk, what it resolved, and the GEMM plan.
+TEST(MoeLayerReport, NamesEveryCandidateTheChoiceAndTheGemmPlan) {
+  Inputs in(testing::seed_from({7}));
+  auto layer = MoeLayer::create(config(), in.weights(), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  const std::string r = (*layer)->report_string();
+  for (const std::string& part : {std::string("CpuMonolithic"), std::string("CpuModular"),
+                                  "resolved: cpu / " + std::string((*layer)->kernel().name()),
+                                  "gemm plan (" + std::string((*layer)->kernel().name()) + "):", std::string("  M=1")}) {
+    EXPECT_NE(r.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r;
+  }
+}
+
 TEST(MoeLayerIdsOut, TooFewRowsIsRejected) {
   Inputs in(testing::seed_from({4}));
   auto layer = MoeLayer::create(config(), in.weights(), Device::cpu(), Platform::cpu_only());
