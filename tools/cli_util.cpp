@@ -1,13 +1,12 @@
 #include "cli_util.h"
 
-#include "moekit/oracle.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <limits>
 
 #include "flag_checks.h"
+#include "moekit/oracle.h"
 
 namespace moekit::tools {
 
