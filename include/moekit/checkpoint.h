@@ -86,6 +86,9 @@ StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int 
 // The same from a model's config.json text and its tensors in one safetensors
 // image in memory (e.g. a live transformers block serialized, with
 // "model.layers.<layer>." names): the reader of model folders, without files.
+// An image made by SafetensorsFile::parse_borrowed is read in place where its
+// layout is moekit's: the expert weights of the result are then views of the
+// caller's bytes (HostTensor::borrowed), which must outlive them.
 StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
                                                           int layer);
 

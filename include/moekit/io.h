@@ -56,6 +56,18 @@ StatusOr<std::vector<uint8_t>> encode_npy(const TensorView& t, const NpyWriteOpt
 
 // ---------------------------------------------------------------- safetensors
 
+struct NamedTensor {
+  std::string name;
+  TensorView tensor;  // contiguous, host
+  // Optional: the safetensors dtype to write the bytes under instead of the
+  // view's ("U16" for i16 bits that are unsigned in the file); same element size.
+  std::string stored_dtype;
+  // Optional, with stored_dtype: the tensor's shape in the file, for bytes of a
+  // dtype moekit does not load (I64, F64, ...): `tensor` is then a u8 view of
+  // exactly element size x numel(stored_shape) bytes.
+  std::optional<std::vector<int64_t>> stored_shape;
+};
+
 // One tensor entry of a safetensors header, validated against the file.
 struct SafetensorsEntry {
   std::string name;
@@ -78,12 +90,21 @@ class SafetensorsFile {
   // The same without the copy: `bytes` must stay alive and unchanged as long
   // as the returned object (a caller's image of tensors it holds).
   static StatusOr<SafetensorsFile> parse_borrowed(const void* bytes, size_t size, std::string_view name);
+  // Tensors the caller holds in memory, read as a borrowed image of them
+  // without one (no copy, no header): each a contiguous host view that must
+  // stay alive and unchanged as long as the returned object. An entry's dtype
+  // and shape are the view's, or its stored_dtype/stored_shape (bytes of a
+  // dtype moekit does not load). Names must be unique and non-empty.
+  static StatusOr<SafetensorsFile> of_views(const std::vector<NamedTensor>& tensors, std::string_view name);
 
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
   ~SafetensorsFile();
 
   const std::string& path() const { return path_; }
+  // Made by parse_borrowed: the caller's bytes, which outlive this object by
+  // contract, so its tensors may be used in place (TensorFiles::read_in_place).
+  bool borrowed() const { return borrowed_; }
   // The "__metadata__" string map (empty when the file has none).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Entries in data-offset order.
@@ -116,6 +137,7 @@ class SafetensorsFile {
   StatusOr<const SafetensorsEntry*> loadable(std::string_view name) const;
 
   std::string path_;
+  bool borrowed_ = false;
   std::unique_ptr<Mapping> mapping_;
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, std::string> metadata_;
@@ -123,17 +145,6 @@ class SafetensorsFile {
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in entries_ (find() in O(log n))
 };
 
-struct NamedTensor {
-  std::string name;
-  TensorView tensor;  // contiguous, host
-  // Optional: the safetensors dtype to write the bytes under instead of the
-  // view's ("U16" for i16 bits that are unsigned in the file); same element size.
-  std::string stored_dtype;
-  // Optional, with stored_dtype: the tensor's shape in the file, for bytes of a
-  // dtype moekit does not load (I64, F64, ...): `tensor` is then a u8 view of
-  // exactly element size x numel(stored_shape) bytes.
-  std::optional<std::vector<int64_t>> stored_shape;
-};
 
 // Writes tensors (f32, f16, bf16, f8_e4m3, i32, i16, u8) in the given order,
 // with an optional "__metadata__" map. Names must be unique, non-empty and not

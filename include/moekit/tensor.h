@@ -64,12 +64,21 @@ struct TensorView {
 Status check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
                     std::initializer_list<int64_t> shape, Device device);
 
-// Owning, contiguous host tensor (64-byte aligned storage).
+// Owning, contiguous host tensor (64-byte aligned storage), or, made by
+// borrowed(), a view of memory it does not own.
 class HostTensor {
  public:
   HostTensor() = default;
   HostTensor(DType dtype, std::vector<int64_t> shape);
+  // Over `data` without a copy: the caller keeps it alive and unchanged as long
+  // as this tensor and the tensors moved from it. A copy owns its data.
+  static HostTensor borrowed(DType dtype, std::vector<int64_t> shape, void* data);
+  HostTensor(const HostTensor& other);
+  HostTensor& operator=(const HostTensor& other);
+  HostTensor(HostTensor&&) noexcept = default;
+  HostTensor& operator=(HostTensor&&) noexcept = default;
 
+  bool owns_data() const { return external_ == nullptr; }
   TensorView view() const;
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -77,11 +86,11 @@ class HostTensor {
   size_t nbytes() const { return numel() * dtype_size(dtype_); }
   template <typename T>
   T* data() {
-    return reinterpret_cast<T*>(storage_.data());
+    return reinterpret_cast<T*>(external_ != nullptr ? external_ : storage_.data());
   }
   template <typename T>
   const T* data() const {
-    return reinterpret_cast<const T*>(storage_.data());
+    return reinterpret_cast<const T*>(external_ != nullptr ? external_ : storage_.data());
   }
 
  private:
@@ -91,6 +100,7 @@ class HostTensor {
   DType dtype_ = DType::kF32;
   std::vector<int64_t> shape_;
   std::vector<Block> storage_;
+  void* external_ = nullptr;  // borrowed(): the data, not owned
 };
 
 }  // namespace moekit

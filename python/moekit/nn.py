@@ -53,32 +53,17 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
                        torch.int32: "I32", torch.int64: "I64", torch.float64: "F64"}
 
 
-def _safetensors_image(tensors: Dict[str, torch.Tensor]) -> torch.Tensor:
-    """The tensors as one safetensors image (a 1-D uint8 CPU tensor), each copied once
-    by torch (threaded) into place: what the loader reads in place, without the
-    serialization of safetensors.torch.save and the copy of bytes."""
-    header, offset = {}, 0
-    # Widest elements first: every offset is then a multiple of its element size
-    # (the data section starts 8-byte aligned), so each slot can be viewed in its dtype.
-    tensors = dict(sorted(tensors.items(), key=lambda kv: -kv[1].element_size()))
+def _tensor_views(tensors: Dict[str, torch.Tensor]) -> list:
+    """The tensors as the loader reads them in place: (name, safetensors dtype, shape,
+    the bytes as a 1-D uint8 CPU tensor), with no copy of a contiguous CPU tensor
+    (a device tensor or a strided one is copied once)."""
+    views = []
     for name, t in tensors.items():
         if t.dtype not in _SAFETENSORS_DTYPES:
             raise ValueError(f"{name}: dtype {t.dtype} has no safetensors name moekit reads")
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
-    image = torch.empty(8 + len(text) + offset, dtype=torch.uint8)
-    image[:8] = torch.frombuffer(bytearray(len(text).to_bytes(8, "little")), dtype=torch.uint8)
-    image[8:8 + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    data = image[8 + len(text):]
-    for name, t in tensors.items():
-        begin, end = header[name]["data_offsets"]
-        if end > begin:
-            data[begin:end].view(t.dtype).view(t.shape).copy_(t)  # any device, any strides
-    return image
+        c = t.detach().to("cpu").contiguous()
+        views.append((name, _SAFETENSORS_DTYPES[t.dtype], list(t.shape), c.reshape(-1).view(torch.uint8)))
+    return views
 
 
 class MoE(torch.nn.Module):
@@ -132,7 +117,7 @@ class MoE(torch.nn.Module):
         config = {k: v for k, v in self.model_config.to_dict().items() if v is not None or k != "quantization_config"}
         device = next(iter(self._weights())).device
         loaded = _moekit.load_checkpoint_layer_in_memory(
-            json.dumps(config, default=str), _safetensors_image(tensors), self.layer_index,
+            json.dumps(config, default=str), _tensor_views(tensors), self.layer_index,
             self.options["max_num_tokens"],
             device.type, device.index or 0, self.options["backend"], self.options["batch_invariant"],
             self.options["capture"])

@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <functional>
@@ -76,11 +77,34 @@ nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle ma
   return layer_of([&] { return load_checkpoint_layer(model_dir, layer); }, o, device_type, device_index);
 }
 
-// A live model's layer: config.json's text and the block's tensors as a
-// safetensors image (names "model.layers.<layer>.mlp.*"): bytes, or a 1-D
-// uint8 CPU tensor/array, read in place (the loader copies what it keeps
-// before this returns).
+// A live model's layer: config.json's text and the block's tensors (names
+// "model.layers.<layer>.mlp.*") as a safetensors image (bytes, or a 1-D uint8
+// CPU tensor/array), or as a list of (name, safetensors dtype, shape, its bytes
+// as a 1-D uint8 CPU tensor), read in place either way: the loader's expert
+// weights view them until the layer's kernel has prepared its own copy, before
+// this returns.
 using ImageArray = nb::ndarray<const uint8_t, nb::ndim<1>, nb::device::cpu, nb::c_contig>;
+
+// The list form as views (the arrays are kept alive by the caller's list).
+std::vector<io::NamedTensor> named_views(const nb::list& tensors) {
+  std::vector<io::NamedTensor> out;
+  for (nb::handle item : tensors) {
+    nb::tuple t;
+    ImageArray bytes;
+    if (!nb::try_cast(item, t) || t.size() != 4 || !nb::try_cast(t[3], bytes)) {
+      throw nb::type_error("tensors: each entry is (name, safetensors dtype, shape, a 1-D uint8 CPU tensor of "
+                           "its bytes)");
+    }
+    io::NamedTensor nt;
+    nt.name = nb::cast<std::string>(t[0]);
+    nt.stored_dtype = nb::cast<std::string>(t[1]);
+    nt.stored_shape = nb::cast<std::vector<int64_t>>(t[2]);
+    nt.tensor = TensorView::contiguous(const_cast<uint8_t*>(bytes.data()), DType::kU8,
+                                       {static_cast<int64_t>(bytes.size())});
+    out.push_back(std::move(nt));
+  }
+  return out;
+}
 nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb::handle layer_arg,
                          nb::handle max_num_tokens_arg, const std::string& device_type, int device_index,
                          const std::string& backend, bool batch_invariant, bool capture) {
@@ -89,6 +113,13 @@ nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb:
   const void* data = nullptr;
   size_t size = 0;
   ImageArray image;
+  if (nb::isinstance<nb::list>(tensors)) {
+    StatusOr<io::SafetensorsFile> views =
+        io::SafetensorsFile::of_views(named_views(nb::borrow<nb::list>(tensors)), "block tensors");
+    throw_if_error(views.status());
+    return layer_of([&] { return load_checkpoint_layer_in_memory(config_json, std::move(*views), layer); }, o,
+                    device_type, device_index);
+  }
   if (nb::isinstance<nb::bytes>(tensors)) {
     const auto b = nb::borrow<nb::bytes>(tensors);
     data = b.c_str();
@@ -97,7 +128,8 @@ nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb:
     data = image.data();
     size = image.size();
   } else {
-    throw nb::type_error("tensors: a safetensors image as bytes or a 1-D contiguous uint8 CPU tensor");
+    throw nb::type_error("tensors: a safetensors image as bytes or a 1-D contiguous uint8 CPU tensor, or a list of "
+                         "(name, dtype, shape, bytes)");
   }
   StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::parse_borrowed(data, size, "block tensors");
   throw_if_error(file.status());

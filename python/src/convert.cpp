@@ -126,7 +126,8 @@ void throw_if_error(const Status& status) {
 }
 
 nb::object to_torch(HostTensor t) {
-  auto* owned = new HostTensor(std::move(t));
+  // A borrowed tensor is copied: the torch tensor must own what it points at.
+  auto* owned = t.owns_data() ? new HostTensor(std::move(t)) : new HostTensor(static_cast<const HostTensor&>(t));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
   std::vector<size_t> shape(owned->shape().begin(), owned->shape().end());
   nb::dlpack::dtype dt{};

@@ -1,7 +1,9 @@
 #include "moekit/tensor.h"
 
+#include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 namespace moekit {
 
@@ -109,6 +111,28 @@ HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype),
   storage_.resize((bytes + 63) / 64);
 }
 
+HostTensor HostTensor::borrowed(DType dtype, std::vector<int64_t> shape, void* data) {
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.external_ = data;
+  return t;
+}
+
+HostTensor::HostTensor(const HostTensor& other) : dtype_(other.dtype_), shape_(other.shape_) {
+  if (other.owns_data()) {
+    storage_ = other.storage_;
+  } else {
+    storage_.resize((nbytes() + 63) / 64);
+    std::memcpy(storage_.data(), other.external_, nbytes());
+  }
+}
+
+HostTensor& HostTensor::operator=(const HostTensor& other) {
+  if (this != &other) *this = HostTensor(other);
+  return *this;
+}
+
 int64_t HostTensor::numel() const {
   int64_t n = 1;
   for (int64_t s : shape_) n = mul_sat(n, s);
@@ -116,7 +140,7 @@ int64_t HostTensor::numel() const {
 }
 
 TensorView HostTensor::view() const {
-  return TensorView::contiguous(const_cast<Block*>(storage_.data()), dtype_, shape_, Device::cpu());
+  return TensorView::contiguous(const_cast<void*>(data<void>()), dtype_, shape_, Device::cpu());
 }
 
 }  // namespace moekit

@@ -1,7 +1,13 @@
 #include "experts/quant_weights.h"
 
+#include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <string>
+
+#include "moekit/parallel_for.h"
 
 namespace moekit {
 namespace {
@@ -27,6 +33,34 @@ Status check_scale_values(const TensorView& scale, const char* name) {
   return Status::Ok();
 }
 
+namespace {
+
+// The first i in [0, n) with bad(i), or -1; the scan is split over the
+// parallel_for pool (weights are gigabytes), the answer independent of it.
+template <typename Bad>
+int64_t first_bad_index(int64_t n, const Bad& bad) {
+  constexpr int64_t kBlock = 4096;  // scanned branch-free (vectorized), then searched only when it has one
+  std::atomic<int64_t> first{INT64_MAX};
+  parallel_for(n, int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end && b < first.load(std::memory_order_relaxed); b += kBlock) {
+      const int64_t e = std::min(end, b + kBlock);
+      bool any = false;
+      for (int64_t i = b; i < e; ++i) any |= bad(i);
+      if (!any) continue;
+      int64_t i = b;
+      while (!bad(i)) ++i;
+      int64_t seen = first.load(std::memory_order_relaxed);
+      while (i < seen && !first.compare_exchange_weak(seen, i, std::memory_order_relaxed)) {
+      }
+      return;
+    }
+  });
+  const int64_t f = first.load();
+  return f == INT64_MAX ? -1 : f;
+}
+
+}  // namespace
+
 Status check_weight_values(const TensorView& w, const char* name) {
   if (!w.defined() || w.device.type != DeviceType::kCpu) return Status::Ok();
   const int64_t n = w.numel();
@@ -35,25 +69,21 @@ Status check_weight_values(const TensorView& w, const char* name) {
   switch (w.dtype) {
     case DType::kF32: {
       const float* p = w.ptr<const float>();
-      for (int64_t i = 0; i < n && bad < 0; ++i) {
-        if (!std::isfinite(p[i])) bad = i, nan = std::isnan(p[i]);
-      }
+      bad = first_bad_index(n, [p](int64_t i) { return !std::isfinite(p[i]); });
+      if (bad >= 0) nan = std::isnan(p[bad]);
       break;
     }
     case DType::kBF16:
     case DType::kF16: {
       const uint16_t* p = w.ptr<const uint16_t>();
       const uint16_t exp = w.dtype == DType::kBF16 ? 0x7f80u : 0x7c00u;  // exponent all ones: Inf or NaN
-      for (int64_t i = 0; i < n && bad < 0; ++i) {
-        if ((p[i] & exp) == exp) bad = i, nan = (p[i] & 0x7fffu) != exp;
-      }
+      bad = first_bad_index(n, [p, exp](int64_t i) { return (p[i] & exp) == exp; });
+      if (bad >= 0) nan = (p[bad] & 0x7fffu) != exp;
       break;
     }
     case DType::kF8E4M3: {
       const uint8_t* p = w.ptr<const uint8_t>();
-      for (int64_t i = 0; i < n && bad < 0; ++i) {
-        if ((p[i] & 0x7fu) == 0x7fu) bad = i;  // e4m3fn has no Inf; S.1111.111 is NaN
-      }
+      bad = first_bad_index(n, [p](int64_t i) { return (p[i] & 0x7fu) == 0x7fu; });  // e4m3fn: S.1111.111 is NaN
       break;
     }
     default: return Status::Ok();

@@ -272,8 +272,8 @@ class BlockReader {
                              " weights (scales belong to F8_E4M3 weights)");
     }
     MOEKIT_RETURN_IF_ERROR(size_check(check_size, N));
-    MOEKIT_ASSIGN_OR_RETURN(out_->w13, files_.read(w13->name));
-    MOEKIT_ASSIGN_OR_RETURN(out_->w2, files_.read(w2->name));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w13, files_.read_in_place(w13->name));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w2, files_.read_in_place(w2->name));
     return Status::Ok();
   }
 
@@ -332,8 +332,9 @@ class BlockReader {
                    (interleaved ? " interleaved" : "") + ", down_proj" + (dn_t ? " [E, I, H]" : " [E, H, I]") + "}";
     MOEKIT_RETURN_IF_ERROR(check_fused_biases());
     MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, files_.read(gu));
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, files_.read(dn));
+    // In moekit's orientation a borrowed image's tensors are used in place.
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, gu_t ? files_.read(gu) : files_.read_in_place(gu));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, dn_t ? files_.read(dn) : files_.read_in_place(dn));
     // Rows keep their order: chunked rows are moekit's gated layout, interleaved
     // rows are swiglu_oai's (kernel.h), which is the only activation such families use.
     out_->w13 = gu_t ? transpose_last(w13) : std::move(w13);

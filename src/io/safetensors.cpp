@@ -64,6 +64,47 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// What encode_safetensors and of_views take: unique non-empty names, host
+// contiguous views, stored dtypes and shapes that fit the bytes.
+Status check_named_tensors(const std::vector<NamedTensor>& tensors) {
+  std::set<std::string_view> names;  // (a pairwise check was quadratic in the number of tensors)
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const NamedTensor& nt = tensors[i];
+    const std::string where = "safetensors: tensor '" + printable(nt.name, 80) + "': ";
+    if (nt.name.empty()) return InvalidArgument("safetensors: tensor " + std::to_string(i) + " has an empty name");
+    if (nt.name == "__metadata__") return InvalidArgument("safetensors: '__metadata__' is reserved");
+    if (!names.insert(nt.name).second) return InvalidArgument(where + "name used twice");
+    const TensorView& t = nt.tensor;
+    if (!t.defined() && t.numel() != 0) return InvalidArgument(where + "no data");
+    if (t.device.type != DeviceType::kCpu) return InvalidArgument(where + "must be on the host");
+    if (!t.is_contiguous()) return InvalidArgument(where + "must be contiguous");
+    for (int d = 0; d < t.rank; ++d) {
+      if (t.shape[d] < 0) return InvalidArgument(where + "negative dimension in " + t.shape_string());
+    }
+    if (nt.stored_shape) {
+      const auto info = safetensors::dtype_info(nt.stored_dtype);
+      if (!info) return InvalidArgument(where + "stored_shape needs a safetensors stored_dtype");
+      uint64_t need = info->element_bytes;
+      for (int64_t d : *nt.stored_shape) {
+        if (d < 0) return InvalidArgument(where + "negative dimension in stored_shape");
+        need *= static_cast<uint64_t>(d);
+      }
+      if (t.dtype != DType::kU8 || t.nbytes() != need) {
+        return InvalidArgument(where + "stored_shape " + shape_str(*nt.stored_shape) + " of " +
+                               printable(nt.stored_dtype, 20) + " needs a u8 view of " + std::to_string(need) +
+                               " bytes");
+      }
+    } else if (!nt.stored_dtype.empty()) {
+      const auto info = safetensors::dtype_info(nt.stored_dtype);
+      if (!info || info->element_bytes != dtype_size(t.dtype)) {
+        return InvalidArgument(where + "cannot store " + dtype_name(t.dtype) + " elements as " +
+                               printable(nt.stored_dtype, 20));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Parses one tensor entry of the header; `data_size` is the data section's length.
 StatusOr<SafetensorsEntry> parse_entry(const std::string& file, const std::string& name, const Json& v,
                                        uint64_t data_size) {
@@ -140,7 +181,46 @@ StatusOr<SafetensorsFile> SafetensorsFile::parse(const void* bytes, size_t size,
 StatusOr<SafetensorsFile> SafetensorsFile::parse_borrowed(const void* bytes, size_t size, std::string_view name) {
   auto m = std::make_unique<Mapping>();
   m->bytes = ByteSource::borrow(bytes, size);
-  return from_mapping(std::move(m), std::string(name));
+  MOEKIT_ASSIGN_OR_RETURN(SafetensorsFile f, from_mapping(std::move(m), std::string(name)));
+  f.borrowed_ = true;
+  return f;
+}
+
+StatusOr<SafetensorsFile> SafetensorsFile::of_views(const std::vector<NamedTensor>& tensors, std::string_view name) {
+  MOEKIT_RETURN_IF_ERROR(check_named_tensors(tensors));
+  const std::string path(name);
+  // One borrowed span from the lowest tensor to the end of the highest: every
+  // entry's offset is its distance from the lowest, so view() finds its bytes.
+  const uint8_t* lo = nullptr;
+  const uint8_t* hi = nullptr;
+  for (const NamedTensor& nt : tensors) {
+    if (nt.tensor.nbytes() == 0) continue;
+    const auto* p = static_cast<const uint8_t*>(nt.tensor.data);
+    if (lo == nullptr || p < lo) lo = p;
+    if (hi == nullptr || p + nt.tensor.nbytes() > hi) hi = p + nt.tensor.nbytes();
+  }
+  auto m = std::make_unique<Mapping>();
+  m->bytes = ByteSource::borrow(lo, lo == nullptr ? 0 : static_cast<size_t>(hi - lo));
+  SafetensorsFile f;
+  f.path_ = path;
+  f.borrowed_ = true;
+  for (const NamedTensor& nt : tensors) {
+    SafetensorsEntry e;
+    e.name = nt.name;
+    e.dtype_name = nt.stored_dtype.empty() ? safetensors::dtype_to_name(nt.tensor.dtype) : nt.stored_dtype;
+    e.dtype = safetensors::dtype_info(e.dtype_name)->dtype;
+    e.shape = nt.stored_shape ? *nt.stored_shape
+                              : std::vector<int64_t>(nt.tensor.shape.begin(), nt.tensor.shape.begin() + nt.tensor.rank);
+    e.nbytes = nt.tensor.nbytes();
+    e.offset = e.nbytes == 0 ? 0 : static_cast<uint64_t>(static_cast<const uint8_t*>(nt.tensor.data) - lo);
+    f.entries_.push_back(std::move(e));
+  }
+  std::stable_sort(f.entries_.begin(), f.entries_.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& c) { return a.offset < c.offset; });
+  for (size_t i = 0; i < f.entries_.size(); ++i) f.index_.emplace(f.entries_[i].name, i);
+  f.data_ = lo;
+  f.mapping_ = std::move(m);
+  return f;
 }
 
 StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping> mapping, std::string path) {
@@ -269,42 +349,7 @@ uint64_t SafetensorsFile::data_start() const { return static_cast<uint64_t>(data
 
 StatusOr<std::vector<uint8_t>> encode_safetensors(const std::vector<NamedTensor>& tensors,
                                                   const std::map<std::string, std::string>& metadata) {
-  // Validate everything first.
-  std::set<std::string_view> names;  // (a pairwise check was quadratic in the number of tensors)
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const NamedTensor& nt = tensors[i];
-    const std::string where = "safetensors: tensor '" + printable(nt.name, 80) + "': ";
-    if (nt.name.empty()) return InvalidArgument("safetensors: tensor " + std::to_string(i) + " has an empty name");
-    if (nt.name == "__metadata__") return InvalidArgument("safetensors: '__metadata__' is reserved");
-    if (!names.insert(nt.name).second) return InvalidArgument(where + "name used twice");
-    const TensorView& t = nt.tensor;
-    if (!t.defined() && t.numel() != 0) return InvalidArgument(where + "no data");
-    if (t.device.type != DeviceType::kCpu) return InvalidArgument(where + "must be on the host");
-    if (!t.is_contiguous()) return InvalidArgument(where + "must be contiguous");
-    for (int d = 0; d < t.rank; ++d) {
-      if (t.shape[d] < 0) return InvalidArgument(where + "negative dimension in " + t.shape_string());
-    }
-    if (nt.stored_shape) {
-      const auto info = safetensors::dtype_info(nt.stored_dtype);
-      if (!info) return InvalidArgument(where + "stored_shape needs a safetensors stored_dtype");
-      uint64_t need = info->element_bytes;
-      for (int64_t d : *nt.stored_shape) {
-        if (d < 0) return InvalidArgument(where + "negative dimension in stored_shape");
-        need *= static_cast<uint64_t>(d);
-      }
-      if (t.dtype != DType::kU8 || t.nbytes() != need) {
-        return InvalidArgument(where + "stored_shape " + shape_str(*nt.stored_shape) + " of " +
-                               printable(nt.stored_dtype, 20) + " needs a u8 view of " + std::to_string(need) +
-                               " bytes");
-      }
-    } else if (!nt.stored_dtype.empty()) {
-      const auto info = safetensors::dtype_info(nt.stored_dtype);
-      if (!info || info->element_bytes != dtype_size(t.dtype)) {
-        return InvalidArgument(where + "cannot store " + dtype_name(t.dtype) + " elements as " +
-                               printable(nt.stored_dtype, 20));
-      }
-    }
-  }
+  MOEKIT_RETURN_IF_ERROR(check_named_tensors(tensors));
   // Wider elements first, so every tensor stays aligned to its element size
   // (the data section starts 8-aligned); ties keep the caller's order.
   std::vector<size_t> order(tensors.size());

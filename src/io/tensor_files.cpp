@@ -84,6 +84,16 @@ StatusOr<HostTensor> TensorFiles::read(const std::string& name) {
   return f->read(name);
 }
 
+StatusOr<HostTensor> TensorFiles::read_in_place(const std::string& name) {
+  MOEKIT_ASSIGN_OR_RETURN(SafetensorsFile * f, file_of(name));
+  if (f->borrowed()) {
+    if (StatusOr<TensorView> v = f->view(name); v.ok()) {
+      return HostTensor::borrowed(v->dtype, std::vector<int64_t>(v->shape.begin(), v->shape.begin() + v->rank), v->data);
+    }
+  }
+  return f->read(name);
+}
+
 std::vector<std::string> TensorFiles::files_used() const {
   std::vector<std::string> out;
   for (const auto& [file, mapping] : open_) out.push_back(single_ ? mapping.path() : file);

@@ -31,6 +31,10 @@ class TensorFiles {
   // The same, or nullptr when no file holds `name`.
   StatusOr<const SafetensorsEntry*> find(const std::string& name);
   StatusOr<HostTensor> read(const std::string& name);
+  // The same without a copy when the file is a borrowed image
+  // (SafetensorsFile::borrowed) and the tensor is aligned: a HostTensor::borrowed
+  // over the caller's bytes, which must then outlive it. Else read().
+  StatusOr<HostTensor> read_in_place(const std::string& name);
   // The files read so far (shard names in a folder, the path of a single file).
   std::vector<std::string> files_used() const;
   // For messages: the folder or the file.

@@ -131,6 +131,51 @@ TEST_F(IoHardening, SafetensorsParseBorrowedChecksAlikeAndReadsInPlace) {
   EXPECT_EQ(r->data<float>()[1], -2.0f);
 }
 
+// of_views: tensors the caller holds, read as a borrowed image without one.
+// Views point at the caller's tensors, read() copies them, dtypes moekit does
+// not load keep their stored name and shape, and bad input is refused by name.
+TEST_F(IoHardening, SafetensorsOfViewsReadsTheCallersTensorsInPlace) {
+  const uint16_t bf16[3] = {0x3f80, 0xc000, 0x0000};
+  const float f32[2] = {0.25f, -8.0f};
+  const int64_t i64[2] = {7, -1};
+  std::vector<io::NamedTensor> ts = {
+      {"b", TensorView::contiguous(const_cast<uint16_t*>(bf16), DType::kBF16, {3}), "", {}},
+      {"f", TensorView::contiguous(const_cast<float*>(f32), DType::kF32, {1, 2}), "", {}},
+      {"i", TensorView::contiguous(const_cast<int64_t*>(i64), DType::kU8, {16}), "I64", std::vector<int64_t>{2}},
+      {"e", TensorView::contiguous(nullptr, DType::kF32, {0, 4}), "", {}}};
+  auto f = io::SafetensorsFile::of_views(ts, "block");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_TRUE(f->borrowed());
+  auto vb = f->view("b");
+  auto vf = f->view("f");
+  ASSERT_TRUE(vb.ok() && vf.ok());
+  EXPECT_EQ(vb->data, static_cast<const void*>(bf16));
+  EXPECT_EQ(vf->data, static_cast<const void*>(f32));
+  EXPECT_EQ(vf->shape_string(), "[1, 2]");
+  auto rf = f->read("f");
+  ASSERT_TRUE(rf.ok());
+  EXPECT_EQ(rf->data<float>()[1], -8.0f);
+  const io::SafetensorsEntry* ei = f->find("i");
+  ASSERT_NE(ei, nullptr);
+  EXPECT_EQ(ei->dtype_name, "I64");
+  EXPECT_EQ(ei->shape, std::vector<int64_t>{2});
+  EXPECT_FALSE(ei->dtype.has_value());
+  auto bytes = f->bytes("i");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(static_cast<const void*>(*bytes), static_cast<const void*>(i64));
+  ASSERT_NE(f->find("e"), nullptr);
+  EXPECT_EQ(f->find("e")->nbytes, 0u);
+
+  std::vector<io::NamedTensor> twice = {ts[0], ts[0]};
+  auto dup = io::SafetensorsFile::of_views(twice, "block");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("name used twice"), std::string::npos) << dup.status().to_string();
+  std::vector<io::NamedTensor> odd = {{"i", ts[2].tensor, "I65", std::vector<int64_t>{2}}};
+  auto bad = io::SafetensorsFile::of_views(odd, "block");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("stored_dtype"), std::string::npos) << bad.status().to_string();
+}
+
 // ------------------------------------------------------------ empty input (defect 9)
 
 TEST(NpyEmpty, NullAndZeroBytesIsDataLossWithoutTouchingThePointer) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "moekit/parallel_for.h"
 
@@ -28,14 +29,15 @@ void PackedBf16Weights::assign(const TensorView& src) {
   n_ = src.dim(1);
   k_ = src.dim(2);
   panels_ = (n_ + L::kPanelCols - 1) / L::kPanelCols;
-  data_.assign(static_cast<size_t>(num_experts_ * panels_ * k_), Line{});  // zero pads
+  data_.reset(new Line[static_cast<size_t>(num_experts_ * panels_ * k_)]);  // default-initialized: written below
   const uint16_t* w = src.ptr<const uint16_t>();
-  // One (expert, panel) per item: each writes its own panel.
+  // One (expert, panel) per item: each writes its own panel, pads as zeros.
   parallel_for(num_experts_ * panels_, 4, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t e = item / panels_, p = item % panels_;
       Line* dst = &data_[static_cast<size_t>(item * k_)];  // [K] lines
       const int64_t n0 = p * L::kPanelCols, cols = std::min(L::kPanelCols, n_ - n0);
+      if (cols < L::kPanelCols) std::memset(static_cast<void*>(dst), 0, static_cast<size_t>(k_) * sizeof(Line));
       for (int64_t j = 0; j < cols; ++j) {
         const uint16_t* row = w + (e * n_ + n0 + j) * k_;  // W_e[n0 + j, :]
         // Lane j % 16: column j in the high half (element 2j + 1), column

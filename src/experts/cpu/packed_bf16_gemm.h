@@ -10,7 +10,7 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "experts/cpu/packed_bf16_gemm_avx512.h"
 #include "moekit/tensor.h"
@@ -25,7 +25,7 @@ class PackedBf16Weights {
  public:
   // src: bf16 [E, N, K] host tensor, contiguous.
   void assign(const TensorView& src);
-  bool empty() const { return data_.empty(); }
+  bool empty() const { return data_ == nullptr; }
   int64_t num_experts() const { return num_experts_; }
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
@@ -38,7 +38,9 @@ class PackedBf16Weights {
     uint16_t v[PackedBf16Layout::kPanelCols];
   };
   int64_t num_experts_ = 0, n_ = 0, k_ = 0, panels_ = 0;
-  std::vector<Line> data_;  // [E, panels, K] lines of kPanelCols bf16; zero beyond N
+  // [E, panels, K] lines of kPanelCols bf16; zero beyond N. Not value-initialized:
+  // assign() writes every line in parallel (one pass, its page faults spread over the threads).
+  std::unique_ptr<Line[]> data_;
 };
 
 // The grouped expert GEMM: for every expert e and every row r in
