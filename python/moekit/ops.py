@@ -53,3 +53,40 @@ def moe_forward(layer: int, hidden: torch.Tensor, router_logits: Optional[torch.
 def _moe_forward_fake(layer, hidden, router_logits, out, routing_replay_out, forced_ids, topk_ids,
                       topk_weights) -> None:
     return None
+
+
+# ---- torch.ops.moekit.replay_weights: the routing weights of forced ids (moekit.torch.replay_routing).
+# Configs are passed by handle, like layers; equal configs share one.
+_configs: Dict[int, "_moekit.MoeConfig"] = {}
+_config_handles: Dict[str, int] = {}
+
+
+def register_config(cfg: "_moekit.MoeConfig") -> int:
+    key = repr(cfg)
+    if key not in _config_handles:
+        handle = next(_next_handle)
+        _configs[handle] = cfg
+        _config_handles[key] = handle
+    return _config_handles[key]
+
+
+def config_of(handle: int) -> "_moekit.MoeConfig":
+    try:
+        return _configs[handle]
+    except KeyError:
+        raise ValueError(f"moekit config handle {handle} is unknown") from None
+
+
+@torch.library.custom_op("moekit::replay_weights", mutates_args=())
+def replay_weights(router_logits: torch.Tensor, forced_ids: torch.Tensor, score_bias: Optional[torch.Tensor],
+                   config: int) -> torch.Tensor:
+    """weights [M, k] float32: the routing kernel's weights of forced_ids [M, k] from router_logits."""
+    from .layer import route  # late: layer imports this module
+    forced = forced_ids.to(torch.int32).contiguous()
+    _, w = route(router_logits.detach().contiguous(), config_of(config), score_bias, forced)
+    return w
+
+
+@replay_weights.register_fake
+def _replay_weights_fake(router_logits, forced_ids, score_bias, config):
+    return router_logits.new_empty((router_logits.shape[0], forced_ids.shape[1]), dtype=torch.float32)

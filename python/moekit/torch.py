@@ -17,11 +17,13 @@ trainer that replays a rollout's experts still trains its router. float64
 logits run the spec's formulas in float64 in torch (for gradcheck; no kernel
 computes in float64). docs/r3.md, "Trainer-side replay".
 """
-from typing import Callable, Dict, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import torch
 
 from . import _moekit
+from . import ops as _ops
 from ._torch import tensor_arg
 
 def _sigmoid(v: torch.Tensor) -> torch.Tensor:
@@ -131,70 +133,104 @@ def _spec_backward(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, g: torch
     return _rule(method).backward(x, x.gather(1, ids), ids, w, g, scale, renormalize)
 
 
-class _ReplayRouting(torch.autograd.Function):
+@dataclass(frozen=True)
+class RoutingSpec:
+    """What replay_routing needs of a MoeConfig, as plain values (routing_spec(cfg)): a call given one
+    compiles with torch.compile(fullgraph=True), since it touches no native object."""
+    method: str
+    num_experts: int
+    top_k: int
+    scale: float
+    renormalize: bool
+    config: int  # the config's handle for torch.ops.moekit.replay_weights
+
+
+def routing_spec(cfg: "_moekit.MoeConfig") -> RoutingSpec:
+    """The RoutingSpec of a MoeConfig (equal configs give equal specs)."""
+    if not isinstance(cfg, _moekit.MoeConfig):
+        raise TypeError(f"cfg: expected a moekit.MoeConfig, got {type(cfg).__module__}.{type(cfg).__qualname__}")
+    return RoutingSpec(cfg.routing, int(cfg.num_experts), int(cfg.top_k), float(cfg.routed_scaling_factor),
+                       bool(cfg.renormalize), _ops.register_config(cfg))
+
+
+def _setup_replay_weights(ctx, inputs, output):
+    logits, ids, _, handle = inputs
+    cfg = _ops.config_of(handle)
+    ctx.save_for_backward(logits, ids.long(), output)
+    ctx.method, ctx.scale, ctx.renormalize = cfg.routing, float(cfg.routed_scaling_factor), bool(cfg.renormalize)
+
+
+def _backward_replay_weights(ctx, g):
+    logits, ids, w = ctx.saved_tensors
+    grad = _spec_backward(logits.float(), ids, w, g.float(), ctx.method, ctx.scale, ctx.renormalize)
+    return grad.to(logits.dtype), None, None, None
+
+
+torch.library.register_autograd("moekit::replay_weights", _backward_replay_weights,
+                                setup_context=_setup_replay_weights)
+
+
+class _ReplayRoutingF64(torch.autograd.Function):
+    """The float64 form (gradient checks): the section 6 formulas in torch, both ways."""
+
     @staticmethod
-    def forward(ctx, logits, ids, cfg, score_bias):
-        method = cfg.routing
-        scale = float(cfg.routed_scaling_factor)
-        renormalize = bool(cfg.renormalize)
+    def forward(ctx, logits, ids, spec):
         ids64 = ids.long()
-        if logits.dtype == torch.float64:
-            w = _spec_forward_f64(logits, ids64, method, scale, renormalize)
-        else:
-            forced = ids.to(torch.int32).contiguous()
-            _, w = moekit_route(logits.detach().contiguous(), cfg, score_bias, forced)
+        w = _spec_forward_f64(logits, ids64, spec.method, spec.scale, spec.renormalize)
         ctx.save_for_backward(logits, ids64, w)
-        ctx.method, ctx.scale, ctx.renormalize = method, scale, renormalize
+        ctx.spec = spec
         return w
 
     @staticmethod
     def backward(ctx, g):
         logits, ids, w = ctx.saved_tensors
-        compute = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        grad = _spec_backward(logits.to(compute), ids, w.to(compute), g.to(compute), ctx.method, ctx.scale,
-                              ctx.renormalize)
-        return grad.to(logits.dtype), None, None, None
+        s = ctx.spec
+        return _spec_backward(logits, ids, w, g.to(logits.dtype), s.method, s.scale, s.renormalize), None, None
 
 
-def moekit_route(logits, cfg, score_bias, forced_ids):
-    from .layer import route  # late: layer imports torch ops registration
-    return route(logits, cfg, score_bias=score_bias, forced_ids=forced_ids)
-
-
-def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor, cfg: "_moekit.MoeConfig",
-                   score_bias: Optional[torch.Tensor] = None, check_ids: bool = True) -> torch.Tensor:
+def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor,
+                   cfg: Union["_moekit.MoeConfig", RoutingSpec], score_bias: Optional[torch.Tensor] = None,
+                   check_ids: bool = True) -> torch.Tensor:
     """weights [M, k] float32 of `forced_ids` [M, k] (int32/int64/int16; logical ids in [0, E), distinct
     per row) under cfg's routing method, computed from router_logits [M, E] (float32 or bfloat16; float64
     for gradient checks), differentiable with respect to router_logits.
+
+    cfg: a MoeConfig, or its routing_spec(cfg): with a spec the call compiles with
+    torch.compile(fullgraph=True) (the weights are one registered op, torch.ops.moekit.replay_weights,
+    with the gradient of docs/routing.md section 6 registered beside it).
 
     score_bias [E] (deepseek_v3) only enters selection, never a weight: it changes nothing here but is
     accepted so a call can mirror the layer's. Forced ids are checked (range, -1, duplicates; ValueError
     naming the first bad one): host ids by the kernel's own check, device ids on the host after a copy (a
     synchronization; check_ids=False skips it for ids already validated, e.g. read from a checked capture).
-    int64 host ids are range-checked before they are narrowed to the kernel's int32."""
+    int64 host ids are range-checked before they are narrowed to the kernel's int32. Under torch.compile
+    the host-side checks, which depend on the values, are left to the kernel (host ids) or skipped."""
     router_logits = tensor_arg("router_logits", router_logits, optional=False)
     forced_ids = tensor_arg("forced_ids", forced_ids, optional=False)
     score_bias = tensor_arg("score_bias", score_bias)
-    if not isinstance(cfg, _moekit.MoeConfig):
-        raise TypeError(f"cfg: expected a moekit.MoeConfig, got {type(cfg).__module__}.{type(cfg).__qualname__}")
-    if router_logits.dim() != 2 or router_logits.shape[1] != cfg.num_experts:
-        raise ValueError(f"router_logits: expected [M, {cfg.num_experts}], got {list(router_logits.shape)}")
-    if forced_ids.shape != (router_logits.shape[0], cfg.top_k):
-        raise ValueError(f"forced_ids: expected [{router_logits.shape[0]}, {cfg.top_k}], got {list(forced_ids.shape)}")
+    spec = cfg if isinstance(cfg, RoutingSpec) else routing_spec(cfg)
+    if router_logits.dim() != 2 or router_logits.shape[1] != spec.num_experts:
+        raise ValueError(f"router_logits: expected [M, {spec.num_experts}], got {list(router_logits.shape)}")
+    if forced_ids.shape != (router_logits.shape[0], spec.top_k):
+        raise ValueError(f"forced_ids: expected [{router_logits.shape[0]}, {spec.top_k}], got {list(forced_ids.shape)}")
     if forced_ids.dtype not in (torch.int16, torch.int32, torch.int64):
         raise ValueError(f"forced_ids: expected an integer dtype, got {forced_ids.dtype}")
-    if cfg.routing == "custom":
+    if spec.method == "custom":
         raise ValueError("replay_routing: custom routing has no weight formula to replay")
-    if router_logits.dtype == torch.float64 or (check_ids and router_logits.device.type != "cpu"):
-        _check_ids_host(forced_ids, cfg.num_experts)  # host ids on the kernel path are checked by the kernel
-        if not torch.isfinite(router_logits).all():
-            raise ValueError("router_logits: router logits must be finite")
-    elif forced_ids.dtype == torch.int64 and forced_ids.device.type == "cpu":
-        # The kernel checks the int32 ids it is given; narrowing first would wrap 2**32 + 3 into expert 3.
-        _check_ids_host(forced_ids, cfg.num_experts)
-    if score_bias is not None and cfg.routing != "deepseek_v3":
+    if score_bias is not None and spec.method != "deepseek_v3":
         raise ValueError("score_bias: only deepseek_v3 has a selection bias")
-    return _ReplayRouting.apply(router_logits, forced_ids, cfg, score_bias)
+    f64 = router_logits.dtype == torch.float64
+    if not torch.compiler.is_compiling():
+        if f64 or (check_ids and router_logits.device.type != "cpu"):
+            _check_ids_host(forced_ids, spec.num_experts)  # host ids on the kernel path are checked by the kernel
+            if not torch.isfinite(router_logits).all():
+                raise ValueError("router_logits: router logits must be finite")
+        elif forced_ids.dtype == torch.int64 and forced_ids.device.type == "cpu":
+            # The kernel checks the int32 ids it is given; narrowing first would wrap 2**32 + 3 into expert 3.
+            _check_ids_host(forced_ids, spec.num_experts)
+    if f64:
+        return _ReplayRoutingF64.apply(router_logits, forced_ids, spec)
+    return torch.ops.moekit.replay_weights(router_logits, forced_ids, score_bias, spec.config)
 
 
 def _check_ids_host(ids: torch.Tensor, num_experts: int) -> None:
@@ -210,7 +246,7 @@ def _check_ids_host(ids: torch.Tensor, num_experts: int) -> None:
         raise ValueError(f"forced_ids row {r} repeats an expert: {ids[r].tolist()}")
 
 
-__all__ = ["replay_routing"]
+__all__ = ["replay_routing", "routing_spec", "RoutingSpec"]
 
 
 def _activation(z: torch.Tensor, kind: str, intermediate: int, swiglu_limit: float,
