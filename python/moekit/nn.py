@@ -121,7 +121,10 @@ class MoE(torch.nn.Module):
             self.options["max_num_tokens"],
             device.type, device.index or 0, self.options["backend"], self.options["batch_invariant"],
             self.options["capture"])
-        self.layer = MoeLayer._of_checkpoint(device, loaded)
+        previous, self.layer = self.layer, MoeLayer._of_checkpoint(device, loaded)
+        # A refit keeps the workspace the layer ran with (its own, or the one its patched model shares).
+        if previous is not None:
+            self.layer._layer.adopt_workspace(previous._layer)
         # Read here, not in forward(): torch.compile cannot trace the native config's properties.
         self._act_dtype = torch.float32 if self.layer.config.act_dtype == "f32" else torch.bfloat16
         self._versions = [t._version for t in self._weights()]

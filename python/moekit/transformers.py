@@ -41,14 +41,18 @@ def _decoder_layers(model: torch.nn.Module):
     return layers
 
 
-def patch(model: torch.nn.Module, strict: bool = False, **layer_options) -> Dict[str, List[dict]]:
+def patch(model: torch.nn.Module, strict: bool = False, share_workspace: bool = True,
+          **layer_options) -> Dict[str, List[dict]]:
     """Swaps the sparse-MoE block (`mlp`) of every decoder layer for a moekit.nn.MoE
     built from it (layer_options: MoE's, e.g. max_num_tokens, backend,
     batch_invariant). Returns {"patched": [{layer, block, backend, kernel}],
     "left": [{layer, block, reason}]}: what was swapped and what was left and why.
     A block moekit cannot run here (no backend serves it, e.g. f32 weights on the
     GPU backend, or a weight dtype the loader does not take) stays transformers'
-    and is listed with moekit's reason; strict=True raises that ValueError instead."""
+    and is listed with moekit's reason; strict=True raises that ValueError instead.
+    share_workspace: the patched layers run one at a time (a model's forward), so
+    those on one device share one kernel workspace, the largest (a refit keeps it);
+    False for a model whose layers run concurrently (other streams or threads)."""
     _check_layer_options(layer_options)
     report = {"patched": [], "left": []}
     layers = _decoder_layers(model)
@@ -73,7 +77,21 @@ def patch(model: torch.nn.Module, strict: bool = False, **layer_options) -> Dict
             layer.mlp = moe
             report["patched"].append({"layer": i, "block": name, "backend": moe.layer.backend,
                                       "kernel": moe.layer.kernel})
+    if share_workspace:
+        _share_workspace([layers[p["layer"]].mlp for p in report["patched"]])
     return report
+
+
+def _share_workspace(moes: List[MoE]) -> None:
+    """Every layer of a device adopts the workspace of that device's largest."""
+    by_device: Dict[str, List[MoE]] = {}
+    for moe in moes:
+        by_device.setdefault(str(moe.layer.device), []).append(moe)
+    for group in by_device.values():
+        donor = max(group, key=lambda m: m.layer.workspace_bytes)
+        for moe in group:
+            if moe is not donor:
+                moe.layer._layer.adopt_workspace(donor.layer._layer)
 
 
 def unpatch(model: torch.nn.Module) -> int:

@@ -3,6 +3,7 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "bind.h"
@@ -130,6 +131,16 @@ void bind_layer(nb::module_& m) {
       .def_prop_ro("device", [](const MoeLayer& l) { return l.device().to_string(); })
       .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); })
       .def_prop_ro("workspace_bytes", &MoeLayer::workspace_bytes)
+      // Which buffer it runs with (layers that share one give the same number).
+      .def_prop_ro("workspace_id",
+                   [](const MoeLayer& l) { return reinterpret_cast<uintptr_t>(l.workspace_buffer().get()); })
+      .def(
+          "adopt_workspace",
+          [](MoeLayer& l, const MoeLayer& other) { return l.use_workspace(other.workspace_buffer()).ok(); },
+          nb::arg("other"),
+          "Runs with other's workspace from now on (releasing its own) and returns True, or returns False "
+          "when it cannot: another device, too small, or this layer has run. For layers that never run at "
+          "the same time.")
       .def_prop_ro("selection_report", [](const MoeLayer& l) { return report_list(l.selection_report()); })
       .def_prop_ro("report", &MoeLayer::report_string)
       .def("gemm_plan", [](const MoeLayer& l, int64_t num_tokens) { return l.kernel().gemm_plan(num_tokens); },

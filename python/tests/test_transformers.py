@@ -63,6 +63,9 @@ def test_patched_model_matches_and_keeps_its_parameters(family):
     # The same parameters (the same tensors), under the same names.
     assert list(model.state_dict().keys()) == keys
     assert [(n, p.data_ptr()) for n, p in model.named_parameters()] == params
+    # The patched layers share one kernel workspace (they run one at a time), the largest.
+    moes = [model.model.layers[i].mlp for i in moe_layers]
+    assert len({m.layer._layer.workspace_id for m in moes}) == 1
     with torch.no_grad():
         got = model(ids).logits
     assert rel(got, ref) <= 1e-5, rel(got, ref)
@@ -132,6 +135,8 @@ def test_weight_updates_reach_moekit_without_a_disk_round_trip():
     ids = input_ids(family)
     model = make_model(family)
     mt.patch(model)
+    moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, moekit.nn.MoE)]
+    shared = {m.layer._layer.workspace_id for m in moes}
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     model.train()
     model(ids, labels=ids).loss.backward()
@@ -142,6 +147,8 @@ def test_weight_updates_reach_moekit_without_a_disk_round_trip():
     with torch.no_grad():
         got, want = model(ids).logits, twin(ids).logits
     assert rel(got, want) <= 1e-5, rel(got, want)
+    # The refit layers kept the one workspace the model's layers share.
+    assert len(shared) == 1 and {m.layer._layer.workspace_id for m in moes} == shared
     # Updated weights, not the old ones.
     fresh = make_model(family)
     with torch.no_grad():
