@@ -115,7 +115,8 @@ class MoeLayer : public RoutedLayer {
   // The oracle's report when create() chose the kernel (empty for create_with()).
   const std::vector<CandidateReport>& selection_report() const { return report_; }
   // Printable: the oracle's report (every candidate and its reason, what was
-  // resolved), then the GEMM paths the kernel takes and why (format_gemm_plan).
+  // resolved), the GEMM paths the kernel takes and why (format_gemm_plan), and
+  // the workspace the layer needs.
   std::string report_string() const;
   Device device() const override;
   size_t workspace_bytes() const override;

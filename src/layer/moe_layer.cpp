@@ -2,6 +2,7 @@
 // stage, run through the one layer pipeline (layer/pipeline.h).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -117,7 +118,11 @@ bool MoeLayer::has_run() const { return pipeline_->has_run(); }
 std::string MoeLayer::report_string() const {
   std::string s = report_.empty() ? std::string()
                                   : format_report(report_) + "resolved: " + backend_ + " / " + kernel().name() + "\n";
-  return s + format_gemm_plan(kernel(), config_.max_num_tokens);
+  char ws[96];
+  std::snprintf(ws, sizeof ws, "workspace: %.1f MiB for max_num_tokens = %lld%s\n",
+                static_cast<double>(workspace_bytes()) / (1 << 20), static_cast<long long>(config_.max_num_tokens),
+                pipeline_->workspace_buffer()->bytes() > workspace_bytes() ? " (runs in a larger shared one)" : "");
+  return s + format_gemm_plan(kernel(), config_.max_num_tokens) + ws;
 }
 
 std::string MoeLayer::producer() const {

@@ -124,7 +124,8 @@ TEST(MoeLayerReport, NamesEveryCandidateTheChoiceAndTheGemmPlan) {
   const std::string r = (*layer)->report_string();
   for (const std::string& part : {std::string("CpuMonolithic"), std::string("CpuModular"),
                                   "resolved: cpu / " + std::string((*layer)->kernel().name()),
-                                  "gemm plan (" + std::string((*layer)->kernel().name()) + "):", std::string("  M=1")}) {
+                                  "gemm plan (" + std::string((*layer)->kernel().name()) + "):", std::string("  M=1"),
+                                  std::string("workspace: "), std::string("for max_num_tokens = 8")}) {
     EXPECT_NE(r.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r;
   }
 }
