@@ -15,24 +15,33 @@ namespace moekit::eplb {
 
 struct SlotWeights {
   DType dtype = DType::kBF16;
+  DType bias_dtype = DType::kF32;  // of the biases, when the layer has them (f32 or dtype)
   int64_t slots = 0, n1 = 0, hidden = 0, intermediate = 0;
-  std::vector<char> w13;  // [slots, n1, H]; empty slots are zeros
-  std::vector<char> w2;   // [slots, H, I]
+  bool has_bias = false;
+  std::vector<char> w13;       // [slots, n1, H]; empty slots are zeros
+  std::vector<char> w2;        // [slots, H, I]
+  std::vector<char> w13_bias;  // [slots, n1] iff has_bias
+  std::vector<char> w2_bias;   // [slots, H] iff has_bias
 
   size_t w13_bytes() const { return n1 * hidden * dtype_size(dtype); }           // one slot
   size_t w2_bytes() const { return hidden * intermediate * dtype_size(dtype); }  // one slot
+  size_t w13_bias_bytes() const { return has_bias ? n1 * dtype_size(bias_dtype) : 0; }
+  size_t w2_bias_bytes() const { return has_bias ? hidden * dtype_size(bias_dtype) : 0; }
   TensorView w13_view() const;  // [slots, n1, H]
   TensorView w2_view() const;   // [slots, H, I]
+  // The slots as a kernel prepares them: the views above, with the biases when the layer has them.
+  MoeWeights kernel_weights() const;
 };
 
 // Rank `rank`'s slots under `placement`, copied from the full logical weights
-// (w13 [E, n1, H], w2 [E, H, I], host, dtype; checked).
+// (w13 [E, n1, H], w2 [E, H, I], host, dtype; with w13_bias [E, n1] and w2_bias
+// [E, H] when given, f32 or dtype; checked).
 StatusOr<SlotWeights> slot_weights_from_logical(const MoeWeights& logical, const ExpertPlacement& placement, int rank,
                                                 DType dtype, int64_t n1, int64_t hidden, int64_t intermediate);
 
 // Rank `rank`'s slots under `placement` from weights that hold only those
-// slots (w13 [slots_per_rank, n1, H], w2 [slots_per_rank, H, I]; checked);
-// empty slots become zeros.
+// slots (w13 [slots_per_rank, n1, H], w2 [slots_per_rank, H, I], biases
+// [slots_per_rank, ...] when given; checked); empty slots become zeros.
 StatusOr<SlotWeights> slot_weights_from_local(const MoeWeights& local, const ExpertPlacement& placement, int rank,
                                               DType dtype, int64_t n1, int64_t hidden, int64_t intermediate);
 

@@ -9,14 +9,11 @@
 namespace moekit {
 
 // The limits every backend shares: the EP prepare/finalize moves (token, slot)
-// pairs to the rank holding the slot's expert; a bias or a shared expert does
-// not travel with them yet. TODO(ep): biases with their slot; the shared MLP
-// once per token on the token's own rank.
+// pairs to the rank holding the slot's expert (an expert's biases travel with
+// its slot); a shared expert does not run on the token's own rank yet.
+// TODO(ep): the shared MLP once per token on the token's own rank.
 inline Support expert_parallel_support(const MoeConfig& c) {
   if (c.parallel.ep_size <= 1) return Support::yes();
-  if (c.has_expert_bias) {
-    return Support::no("expert parallel: expert biases are not placed on ranks yet; run this layer with ep_size 1");
-  }
   if (c.shared_intermediate > 0) {
     return Support::no("expert parallel: a shared expert is not placed on ranks yet; run this layer with ep_size 1");
   }

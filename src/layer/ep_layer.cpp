@@ -108,10 +108,7 @@ StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& ker
     return InvalidArgument("expert parallel: the communicator is on " + comm.device().to_string() + " but " +
                            kernel_class.name + " runs on " + st.experts->device().to_string());
   }
-  MoeWeights w;
-  w.w13 = weights.w13_view();
-  w.w2 = weights.w2_view();
-  MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(w));
+  MOEKIT_RETURN_IF_ERROR(st.experts->prepare_weights(weights.kernel_weights()));
   const size_t need = st.experts->workspace_size(local.max_num_tokens);
   if (reuse != nullptr && reuse->device().type == DeviceType::kCpu && reuse->device() == comm.device()) {
     // Host ranks run the experts inline and are never in a captured graph: a
@@ -407,10 +404,7 @@ Status ExpertParallelLayer::update_expert_weights(int64_t logical, const TensorV
   // The kernel keeps its own prepared copy: re-prepare it from every slot,
   // once no forward may still read the old weights.
   MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(comm_->device()));
-  MoeWeights mw;
-  mw.w13 = next.w13_view();
-  mw.w2 = next.w2_view();
-  MOEKIT_RETURN_IF_ERROR(st.pipeline->experts().prepare_weights(mw));
+  MOEKIT_RETURN_IF_ERROR(st.pipeline->experts().prepare_weights(next.kernel_weights()));
   st.weights = std::move(next);
   return Status::Ok();
 }

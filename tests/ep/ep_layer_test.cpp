@@ -67,7 +67,7 @@ struct GroupInputs {
   int n = 0;
   int64_t total = 0;
   std::vector<int64_t> first;  // [n + 1] row offsets
-  HostTensor w13, w2, bias, hidden, logits, custom_ids, custom_weights;
+  HostTensor w13, w2, bias, hidden, logits, custom_ids, custom_weights, w13_bias, w2_bias;
   std::vector<double> w13_exact, w2_exact, hidden_exact, logits_exact;
 
   GroupInputs(const MoeConfig& c, int ranks, uint64_t seed) : n(ranks) {
@@ -81,6 +81,10 @@ struct GroupInputs {
     bias = testing::random_tensor(rng, DType::kF32, {kE}, 0.1);
     hidden = testing::random_tensor(rng, c.quant.act_dtype, {total, kH}, 1.0, &hidden_exact);
     logits = testing::tie_free_logits(rng, DType::kF32, total, kE, 1.0 / 32.0, &logits_exact);
+    if (c.has_expert_bias) {
+      w13_bias = testing::random_tensor(rng, DType::kF32, {kE, 2 * kI}, 0.1);
+      w2_bias = testing::random_tensor(rng, DType::kF32, {kE, kH}, 0.1);
+    }
     // Custom routing: distinct ids per row, positive weights.
     const int k = c.top_k();
     custom_ids = HostTensor(DType::kI32, {total, k});
@@ -96,7 +100,12 @@ struct GroupInputs {
     }
   }
   MoeWeights weights(const MoeConfig& c) const {
-    return {w13.view(), w2.view(), c.routing.has_score_bias ? bias.view() : TensorView{}};
+    MoeWeights w{w13.view(), w2.view(), c.routing.has_score_bias ? bias.view() : TensorView{}};
+    if (c.has_expert_bias) {
+      w.w13_bias = w13_bias.view();
+      w.w2_bias = w2_bias.view();
+    }
+    return w;
   }
 };
 
@@ -157,11 +166,12 @@ struct EpCase {
   All2AllBackend a2a;
   bool eplb;
   DType dtype;
+  bool expert_bias = false;
 };
 
 std::string case_name(const EpCase& c) {
   return "ranks=" + std::to_string(c.ranks) + " " + routing_method_name(c.method) + " " + all2all_name(c.a2a) +
-         (c.eplb ? " eplb" : "") + " " + dtype_name(c.dtype);
+         (c.eplb ? " eplb" : "") + " " + dtype_name(c.dtype) + (c.expert_bias ? " expert-bias" : "");
 }
 
 // Runs the group's forward on c.ranks loopback ranks (twice with EPLB: once
@@ -169,9 +179,11 @@ std::string case_name(const EpCase& c) {
 // single-rank layer bit for bit, then replays the captured ids.
 void check_equal_to_single_rank(const EpCase& ec) {
   SCOPED_TRACE(case_name(ec));
-  const MoeConfig c = base_config(ec.method, ec.dtype);
+  MoeConfig c = base_config(ec.method, ec.dtype);
+  c.has_expert_bias = ec.expert_bias;
   const GroupInputs in(c, ec.ranks, testing::seed_from({ec.ranks, static_cast<int>(ec.method),
-                                                        static_cast<int>(ec.a2a), ec.eplb, static_cast<int>(ec.dtype)}));
+                                                        static_cast<int>(ec.a2a), ec.eplb, static_cast<int>(ec.dtype),
+                                                        ec.expert_bias}));
   const SingleRank ref = run_single_rank(c, in);
   HostTensor out(c.quant.act_dtype, {in.total, kH}), ids(DType::kI16, {in.total, c.top_k()});
   HostTensor replay_out(c.quant.act_dtype, {in.total, kH}), replay_ids(DType::kI16, {in.total, c.top_k()});
@@ -231,12 +243,7 @@ void check_equal_to_single_rank(const EpCase& ec) {
       EXPECT_LE(testing::rel_l2_error(testing::to_double(out_eplb.view()), testing::to_double(ref.out.view())), bound);
     }
   }
-  std::vector<int32_t> counts = ref.counts;
-  if (c.routing.method == RoutingMethod::kCustom) {  // the single-rank layer counts only what it routes
-    std::fill(counts.begin(), counts.end(), 0);
-    for (int64_t i = 0; i < in.custom_ids.numel(); ++i) ++counts[in.custom_ids.data<int32_t>()[i]];
-  }
-  for (int64_t e = 0; e < kE; ++e) EXPECT_EQ(group_load[e], counts[e]) << "expert " << e;
+  for (int64_t e = 0; e < kE; ++e) EXPECT_EQ(group_load[e], ref.counts[e]) << "expert " << e;
   for (int r = 1; r < ec.ranks; ++r) EXPECT_EQ(placements[r], placements[0]);
   if (c.routing.method != RoutingMethod::kCustom) {
     EXPECT_TRUE(same_bytes(replay_out, ec.eplb ? out_eplb : out)) << "replay through EP is not bitwise";
@@ -455,28 +462,34 @@ TEST(EpBadInput, MismatchedConfigsAcrossRanks) {
   }
 }
 
-TEST(EpBadInput, BiasesAndSharedExpertsAreRefusedByName) {
-  for (const bool shared : {false, true}) {
-    MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
-    const GroupInputs in(c, 2, 2);
-    if (shared) c.shared_intermediate = 32; else c.has_expert_bias = true;
-    auto st = run_ranks(2, [&](int r, Communicator& comm) -> Status {
-      const MoeConfig rc = rank_config(c, 2, r, All2AllBackend::kNccl);
-      return ExpertParallelLayer::create(rc, in.weights(rc), comm).status();
-    });
-    for (const Status& s : st) {
-      EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-      EXPECT_NE(s.message().find(shared ? "a shared expert is not placed" : "expert biases are not placed"),
-                std::string::npos) << s.message();
+// Expert biases travel with their slot (moved by EPLB too): bit for bit the single-rank layer.
+TEST(EpExpertBias, EqualsTheSingleRankLayerWithAndWithoutEplb) {
+  for (const int ranks : {2, 3}) {
+    for (const All2AllBackend a2a : {All2AllBackend::kNccl, All2AllBackend::kAllgatherReducescatter}) {
+      check_equal_to_single_rank({ranks, RoutingMethod::kRenormalize, a2a, /*eplb=*/true, DType::kBF16, true});
     }
-    // The oracle, asked with the real parallel config, says the same in its report.
-    const MoeConfig rc = rank_config(c, 2, 0, All2AllBackend::kNccl);
-    StatusOr<Resolution> res = select_backend_on(rc, Platform::cpu_only(), DeviceType::kCpu);
-    ASSERT_FALSE(res.ok());
-    EXPECT_NE(res.status().message().find("CpuModular"), std::string::npos) << res.status().message();
-    EXPECT_NE(res.status().message().find(shared ? "a shared expert is not placed" : "expert biases are not placed"),
-              std::string::npos) << res.status().message();
   }
+  check_equal_to_single_rank({2, RoutingMethod::kCustom, All2AllBackend::kNccl, false, DType::kF32, true});
+}
+
+TEST(EpBadInput, SharedExpertsAreRefusedByName) {
+  MoeConfig c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
+  const GroupInputs in(c, 2, 2);
+  c.shared_intermediate = 32;
+  auto st = run_ranks(2, [&](int r, Communicator& comm) -> Status {
+    const MoeConfig rc = rank_config(c, 2, r, All2AllBackend::kNccl);
+    return ExpertParallelLayer::create(rc, in.weights(rc), comm).status();
+  });
+  for (const Status& s : st) {
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+    EXPECT_NE(s.message().find("a shared expert is not placed"), std::string::npos) << s.message();
+  }
+  // The oracle, asked with the real parallel config, says the same in its report.
+  const MoeConfig rc = rank_config(c, 2, 0, All2AllBackend::kNccl);
+  StatusOr<Resolution> res = select_backend_on(rc, Platform::cpu_only(), DeviceType::kCpu);
+  ASSERT_FALSE(res.ok());
+  EXPECT_NE(res.status().message().find("CpuModular"), std::string::npos) << res.status().message();
+  EXPECT_NE(res.status().message().find("a shared expert is not placed"), std::string::npos) << res.status().message();
 }
 
 TEST(EpBadInput, ParallelConfigNotMatchingTheCommunicator) {

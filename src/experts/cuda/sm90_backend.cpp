@@ -155,6 +155,10 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
     return Support::no("expert parallel on GPUs: serves bf16 weights without quantization; got " +
                        c.quant.to_string());
   }
+  if (c.parallel.ep_size > 1 && c.has_expert_bias) {
+    // TODO(ep): the biases with skip_negative_ids on the device path (host ranks serve them).
+    return Support::no("expert parallel on GPUs: expert biases are not served on GPU ranks yet");
+  }
   // shape / alignment
   if (c.hidden % kSm90DimAlignment != 0) {
     return Support::no("hidden H=" + str(c.hidden) + " must be a multiple of " + str(kSm90DimAlignment));
