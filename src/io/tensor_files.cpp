@@ -88,7 +88,8 @@ StatusOr<HostTensor> TensorFiles::read_in_place(const std::string& name) {
   MOEKIT_ASSIGN_OR_RETURN(SafetensorsFile * f, file_of(name));
   if (f->borrowed()) {
     if (StatusOr<TensorView> v = f->view(name); v.ok()) {
-      return HostTensor::borrowed(v->dtype, std::vector<int64_t>(v->shape.begin(), v->shape.begin() + v->rank), v->data);
+      std::vector<int64_t> shape(v->shape.begin(), v->shape.begin() + v->rank);
+      return HostTensor::borrowed(v->dtype, std::move(shape), v->data);
     }
   }
   return f->read(name);

@@ -51,7 +51,8 @@ Status check_forward_args(const RoutedLayer& layer, const LayerForwardArgs& a) {
   }
   if (a.routing_replay_out.defined()) {
     if (Status s = layer.capture_supported(); !s.ok()) return Unsupported("routing_replay_out: " + s.message());
-    MOEKIT_RETURN_IF_ERROR(check_ids_rows(a.routing_replay_out, "routing_replay_out", m, "M", static_cast<int>(k), dev));
+    MOEKIT_RETURN_IF_ERROR(
+        check_ids_rows(a.routing_replay_out, "routing_replay_out", m, "M", static_cast<int>(k), dev));
   }
   if (c.routing.method == RoutingMethod::kCustom) {
     if (a.forced_ids.defined()) return InvalidArgument("forced_ids: custom routing takes topk_ids instead");

@@ -156,8 +156,8 @@ Status MoeLayer::set_capture_target(const TensorView& target, const TensorView& 
 }
 
 Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
-  return pipeline_->forward(args, check_forward_args(*this, args), CaptureTargets{capture_target_, router_weights_target_},
-                            stream);
+  const CaptureTargets capture{capture_target_, router_weights_target_};
+  return pipeline_->forward(args, check_forward_args(*this, args), capture, stream);
 }
 
 }  // namespace moekit

@@ -7,7 +7,10 @@ namespace moekit {
 
 LayerPipeline::LayerPipeline(RoutingStage routing, std::unique_ptr<dispatch::PrepareFinalize> pf,
                              std::unique_ptr<MoeKernel> experts, std::shared_ptr<DeviceBuffer> workspace)
-    : routing_(std::move(routing)), pf_(std::move(pf)), experts_(std::move(experts)), workspace_(std::move(workspace)) {}
+    : routing_(std::move(routing)),
+      pf_(std::move(pf)),
+      experts_(std::move(experts)),
+      workspace_(std::move(workspace)) {}
 
 StatusOr<std::shared_ptr<DeviceBuffer>> LayerPipeline::allocate_workspace(const MoeKernel& experts) {
   const int64_t rows = experts.config().max_num_tokens;

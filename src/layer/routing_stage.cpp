@@ -22,8 +22,8 @@ Status copy_to(const TensorView& dst, const void* src, size_t bytes, Stream stre
     return Status::Ok();
   }
 #ifdef MOEKIT_WITH_CUDA
-  const cudaError_t err = cudaMemcpyAsync(dst.data, src, bytes, host_src ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
-                                          static_cast<cudaStream_t>(stream));
+  const cudaMemcpyKind kind = host_src ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice;
+  const cudaError_t err = cudaMemcpyAsync(dst.data, src, bytes, kind, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) return Internal(std::string("routing: copy failed: ") + cudaGetErrorString(err));
   return Status::Ok();
 #else
@@ -41,6 +41,11 @@ TensorView view_of(const DeviceBuffer& b, DType dtype, std::vector<int64_t> shap
 
 StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device device, const TensorView& score_bias,
                                             Options options) {
+  if (score_bias.defined() != config.routing.has_score_bias) {
+    return InvalidArgument(config.routing.has_score_bias
+                               ? "weights.score_bias: routing.has_score_bias is set but no bias was given"
+                               : "weights.score_bias: a bias was given but routing.has_score_bias is not set");
+  }
   RoutingStage st;
   st.config_ = config;
   st.device_ = device;
@@ -68,11 +73,6 @@ StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device devi
     MOEKIT_RETURN_IF_ERROR(allocate(&st.counts_, "expert counts", E * sizeof(int32_t)));
     MOEKIT_RETURN_IF_ERROR(allocate(&st.load_, "expert load", E * sizeof(int64_t)));
     MOEKIT_RETURN_IF_ERROR(st.reset_load());
-  }
-  if (score_bias.defined() != config.routing.has_score_bias) {
-    return InvalidArgument(config.routing.has_score_bias
-                               ? "weights.score_bias: routing.has_score_bias is set but no bias was given"
-                               : "weights.score_bias: a bias was given but routing.has_score_bias is not set");
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(score_bias, "weights.score_bias", {DType::kF32}, {E}, score_bias.device));

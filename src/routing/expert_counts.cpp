@@ -25,7 +25,8 @@ Status record_caller_ids(const TensorView& ids, int64_t E, const TensorView& cou
   }
   if (ids.device.type == DeviceType::kCuda) {
 #ifdef MOEKIT_WITH_CUDA
-    return cuda::record_caller_ids(ids.ptr<const int32_t>(), m, k, E, counts.defined() ? counts.ptr<int32_t>() : nullptr,
+    return cuda::record_caller_ids(ids.ptr<const int32_t>(), m, k, E,
+                                   counts.defined() ? counts.ptr<int32_t>() : nullptr,
                                    ids_out.defined() ? ids_out.ptr<int16_t>() : nullptr,
                                    static_cast<cudaStream_t>(stream));
 #else
