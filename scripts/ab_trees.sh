@@ -9,14 +9,14 @@
 #   scripts/ab_trees.sh BASE [RESULTS_DIR] [moekit_gpu_bench args...]
 #
 # Environment: BUILD_DIR (this tree's CUDA build, default build-gpu; built here
-# if needed), BASE_BUILD_DIR (default /tmp/moekit-ab-base), ROUNDS (default 2).
+# if needed), BASE_BUILD_DIR (default build-ab/base), ROUNDS (default 2).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 base="${1:?usage: scripts/ab_trees.sh BASE [RESULTS_DIR] [bench args...]}"
 out="${2:-$root/bench/results/latest/ab_trees}"
 shift $(( $# > 2 ? 2 : $# )) || true
 build="${BUILD_DIR:-$root/build-gpu}"
-base_build="${BASE_BUILD_DIR:-/tmp/moekit-ab-base}"
+base_build="${BASE_BUILD_DIR:-$root/build-ab/base}"
 rounds="${ROUNDS:-2}"
 mkdir -p "$out"
 
