@@ -1,8 +1,9 @@
 // MoeLayer: one MoE layer ready to run on one device. It owns the kernel the
 // oracle chose, with its prepared weights and workspace, and the routing
 // stage's buffers; forward() runs the layer pipeline (routing -> local
-// prepare/finalize -> kernel; a monolithic kernel routes inside). A capture target (bind(), capture.h) makes the ids of every forward
-// land in the capturer's buffer; forced ids replay a capture.
+// prepare/finalize -> kernel; a monolithic kernel routes inside). A capture
+// target (bind(), capture.h) makes the ids of every forward land in the
+// capturer's buffer; forced ids replay a capture.
 //
 // Model: the MoE layers of one model, each with its index among the model's
 // layers (dense layers in between are the caller's), as RoutedLayers: one

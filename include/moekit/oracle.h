@@ -79,7 +79,7 @@ std::string format_report(const std::vector<CandidateReport>& report);
 
 // The GEMM paths the chosen kernel takes and why (MoeKernel::gemm_plan) at
 // M = 1, 16, 256, 4096 and max_num_tokens, equal plans of consecutive M on one
-// line: the last part of a layer's report (MoeLayer::report_string).
+// line: part of a layer's report (MoeLayer::report_string).
 std::string format_gemm_plan(const MoeKernel& kernel, int64_t max_num_tokens);
 
 // The token movement of an expert-parallel layer (ep > 1): all-to-all or
