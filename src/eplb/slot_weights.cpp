@@ -143,6 +143,7 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
       if (e < 0 || owner[e] != me) continue;
       char* dst = send.data() + (d * max_rows + send_counts[d]++) * row;
       for (const auto& p : from_parts) {
+        if (p.bytes == 0) continue;  // a part the layer does not have (no biases)
         std::memcpy(dst, p.storage->data() + owner_slot[e] * p.bytes, p.bytes);
         dst += p.bytes;
       }
@@ -162,6 +163,7 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
     const char* from = from_rank == me ? nullptr : recv.data() + (from_rank * max_rows + taken[from_rank]++) * row;
     for (size_t i = 0; i < to_parts.size(); ++i) {
       const size_t bytes = to_parts[i].bytes;
+      if (bytes == 0) continue;  // a part the layer does not have (no biases)
       const char* part = from_rank == me ? from_parts[i].storage->data() + owner_slot[e] * bytes : from;
       std::memcpy(to_parts[i].storage->data() + s * bytes, part, bytes);
       if (from != nullptr) from += bytes;
