@@ -166,8 +166,7 @@ def _backward_replay_weights(ctx, g):
     return grad.to(logits.dtype), None, None, None
 
 
-torch.library.register_autograd("moekit::replay_weights", _backward_replay_weights,
-                                setup_context=_setup_replay_weights)
+_ops.replay_weights.register_autograd(_backward_replay_weights, setup_context=_setup_replay_weights)
 
 
 class _ReplayRoutingF64(torch.autograd.Function):

@@ -83,15 +83,11 @@ def patch(model: torch.nn.Module, strict: bool = False, share_workspace: bool = 
 
 
 def _share_workspace(moes: List[MoE]) -> None:
-    """Every layer of a device adopts the workspace of that device's largest."""
-    by_device: Dict[str, List[MoE]] = {}
+    """The layers as one native Model, whose add_layer shares a workspace per device (the
+    largest); the buffers stay with the layers after the Model is gone."""
+    model = _moekit.Model(True)
     for moe in moes:
-        by_device.setdefault(str(moe.layer.device), []).append(moe)
-    for group in by_device.values():
-        donor = max(group, key=lambda m: m.layer.workspace_bytes)
-        for moe in group:
-            if moe is not donor:
-                moe.layer._layer.adopt_workspace(donor.layer._layer)
+        model.add_layer(moe.layer._layer, moe.layer_index)
 
 
 def unpatch(model: torch.nn.Module) -> int:

@@ -14,12 +14,9 @@ LayerPipeline::LayerPipeline(RoutingStage routing, std::unique_ptr<dispatch::Pre
 
 StatusOr<std::shared_ptr<DeviceBuffer>> LayerPipeline::allocate_workspace(const MoeKernel& experts) {
   const int64_t rows = experts.config().max_num_tokens;
-  StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(experts.device(), experts.workspace_size(rows));
-  if (!buffer.ok()) {
-    return Status(buffer.status().code(), "layer: workspace for max_num_tokens = " + std::to_string(rows) + ": " +
-                                              buffer.status().message());
-  }
-  return std::make_shared<DeviceBuffer>(std::move(*buffer));
+  MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                          allocate_layer_buffer(experts.device(), "workspace", experts.workspace_size(rows), rows));
+  return std::make_shared<DeviceBuffer>(std::move(buffer));
 }
 
 size_t LayerPipeline::workspace_bytes() const { return experts_->workspace_size(experts_->config().max_num_tokens); }

@@ -39,6 +39,15 @@ TensorView view_of(const DeviceBuffer& b, DType dtype, std::vector<int64_t> shap
 
 }  // namespace
 
+StatusOr<DeviceBuffer> allocate_layer_buffer(Device device, const char* what, size_t bytes, int64_t max_num_tokens) {
+  StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(), std::string("layer: ") + what + " for max_num_tokens = " +
+                                              std::to_string(max_num_tokens) + ": " + buffer.status().message());
+  }
+  return buffer;
+}
+
 StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device device, const TensorView& score_bias,
                                             Options options) {
   if (score_bias.defined() != config.routing.has_score_bias) {
@@ -52,14 +61,8 @@ StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device devi
   st.options_ = options;
   const int64_t rows = config.max_num_tokens, k = config.top_k(), E = config.num_experts;
   const bool custom = config.routing.method == RoutingMethod::kCustom;
-  // A failed allocation names the buffer and the setting that sized it.
   auto allocate = [&](DeviceBuffer* b, const char* what, size_t bytes) -> Status {
-    StatusOr<DeviceBuffer> buffer = DeviceBuffer::allocate(device, bytes);
-    if (!buffer.ok()) {
-      return Status(buffer.status().code(), std::string("layer: ") + what + " for max_num_tokens = " +
-                                                std::to_string(rows) + ": " + buffer.status().message());
-    }
-    *b = std::move(*buffer);
+    MOEKIT_ASSIGN_OR_RETURN(*b, allocate_layer_buffer(device, what, bytes, rows));
     return Status::Ok();
   };
   if (!options.in_kernel && !custom) {

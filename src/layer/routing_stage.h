@@ -16,6 +16,10 @@
 
 namespace moekit {
 
+// A layer buffer of `bytes` on `device`; a failed allocation names the buffer
+// and the max_num_tokens that sized it.
+StatusOr<DeviceBuffer> allocate_layer_buffer(Device device, const char* what, size_t bytes, int64_t max_num_tokens);
+
 // What bind() set on a layer (RoutedLayer::set_capture_target), on its device.
 struct CaptureTargets {
   TensorView ids;             // [>= max_num_tokens, k] i16, optional
