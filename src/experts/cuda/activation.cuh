@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "moekit/config.h"
 
 namespace moekit::cuda {
@@ -52,6 +54,21 @@ __device__ __forceinline__ float plain_activation(const ActivationParams& a, flo
       return x;  // gated kinds use gated_activation
   }
   return x;
+}
+
+// f(std::integral_constant<Activation, K>{}) for the runtime kind: one branch
+// per activation, in which the kind is a constant, so the formulas above fold
+// to that activation's alone. (A switch on a derived value, such as the gate/up
+// layout, leaves every formula of that layout in each branch: larger kernels,
+// measurably slower launches at decode sizes.)
+template <typename F>
+__device__ __forceinline__ void with_activation(Activation kind, F&& f) {
+  switch (kind) {
+    case Activation::kSiluGated: return f(std::integral_constant<Activation, Activation::kSiluGated>{});
+    case Activation::kGeluGated: return f(std::integral_constant<Activation, Activation::kGeluGated>{});
+    case Activation::kSwigluOai: return f(std::integral_constant<Activation, Activation::kSwigluOai>{});
+    case Activation::kRelu2: return f(std::integral_constant<Activation, Activation::kRelu2>{});
+  }
 }
 
 }  // namespace moekit::cuda

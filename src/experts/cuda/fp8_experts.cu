@@ -127,27 +127,27 @@ __device__ __forceinline__ void source_values(const Fp8QuantizeArgs& a, bool vec
     return;
   }
   const float* row = static_cast<const float*>(a.src) + src_row * a.ld;
-  const ActivationParams p{a.act.kind, a.act.swiglu_limit, a.act.swiglu_alpha};
-  float x[4], y[4];
-  switch (gate_up_layout(a.act.kind)) {
-    case GateUpLayout::kSplit:  // gate c.., up I + c..
+  with_activation(a.act.kind, [&](auto kind) {
+    const ActivationParams p{kind, a.act.swiglu_limit, a.act.swiglu_alpha};
+    float x[4], y[4];
+    constexpr GateUpLayout layout = gate_up_layout(kind);
+    if constexpr (layout == GateUpLayout::kSplit) {  // gate c.., up I + c..
       load4_f32(row + c, vector, x);
       load4_f32(row + a.cols + c, vector, y);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = gated_activation(p, x[i], y[i]);
-      return;
-    case GateUpLayout::kInterleaved:  // gate 2c, up 2c + 1
+    } else if constexpr (layout == GateUpLayout::kInterleaved) {  // gate 2c, up 2c + 1
       load4_f32(row + 2 * c, vector, x);
       load4_f32(row + 2 * c + 4, vector, y);
       v[0] = gated_activation(p, x[0], x[1]), v[1] = gated_activation(p, x[2], x[3]);
       v[2] = gated_activation(p, y[0], y[1]), v[3] = gated_activation(p, y[2], y[3]);
-      return;
-    case GateUpLayout::kNotGated:
+    } else {
+      static_assert(layout == GateUpLayout::kNotGated);
       load4_f32(row + c, vector, x);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = plain_activation(p, x[i]);
-      return;
-  }
+    }
+  });
 }
 
 // amax over the rows inside groups (max is order-free: any reduction order
