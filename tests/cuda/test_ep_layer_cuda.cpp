@@ -5,6 +5,8 @@
 //   - EP-N (N = 2, 3) on a small DeepSeek-like shape equals the single-GPU
 //     layer within the documented bound, ids identical, replay bitwise;
 //   - the same with an EPLB placement;
+//   - capture through bind() on a Model of EP layers: ids and router weights
+//     bit for bit the single-GPU layer's, replay through the replayer bitwise;
 //   - skip_negative_ids: a -1 slot adds nothing (bitwise as weight 0 on a real
 //     expert), a row of -1 gives 0; without the flag such a row stays NaN.
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <functional>
@@ -23,6 +26,7 @@
 #include "cuda/device_loopback_comm.h"
 #include "cuda/ep_gpu_test_util.h"
 #include "experts/cuda/sm90_kernels.h"
+#include "moekit/capture.h"
 #include "moekit/kernel.h"
 
 namespace moekit {
@@ -137,6 +141,90 @@ TEST_P(EpLayerOneGpu, CustomRoutingWithTheRoutersIdsAndWeightsIsTheRoutedLayer) 
     if (counted != m * kK) return DataLoss(rank + "expert load sums to " + std::to_string(counted));
     if (custom->computed_pairs() != routed->computed_pairs() || routed->computed_pairs() == 0) {
       return DataLoss(rank + "computed pairs differ or are 0");
+    }
+    return Status::Ok();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+}
+
+// Capture and replay through bind() on a Model of GPU EP layers: each rank's
+// capture of its own tokens (logical ids and router weights, every layer)
+// equals, bit for bit, the single-GPU layer's for the same rows; a replayer
+// over the EP model then reproduces the rank's outputs bit for bit.
+TEST_P(EpLayerOneGpu, BindCapturesWhatTheSingleGpuLayerCapturesAndReplaysBitwise) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = GetParam();
+  constexpr int kLayers = 2;
+  const Inputs in(n);
+  HostTensor ref_ids, ref_weights;
+  {
+    auto single = MoeLayer::create(layer_config(n * kMaxPerRank), in.weights(), Device::cuda(0));
+    ASSERT_TRUE(single.ok()) << single.status().to_string();
+    DeviceTensor hidden(in.hidden), logits(in.logits), out(DType::kBF16, {in.total, kH}),
+        ids(DType::kI16, {n * kMaxPerRank, kK}), weights(DType::kF32, {n * kMaxPerRank, kK});
+    ASSERT_TRUE((*single)->set_capture_target(ids.view(), weights.view()).ok());
+    LayerForwardArgs a;
+    a.hidden = hidden.view();
+    a.router_logits = logits.view();
+    a.out = out.view();
+    ASSERT_TRUE((*single)->forward(a).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ref_ids = rows(ids.download(), 0, in.total);
+    ref_weights = rows(weights.download(), 0, in.total);
+  }
+  auto st = run_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    Model model;
+    for (int l = 0; l < kLayers; ++l) {
+      MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rank_config(n, r), in.weights(), comm));
+      MOEKIT_RETURN_IF_ERROR(model.add_layer(std::move(layer), l));
+    }
+    MOEKIT_ASSIGN_OR_RETURN(auto cap, RoutedExpertsCapturer::create(kLayers, kMaxPerRank, kK, Device::cuda(0), true,
+                                                                    CapturerOptions{true}));
+    MOEKIT_RETURN_IF_ERROR(bind(model, *cap));
+    const int64_t m = tokens_of(r);
+    RankStep step(in, r);
+    std::vector<DeviceTensor> outs, replayed;
+    for (int l = 0; l < kLayers; ++l) {
+      outs.emplace_back(DType::kBF16, std::vector<int64_t>{m, kH});
+      replayed.emplace_back(DType::kBF16, std::vector<int64_t>{m, kH});
+    }
+    MOEKIT_RETURN_IF_ERROR(cap->add_request("r"));
+    MOEKIT_RETURN_IF_ERROR(cap->begin_step({{{"r", m}}}, s));
+    for (int l = 0; l < kLayers; ++l) {
+      LayerForwardArgs a = step.args();
+      a.out = outs[l].view();
+      MOEKIT_RETURN_IF_ERROR(model.layer(l).forward(a, s));
+    }
+    MOEKIT_RETURN_IF_ERROR(cap->end_step(s));
+    MOEKIT_ASSIGN_OR_RETURN(CaptureSet mine, cap->snapshot());
+    const RequestCapture& got = mine.requests.at(0);
+    if (got.num_tokens() != m) return DataLoss(rank + "captured " + std::to_string(got.num_tokens()) + " tokens");
+    for (int64_t t = 0; t < m; ++t) {
+      for (int l = 0; l < kLayers; ++l) {
+        const int64_t at = (t * kLayers + l) * kK, ref = (in.first[r] + t) * kK;
+        if (std::memcmp(got.ids.data<int16_t>() + at, ref_ids.data<int16_t>() + ref, kK * sizeof(int16_t)) != 0 ||
+            std::memcmp(got.router_weights.data<float>() + at, ref_weights.data<float>() + ref, kK * sizeof(float))) {
+          return DataLoss(rank + "token " + std::to_string(t) + " layer " + std::to_string(l) +
+                          ": ids or router weights differ from the single-GPU layer's");
+        }
+      }
+    }
+    MOEKIT_ASSIGN_OR_RETURN(auto replayer, RoutedExpertsReplayer::create(std::move(mine), model));
+    MOEKIT_RETURN_IF_ERROR(cap->add_request("again"));
+    MOEKIT_RETURN_IF_ERROR(replayer->begin_step({{{"r", m}}}));
+    MOEKIT_RETURN_IF_ERROR(cap->begin_step({{{"again", m}}}, s));
+    for (int l = 0; l < kLayers; ++l) {
+      replayed[l].poison();
+      LayerForwardArgs a = step.args();
+      a.out = replayed[l].view();
+      a.forced_ids = replayer->forced_ids(l);
+      MOEKIT_RETURN_IF_ERROR(model.layer(l).forward(a, s));
+    }
+    MOEKIT_RETURN_IF_ERROR(cap->end_step(s));
+    for (int l = 0; l < kLayers; ++l) {
+      const std::string diff = cuda_test::first_difference(replayed[l].download(), outs[l].download());
+      if (!diff.empty()) return DataLoss(rank + "layer " + std::to_string(l) + ": replay differs: " + diff);
     }
     return Status::Ok();
   });
