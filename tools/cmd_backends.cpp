@@ -52,8 +52,8 @@ StatusOr<MoeConfig> config_from(const BackendsOptions& o) {
                            ")");
   }
   c.quant.method = *quant;
-  // fp8 methods imply e4m3 weights unless --weight-dtype says otherwise.
-  if (c.quant.is_fp8() && o.weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
+  // The method implies its weight dtype unless --weight-dtype says otherwise.
+  if (o.weight_dtype == "bf16") c.quant.weight_dtype = default_weight_dtype(c.quant.method);
   const std::optional<ActScale> act_scale = parse_act_scale(o.act_scale);
   if (!act_scale) {
     return InvalidArgument("--act-scale must be " + name_list(kAllActScales, act_scale_name, " or ") + ", got '" +

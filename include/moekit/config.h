@@ -91,18 +91,61 @@ struct ActivationConfig {
   std::string to_string() const;
 };
 
-// How the expert GEMMs quantize their operands (docs/fp8.md has the layouts).
+// How the expert GEMMs quantize their operands (docs/fp8.md and
+// docs/weights_4bit.md have the layouts).
 enum class QuantMethod : uint8_t {
   kNone,            // weights f32|bf16 as given; GEMMs on those values
   kFp8Block128,     // W8A8: e4m3 weights, one f32 scale_inv per 128x128 block; activations
                     // quantized per token per 128 columns (scale = amax/448) before each GEMM
   kFp8PerTensor,    // W8A8: e4m3 weights, one f32 scale per weight tensor per expert;
                     // activations quantized with one scale per tensor (act_scale says how)
+  kMxfp4,           // W4A16: e2m1 weights two per byte, one E8M0 exponent per 32 input columns
+  kInt4G32,         // W4A16: symmetric int4 (nibble - 8) two per byte, one f32 scale per 32 input columns
+  kInt4G128,        //   the same with one scale per 128 input columns
 };
-inline constexpr QuantMethod kAllQuantMethods[] = {QuantMethod::kNone, QuantMethod::kFp8Block128,
-                                                   QuantMethod::kFp8PerTensor};
-const char* quant_method_name(QuantMethod m);  // "none", "fp8_block128", "fp8_per_tensor"
+inline constexpr QuantMethod kAllQuantMethods[] = {QuantMethod::kNone,    QuantMethod::kFp8Block128,
+                                                   QuantMethod::kFp8PerTensor, QuantMethod::kMxfp4,
+                                                   QuantMethod::kInt4G32, QuantMethod::kInt4G128};
+// "none", "fp8_block128", "fp8_per_tensor", "mxfp4", "int4_g32", "int4_g128"
+const char* quant_method_name(QuantMethod m);
 std::optional<QuantMethod> parse_quant_method(std::string_view name);
+
+// What a method does to the weights and activations (one place, so a new
+// method is a row here and its kernels, not a branch at every use).
+enum class QuantFamily : uint8_t { kNone, kFp8, kWeight4 };
+constexpr QuantFamily quant_family(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::kNone: return QuantFamily::kNone;
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor: return QuantFamily::kFp8;
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: return QuantFamily::kWeight4;
+  }
+  return QuantFamily::kNone;
+}
+// The weight dtype a method takes: bf16 (none; f32 also serves), f8_e4m3
+// (fp8), u8 (4-bit, two values a byte).
+constexpr DType default_weight_dtype(QuantMethod m) {
+  switch (quant_family(m)) {
+    case QuantFamily::kNone: return DType::kBF16;
+    case QuantFamily::kFp8: return DType::kF8E4M3;
+    case QuantFamily::kWeight4: return DType::kU8;
+  }
+  return DType::kBF16;
+}
+// 4-bit methods: input columns per scale (the group), 0 otherwise.
+constexpr int64_t weight4_group(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32: return 32;
+    case QuantMethod::kInt4G128: return 128;
+    case QuantMethod::kNone:
+    case QuantMethod::kFp8Block128:
+    case QuantMethod::kFp8PerTensor: return 0;
+  }
+  return 0;
+}
 
 // fp8 per-tensor only: where the activation scale comes from.
 enum class ActScale : uint8_t {
@@ -128,12 +171,15 @@ inline constexpr float kFp8E4M3Max = 448.0f;    // largest finite e4m3fn value
 inline constexpr float kFp8ScaleFloor = 1e-10f; // amax is clamped to >= this before amax/448
 
 struct QuantScheme {
-  DType weight_dtype = DType::kBF16;  // f32 | bf16 (method none); f8_e4m3 (fp8 methods)
+  DType weight_dtype = DType::kBF16;  // f32 | bf16 (method none); f8_e4m3 (fp8); u8 (4-bit: two values a byte)
   DType act_dtype = DType::kBF16;     // f32 | bf16 (hidden and out)
   QuantMethod method = QuantMethod::kNone;
   ActScale act_scale = ActScale::kDynamic;  // kFp8PerTensor only
 
-  bool is_fp8() const { return method != QuantMethod::kNone; }
+  bool is_fp8() const { return quant_family(method) == QuantFamily::kFp8; }
+  bool is_weight4() const { return quant_family(method) == QuantFamily::kWeight4; }
+  // The stored width of a weight row of `cols` input columns (4-bit: two a byte).
+  int64_t stored_cols(int64_t cols) const { return is_weight4() ? cols / 2 : cols; }
   Status validate() const;
   std::string to_string() const;
 };

@@ -98,8 +98,8 @@ MoeConfig make_config(nb::handle num_experts, nb::handle top_k, nb::handle hidde
         ("quant: unknown method '" + quant + "' (" + name_list(kAllQuantMethods, quant_method_name) + ")").c_str());
   }
   c.quant.method = *method_q;
-  // fp8 methods take e4m3 weights: the default weight dtype follows the method.
-  if (c.quant.is_fp8() && weight_dtype == "bf16") c.quant.weight_dtype = DType::kF8E4M3;
+  // The default weight dtype follows the method (e4m3 for fp8, packed u8 for 4-bit).
+  if (weight_dtype == "bf16") c.quant.weight_dtype = default_weight_dtype(c.quant.method);
   const std::optional<ActScale> scale = parse_act_scale(act_scale);
   if (!scale) {
     throw nb::value_error(("act_scale: must be " + name_list(kAllActScales, act_scale_name, " or ") + ", got '" +

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iterator>
 #include <sstream>
+#include <utility>
 
 namespace moekit {
 
@@ -131,11 +132,14 @@ const char* quant_method_name(QuantMethod m) {
     case QuantMethod::kNone: return "none";
     case QuantMethod::kFp8Block128: return "fp8_block128";
     case QuantMethod::kFp8PerTensor: return "fp8_per_tensor";
+    case QuantMethod::kMxfp4: return "mxfp4";
+    case QuantMethod::kInt4G32: return "int4_g32";
+    case QuantMethod::kInt4G128: return "int4_g128";
   }
   return "?";
 }
 
-static_assert(std::size(kAllQuantMethods) == static_cast<size_t>(QuantMethod::kFp8PerTensor) + 1,
+static_assert(std::size(kAllQuantMethods) == static_cast<size_t>(QuantMethod::kInt4G128) + 1,
               "kAllQuantMethods lists every QuantMethod");
 
 std::optional<QuantMethod> parse_quant_method(std::string_view name) {
@@ -161,21 +165,23 @@ Status QuantScheme::validate() const {
   if (act_dtype != DType::kF32 && act_dtype != DType::kBF16) {
     return InvalidArgument(field("quant.act_dtype", std::string("must be f32 or bf16, got ") + dtype_name(act_dtype)));
   }
-  switch (method) {
-    case QuantMethod::kNone:
+  switch (quant_family(method)) {
+    case QuantFamily::kNone:
       if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16) {
         return InvalidArgument(field("quant.weight_dtype", std::string("must be f32 or bf16 for method none, got ") +
                                                                dtype_name(weight_dtype)));
       }
       break;
-    case QuantMethod::kFp8Block128:
-    case QuantMethod::kFp8PerTensor:
-      if (weight_dtype != DType::kF8E4M3) {
-        return InvalidArgument(field("quant.weight_dtype", std::string("must be f8_e4m3 for method ") +
-                                                               quant_method_name(method) + ", got " +
+    case QuantFamily::kFp8:
+    case QuantFamily::kWeight4: {
+      const DType want = quant_family(method) == QuantFamily::kFp8 ? DType::kF8E4M3 : DType::kU8;
+      if (weight_dtype != want) {
+        return InvalidArgument(field("quant.weight_dtype", std::string("must be ") + dtype_name(want) +
+                                                               " for method " + quant_method_name(method) + ", got " +
                                                                dtype_name(weight_dtype)));
       }
       break;
+    }
   }
   if (method != QuantMethod::kFp8PerTensor && act_scale != ActScale::kDynamic) {
     return InvalidArgument(field("quant.act_scale", std::string("static activation scales belong to fp8_per_tensor, "
@@ -247,6 +253,21 @@ Status MoeConfig::validate() const {
   if (quant.is_fp8() && (has_expert_bias || shared_intermediate > 0)) {
     return InvalidArgument(field("quant.method", std::string(quant_method_name(quant.method)) +
                                                      " does not take expert biases or a shared expert yet"));
+  }
+  if (quant.is_weight4()) {
+    // TODO(weight4): a shared expert (its own packed weights and scales).
+    if (shared_intermediate > 0) {
+      return InvalidArgument(field("quant.method", std::string(quant_method_name(quant.method)) +
+                                                       " does not take a shared expert yet"));
+    }
+    const int64_t g = weight4_group(quant.method);
+    for (const auto& [name, n] : {std::pair<const char*, int64_t>{"hidden", hidden}, {"intermediate", intermediate}}) {
+      if (n % g != 0) {
+        return InvalidArgument(field(name, std::to_string(n) + " is not a multiple of " +
+                                               quant_method_name(quant.method) + "'s group of " + std::to_string(g) +
+                                               " input columns"));
+      }
+    }
   }
   if (batch_invariant && quant.method == QuantMethod::kFp8PerTensor && quant.act_scale == ActScale::kDynamic) {
     // One activation scale per call: every row depends on the batch's amax.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/weight4.h"
 #include "moekit/parallel_for.h"
 
 namespace moekit {
@@ -121,6 +122,20 @@ Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device
       MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13_scale, "w13_scale", {DType::kF32}, {E, P}, device));
       MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2_scale, "w2_scale", {DType::kF32}, {E}, device));
       break;
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: {
+      // One scale per group of input columns of every row (docs/weights_4bit.md).
+      const int64_t g = weight4_group(q.method), n1 = P * I;
+      const DType sd = weight4_scale_dtype(q.method);
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13_scale, "w13_scale", {sd}, {E, n1, H / g}, device));
+      MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2_scale, "w2_scale", {sd}, {E, H, I / g}, device));
+      if (device.type == DeviceType::kCpu) {
+        MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w13_scale, "w13_scale"));
+        MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w2_scale, "w2_scale"));
+      }
+      return Status::Ok();  // weight-only: no activation scales
+    }
   }
   if (static_act) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(w.a13_scale, "a13_scale", {DType::kF32}, {E}, device));

@@ -33,7 +33,11 @@ StatusOr<Fp8Matrix> quantize_fp8(const TensorView& w, QuantMethod method, std::s
   out.weight = HostTensor(DType::kF8E4M3, {N, K});
   uint8_t* q = out.weight.data<uint8_t>();
   switch (method) {
-    case QuantMethod::kNone: return InvalidArgument(n + ": quant method none is not an fp8 scheme");
+    case QuantMethod::kNone:
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128:
+      return InvalidArgument(n + ": quant method " + quant_method_name(method) + " is not an fp8 scheme");
     case QuantMethod::kFp8Block128: {
       const int64_t rb = (N + kFp8BlockSize - 1) / kFp8BlockSize, cb = (K + kFp8BlockSize - 1) / kFp8BlockSize;
       out.scale = HostTensor(DType::kF32, {rb, cb});

@@ -146,6 +146,35 @@ TEST(KernelOptions, TheSm90BackendRefusesAnInstanceItDoesNotHave) {
   EXPECT_NE(s.reason.find("no such CUTLASS tile (m128_n256, m64_n256, swap_n32, swap_n64)"), std::string::npos)
       << s.reason;
 }
+
+// 4-bit weights: both sm90 classes say why they cannot serve them, and the
+// oracle's choice on that H200 is the CPU backend, with the reason in its report.
+TEST(Oracle, TheSm90BackendNamesWhyItDoesNotServe4BitWeights) {
+  Platform h200 = Platform::cpu_only();
+  h200.cuda_built = h200.sm90a_built = true;
+  CudaDeviceInfo d;
+  d.index = 0;
+  d.cc_major = 9;
+  d.cc_minor = 0;
+  h200.cuda_devices.push_back(d);
+  MoeConfig c = small_config();
+  c.hidden = c.intermediate = 128;
+  for (QuantMethod m : {QuantMethod::kMxfp4, QuantMethod::kInt4G32, QuantMethod::kInt4G128}) {
+    c.quant.method = m;
+    c.quant.weight_dtype = DType::kU8;
+    ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+    for (const Support& s : {cuda::sm90_modular_supports(c, h200), cuda::sm90_monolithic_supports(c, h200)}) {
+      EXPECT_FALSE(s.ok);
+      EXPECT_NE(s.reason.find(std::string("quant ") + quant_method_name(m) + ": 4-bit weights are not served on sm90"),
+                std::string::npos)
+          << s.reason;
+    }
+    auto r = select_backend(c, h200);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->backend, "cpu");
+    EXPECT_NE(r->report_string().find("4-bit weights are not served on sm90"), std::string::npos) << r->report_string();
+  }
+}
 #endif
 
 // ---------------------------------------------------------------- the real cpu registry

@@ -88,4 +88,16 @@ std::vector<double> moe_layer_fp8(const LayerParams& p, const Fp8Params& q, cons
                                   const std::vector<uint8_t>& w2_bits, const std::vector<double>& w2_scale,
                                   const std::vector<int32_t>& ids, const std::vector<double>& weights, int top_k);
 
+// ---- 4-bit weights (docs/weights_4bit.md), decoded independently of every backend.
+
+// The real values of a [rows, cols] weight stored as packed nibbles
+// ([rows, cols/2] bytes, the even column in the low nibble) with one scale per
+// `group` columns ([rows, cols/group]):
+//   "mxfp4": e2m1 (sign, 2-bit exponent with bias 1, 1-bit mantissa; exponent 0
+//            subnormal) times 2^(code - 127), scales given as E8M0 codes;
+//   "int4":  (nibble - 8) times the scale (scales given as values).
+// Throws on an E8M0 code 255 (NaN).
+std::vector<double> weight4_values(const std::string& scheme, const std::vector<uint8_t>& packed,
+                                   const std::vector<double>& scales, int64_t rows, int64_t cols, int64_t group);
+
 }  // namespace moekit_ref

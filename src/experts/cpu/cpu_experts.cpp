@@ -41,13 +41,15 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   const int64_t n1 = gemm1_width(config.activation.kind, I);
   const int64_t Is = config.shared_intermediate;
   const DType wt = config.quant.weight_dtype;
-  MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, H}, Device::cpu()));
-  MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, I}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, config.quant.stored_cols(H)}, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, config.quant.stored_cols(I)}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, weights, Device::cpu()));
   const bool bias = config.has_expert_bias, shared = Is > 0;
+  const DType bias_dtype = config.quant.is_weight4() ? DType::kBF16 : wt;  // 4-bit layers: f32 or bf16 biases
   MOEKIT_RETURN_IF_ERROR(
-      check_optional(weights.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, wt}, {E, n1}));
-  MOEKIT_RETURN_IF_ERROR(check_optional(weights.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, wt}, {E, H}));
+      check_optional(weights.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, bias_dtype}, {E, n1}));
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(weights.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, bias_dtype}, {E, H}));
   MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w13, "shared_w13", shared, "shared_intermediate", {wt},
                                         {gemm1_width(config.activation.kind, Is), H}));
   MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w2, "shared_w2", shared, "shared_intermediate", {wt}, {H, Is}));
@@ -77,6 +79,9 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
       if (quant_.is_fp8()) {
         w13_.assign_fp8(quant_.method, w13, weights.w13_scale, w13_parts(activation_));
         w2_.assign_fp8(quant_.method, w2, weights.w2_scale, 1);
+      } else if (quant_.is_weight4()) {
+        w13_.assign_weight4(quant_.method, w13, weights.w13_scale);
+        w2_.assign_weight4(quant_.method, w2, weights.w2_scale);
       } else {
         w13_.assign(w13);
         w2_.assign(w2);
@@ -188,7 +193,10 @@ void CpuExperts::apply_shared(const float* x, int64_t num_tokens, float* y, cons
 void CpuExperts::quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld,
                                      const std::vector<float>& static_scale, const Buffers& b) const {
   switch (quant_.method) {
-    case QuantMethod::kNone: return;
+    case QuantMethod::kNone:
+    case QuantMethod::kMxfp4:  // weight-only: activations stay as they are
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: return;
     case QuantMethod::kFp8Block128: fp8_fake_quant_groups(a, rows, cols, ld); return;
     case QuantMethod::kFp8PerTensor:
       switch (quant_.act_scale) {

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 
+#include "core/weight4.h"
 #include "moekit/parallel_for.h"
 #include "moekit/platform.h"
 #include "experts/cpu/fp8_emulation.h"
@@ -69,6 +70,18 @@ void ExpertWeightsF32::assign_fp8(QuantMethod method, const TensorView& src, con
   data_.assign(static_cast<size_t>(src.numel()), 0.0f);
   dequantize_fp8_weights(method, src.ptr<const uint8_t>(), scale.ptr<const float>(), src.shape[0], src.shape[1],
                          src.shape[2], parts, data_.data());
+}
+
+void ExpertWeightsF32::assign_weight4(QuantMethod method, const TensorView& src, const TensorView& scale) {
+  const int64_t rows = src.shape[0] * src.shape[1], cols = 2 * src.shape[2];
+  const int64_t groups = cols / weight4_group(method);
+  const size_t scale_bytes = dtype_size(scale.dtype);
+  data_.assign(static_cast<size_t>(rows * cols), 0.0f);
+  parallel_for(rows, 64, [&](int64_t begin, int64_t end) {
+    dequantize_weight4(method, src.ptr<const uint8_t>() + begin * cols / 2,
+                       scale.ptr<const uint8_t>() + static_cast<size_t>(begin * groups) * scale_bytes, end - begin,
+                       cols, data_.data() + begin * cols);
+  });
 }
 
 void ExpertWeightsF32::assign(const TensorView& src) {

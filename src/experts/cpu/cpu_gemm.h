@@ -52,6 +52,9 @@ class ExpertWeightsF32 {
   // src: [E, N, K] e4m3 host tensor with its checked scales (quant_weights.h),
   // dequantized once (fp8_emulation.h, dequantize_fp8_weights).
   void assign_fp8(QuantMethod method, const TensorView& src, const TensorView& scale, int64_t parts);
+  // src: [E, N, K/2] packed 4-bit host tensor with its checked scales
+  // [E, N, K/group] (core/weight4.h), dequantized once, exactly.
+  void assign_weight4(QuantMethod method, const TensorView& src, const TensorView& scale);
   const float* data() const { return data_.data(); }
   bool empty() const { return data_.empty(); }
 

@@ -12,8 +12,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 Support supports_common(const MoeConfig& config, const Platform& platform) {
   // Device/arch: any CPU runs these kernels.
-  // Dtypes/quant: every scheme is emulated exactly (fp8_emulation.h), partial
-  // 128-blocks included.
+  // Dtypes/quant: every scheme is emulated exactly (fp8_emulation.h, partial
+  // 128-blocks included; 4-bit weights dequantized exactly, core/weight4.h).
   const QuantScheme& q = config.quant;
   if (q.act_dtype != DType::kF32 && q.act_dtype != DType::kBF16) {
     return Support::no(std::string("cpu: activation dtype ") + dtype_name(q.act_dtype) + " not supported (f32 or bf16)");
@@ -27,11 +27,16 @@ Support supports_common(const MoeConfig& config, const Platform& platform) {
       break;
     case QuantMethod::kFp8Block128:
     case QuantMethod::kFp8PerTensor:
-      if (q.weight_dtype != DType::kF8E4M3) {
-        return Support::no(std::string("cpu: ") + quant_method_name(q.method) + " needs f8_e4m3 weights, got " +
-                           dtype_name(q.weight_dtype));
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: {
+      const DType want = q.is_fp8() ? DType::kF8E4M3 : DType::kU8;
+      if (q.weight_dtype != want) {
+        return Support::no(std::string("cpu: ") + quant_method_name(q.method) + " needs " + dtype_name(want) +
+                           " weights, got " + dtype_name(q.weight_dtype));
       }
       break;
+    }
   }
   // Activation: every one is implemented (apply_activation's switch is exhaustive).
   return Support::yes();

@@ -59,7 +59,10 @@ void dequantize_fp8_weights(QuantMethod method, const uint8_t* w, const float* s
           for (int64_t k = 0; k < K; ++k) dst[k] = f8e4m3_bits_to_f32(src[k]) * s;
           break;
         }
-        case QuantMethod::kNone: break;  // not an fp8 tensor; prepare() never calls this
+        case QuantMethod::kNone:
+        case QuantMethod::kMxfp4:
+        case QuantMethod::kInt4G32:
+        case QuantMethod::kInt4G128: break;  // not an fp8 tensor; prepare() never calls this
       }
     }
   });

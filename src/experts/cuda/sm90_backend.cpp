@@ -58,6 +58,10 @@ Sm90Pipeline sm90_pipeline_of(QuantMethod method) {
     case QuantMethod::kNone: return Sm90Pipeline::kBf16;
     case QuantMethod::kFp8Block128:
     case QuantMethod::kFp8PerTensor: return Sm90Pipeline::kFp8;
+    // TODO(weight4): the 4-bit streaming decode kernel and the dequantizing GEMM producer.
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: return Sm90Pipeline::kNotServed;
   }
   return Sm90Pipeline::kBf16;  // unreachable: the switch names every method (-Wswitch)
 }
@@ -118,6 +122,12 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
                            dtype_name(c.quant.weight_dtype));
       }
       break;
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128:
+      return Support::no(std::string("quant ") + quant_method_name(c.quant.method) +
+                         ": 4-bit weights are not served on sm90 yet (no kernel unpacks them); the cpu backend "
+                         "emulates them exactly");
   }
   if (!fp8 && c.quant.weight_dtype != DType::kBF16) {
     return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");

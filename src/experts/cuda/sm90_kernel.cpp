@@ -72,6 +72,7 @@ size_t Sm90Kernel::workspace_size(int64_t num_tokens) const {
   switch (pipeline_) {
     case Sm90Pipeline::kBf16: return experts_workspace_layout(shape_, num_tokens).total;
     case Sm90Pipeline::kFp8: return fp8_workspace_layout(shape_, num_tokens).total;
+    case Sm90Pipeline::kNotServed: return 0;
   }
   return 0;
 }
@@ -81,6 +82,7 @@ std::string Sm90Kernel::gemm_plan(int64_t num_tokens) const {
     case Sm90Pipeline::kBf16: return experts_gemm_plan(shape_, num_tokens);
     case Sm90Pipeline::kFp8:
       return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens, fp8_cutlass_gemm_built());
+    case Sm90Pipeline::kNotServed: return "none (the quant scheme is not served)";
   }
   return {};
 }
@@ -140,8 +142,9 @@ Status Sm90Kernel::run_pipeline(const MoeRunArgs& a, const Workspace& ws, int64_
       r.workspace = static_cast<char*>(ws.data);
       return run_experts_fp8(shape_, weights_.fp8(config_.quant), r, stream);
     }
+    case Sm90Pipeline::kNotServed: break;
   }
-  return Internal("run_pipeline: unknown pipeline");
+  return Unsupported(std::string(name()) + ": quant " + quant_method_name(config_.quant.method) + " is not served");
 }
 
 Status Sm90Kernel::fork_shared(const MoeRunArgs& a, const Workspace& ws, int64_t M, cudaStream_t stream) const {

@@ -223,6 +223,9 @@ Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, 
   switch (pipeline) {
     case Sm90Pipeline::kBf16: MOEKIT_RETURN_IF_ERROR(prepare_bf16(config, shape, dev, w, &prepared)); break;
     case Sm90Pipeline::kFp8: MOEKIT_RETURN_IF_ERROR(prepare_fp8(config, shape, dev, w, &prepared)); break;
+    case Sm90Pipeline::kNotServed:
+      return Unsupported(std::string(kernel_name) + ": quant " + quant_method_name(config.quant.method) +
+                         " is not served");
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(copy_to(&prepared.score_bias, dev, w.score_bias.data, sizeof(float) * shape.num_experts));

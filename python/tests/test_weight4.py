@@ -1,0 +1,87 @@
+"""4-bit expert weights through the Python package (docs/weights_4bit.md): packed
+uint8 weights with their scales, against a torch decoding written here (e2m1 by its
+fields, int4 as nibble - 8) and a float64 layer on the decoded weights; bad scales
+refused by name."""
+import math
+
+import pytest
+import torch
+
+import moekit
+from conftest import seed_of, tie_free_logits, torch_ref_route
+
+E, K, H, I, M = 4, 2, 256, 128, 9
+GROUP = {"mxfp4": 32, "int4_g32": 32, "int4_g128": 128}
+
+
+def e2m1(nibble: torch.Tensor) -> torch.Tensor:
+    sign = torch.where(nibble >= 8, -1.0, 1.0).double()
+    exp, man = (nibble >> 1) & 3, (nibble & 1).double()
+    mag = torch.where(exp == 0, 0.5 * man, torch.pow(2.0, exp.double() - 1) * (1 + 0.5 * man))
+    return sign * mag
+
+
+def decode(packed: torch.Tensor, scales: torch.Tensor, scheme: str) -> torch.Tensor:
+    """[..., N, K/2] uint8 + [..., N, K/g] scales -> [..., N, K] float64."""
+    n = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2).long()  # even column in the low nibble
+    v = e2m1(n) if scheme == "mxfp4" else (n - 8).double()
+    s = torch.pow(2.0, scales.double() - 127) if scheme == "mxfp4" else scales.double()
+    return v * s.repeat_interleave(GROUP[scheme], dim=-1)
+
+
+def random_packed(shape, scheme, gen):
+    packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=gen, dtype=torch.uint8)
+    groups = (*shape[:-1], shape[-1] // GROUP[scheme])
+    if scheme == "mxfp4":
+        scales = torch.randint(127 - 7, 127 - 2, groups, generator=gen, dtype=torch.uint8)
+    else:
+        scales = (torch.rand(groups, generator=gen) * 0.016 + 0.004).bfloat16().float()  # bf16 values, as checkpoints
+    return packed, scales
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
+def test_weight4_layer_matches_the_decoded_float64_layer(scheme):
+    gen = torch.Generator().manual_seed(seed_of("weight4", scheme))
+    p13, s13 = random_packed((E, 2 * I, H), scheme, gen)
+    p2, s2 = random_packed((E, H, I), scheme, gen)
+    hidden = torch.randn((M, H), generator=gen).bfloat16()
+    logits = tie_free_logits(M, E, gen)
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
+                           max_num_tokens=M, quant=scheme)
+    assert cfg.quant == scheme and cfg.weight_dtype == "u8"
+    layer = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
+    out, ids = layer(hidden, logits, return_ids=True)
+    ref_ids, ref_w = torch_ref_route(logits, cfg, None)
+    assert torch.equal(ids.long(), ref_ids.long())
+    w13, w2 = decode(p13, s13, scheme), decode(p2, s2, scheme)
+    ref = torch.zeros((M, H), dtype=torch.float64)
+    for t in range(M):
+        for j in range(K):
+            e = int(ref_ids[t, j])
+            z = w13[e] @ hidden[t].double()
+            g, u = z[:I], z[I:]
+            ref[t] += ref_w[t, j].double() * (w2[e] @ (g * torch.sigmoid(g) * u))
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    # The decoded weights are exact in f32 (bf16-valued scales); bf16 output rounding
+    # (2^-8) plus fp32 arithmetic (tests/experts/test_cpu_weight4.cpp states the same).
+    assert err <= 2 ** -8 + 2e-5, err
+
+
+def test_weight4_bad_scales_are_refused_by_name():
+    gen = torch.Generator().manual_seed(seed_of("weight4 bad"))
+    p13, s13 = random_packed((E, 2 * I, H), "mxfp4", gen)
+    p2, s2 = random_packed((E, H, I), "mxfp4", gen)
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
+                           max_num_tokens=M, quant="mxfp4")
+    bad = s2.clone()
+    bad.view(-1)[3] = 255
+    with pytest.raises(ValueError, match="w2_scale: element 3 is 255, the E8M0 code of NaN"):
+        moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=bad, device="cpu")
+    with pytest.raises(ValueError, match="w13_scale: expected dtype u8, got f32"):
+        moekit.MoeLayer(cfg, p13, p2, w13_scale=s13.float(), w2_scale=s2, device="cpu")
+    with pytest.raises(ValueError, match="w13: "):
+        moekit.MoeLayer(cfg, torch.zeros((E, 2 * I, H), dtype=torch.uint8), p2, w13_scale=s13, w2_scale=s2,
+                        device="cpu")
+    with pytest.raises(ValueError, match="intermediate: 48 is not a multiple of mxfp4's group of 32"):
+        moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=48, quant="mxfp4")
+

@@ -1,0 +1,363 @@
+// 4-bit weights on the CPU kernels (docs/weights_4bit.md): the codec against
+// the fp64 reference's own decoder, the quantizer's rounding, both kernels
+// bitwise equal, the layer against the fp64 layer on the decoded weights, and
+// every bad weight or scale refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/weight4.h"
+#include "experts/cpu/cpu_modular.h"
+#include "experts/cpu/cpu_monolithic.h"
+#include "moekit/routing.h"
+#include "reference/reference.h"
+#include "util/reference_params.h"
+#include "util/test_util.h"
+
+namespace moekit::cpu {
+namespace {
+
+using moekit::testing::poison;
+using moekit::testing::random_tensor;
+using moekit::testing::ref_layer;
+using moekit::testing::ref_routing;
+using moekit::testing::rel_l2_error;
+using moekit::testing::seed_from;
+using moekit::testing::tie_free_logits;
+using moekit::testing::to_double;
+
+// Tolerance (||out - ref|| / ||ref||). The decoded weights are the
+// reference's (mxfp4 exactly; int4 rounded once to f32, 2^-24 relative, since
+// these tests draw arbitrary f32 scales), so what remains is the f32
+// arithmetic of the GEMMs, fp32 accumulation over K <= 256 terms (K u =
+// 1.5e-5 worst case), the activation and the weighted sum: 2e-5. bf16 outputs add one rounding of each element (2^-8 relative).
+constexpr double kF32Bound = 2e-5;
+constexpr double kBf16Bound = 0.00390625 * (1.0 + kF32Bound) + kF32Bound;
+
+std::string ref_scheme(QuantMethod m) { return m == QuantMethod::kMxfp4 ? "mxfp4" : "int4"; }
+
+// Random packed bytes and scales of a [rows, cols] weight: every nibble
+// equally likely; E8M0 codes in [127 - 7, 127 - 3] or int4 scales in
+// [0.004, 0.02] (values of the size a layer's weights have).
+struct Packed {
+  HostTensor bytes, scales;
+};
+Packed random_packed(std::mt19937_64& rng, QuantMethod m, std::vector<int64_t> shape) {
+  const int64_t cols = shape.back(), g = weight4_group(m);
+  std::vector<int64_t> packed_shape = shape, scale_shape = shape;
+  packed_shape.back() = cols / 2;
+  scale_shape.back() = cols / g;
+  Packed p{HostTensor(DType::kU8, packed_shape), HostTensor(weight4_scale_dtype(m), scale_shape)};
+  std::uniform_int_distribution<int> byte(0, 255), code(127 - 7, 127 - 3);
+  std::uniform_real_distribution<float> scale(0.004f, 0.02f);
+  for (int64_t i = 0; i < p.bytes.numel(); ++i) p.bytes.data<uint8_t>()[i] = static_cast<uint8_t>(byte(rng));
+  for (int64_t i = 0; i < p.scales.numel(); ++i) {
+    if (m == QuantMethod::kMxfp4) {
+      p.scales.data<uint8_t>()[i] = static_cast<uint8_t>(code(rng));
+    } else {
+      p.scales.data<float>()[i] = scale(rng);
+    }
+  }
+  return p;
+}
+
+std::vector<uint8_t> bytes_of(const HostTensor& t) {
+  return std::vector<uint8_t>(t.data<uint8_t>(), t.data<uint8_t>() + t.nbytes());
+}
+
+// The reference decoder's values of a packed weight (its scales widened to double).
+std::vector<double> weight_values(QuantMethod m, const Packed& p) {
+  const int64_t cols = 2 * p.bytes.shape().back(), rows = p.bytes.numel() / p.bytes.shape().back();
+  std::vector<double> scales = m == QuantMethod::kMxfp4 ? std::vector<double>(p.scales.data<uint8_t>(),
+                                                                              p.scales.data<uint8_t>() + p.scales.numel())
+                                                        : to_double(p.scales.view());
+  return moekit_ref::weight4_values(ref_scheme(m), bytes_of(p.bytes), scales, rows, cols, weight4_group(m));
+}
+
+constexpr QuantMethod kMethods[] = {QuantMethod::kMxfp4, QuantMethod::kInt4G32, QuantMethod::kInt4G128};
+
+// ---------------------------------------------------------------------------
+// The codec.
+
+TEST(Weight4Codec, DequantizeEqualsTheReferenceDecoder) {
+  for (QuantMethod m : kMethods) {
+    std::mt19937_64 rng(seed_from({41, int64_t(m)}));
+    Packed p = random_packed(rng, m, {6, 256});
+    // Every nibble pair at least once in the first row.
+    for (int b = 0; b < 128; ++b) p.bytes.data<uint8_t>()[b] = static_cast<uint8_t>(b * 2 + (b % 2));
+    std::vector<float> out(6 * 256);
+    dequantize_weight4(m, p.bytes.data<uint8_t>(), p.scales.data<uint8_t>(), 6, 256, out.data());
+    const std::vector<double> ref = weight_values(m, p);
+    // mxfp4: exact (a 2-bit significand times a power of two); int4: the
+    // product of a 4-bit integer and an f32 scale, rounded once to f32 (exact
+    // for bf16-valued scales, as checkpoints store them).
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], static_cast<float>(ref[i])) << quant_method_name(m) << " " << i;
+      if (m == QuantMethod::kMxfp4) ASSERT_EQ(static_cast<double>(out[i]), ref[i]) << i;
+    }
+  }
+}
+
+TEST(Weight4Codec, QuantizerRoundsToTheNearestGridValueAndIsIdempotent) {
+  for (QuantMethod m : kMethods) {
+    std::mt19937_64 rng(seed_from({42, int64_t(m)}));
+    const int64_t rows = 8, cols = 256, g = weight4_group(m);
+    std::vector<double> exact;
+    const HostTensor w = random_tensor(rng, DType::kF32, {rows, cols}, 0.05, &exact);
+    Packed p{HostTensor(DType::kU8, {rows, cols / 2}), HostTensor(weight4_scale_dtype(m), {rows, cols / g})};
+    quantize_weight4(m, w.data<float>(), rows, cols, p.bytes.data<uint8_t>(), p.scales.data<uint8_t>());
+    const std::vector<double> q = weight_values(m, p);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < cols / g; ++b) {
+        double amax = 0.0;
+        for (int64_t j = 0; j < g; ++j) amax = std::max(amax, std::fabs(exact[r * cols + b * g + j]));
+        for (int64_t j = 0; j < g; ++j) {
+          const int64_t i = r * cols + b * g + j;
+          const double x = exact[i], err = std::fabs(x - q[i]);
+          if (m == QuantMethod::kMxfp4) {
+            // Grid step at |x| (e2m1 has 1 mantissa bit): 2^(floor(log2|x|) - 1), at least the
+            // subnormal step 2^(e - 1) with e the group exponent; beyond 6 * 2^e: saturation.
+            const int e = p.scales.data<uint8_t>()[r * (cols / g) + b] - 127;
+            const double top = 6.0 * std::ldexp(1.0, e);
+            const double step = std::max(std::ldexp(1.0, std::ilogb(std::fabs(x)) - 1), std::ldexp(1.0, e - 1));
+            if (std::fabs(x) > top) {
+              EXPECT_EQ(std::fabs(q[i]), top) << "saturation at " << i;
+            } else {
+              EXPECT_LE(err, step / 2) << "mxfp4 rounding at " << i;
+            }
+          } else {
+            const double s = p.scales.data<float>()[r * (cols / g) + b];
+            EXPECT_EQ(s, static_cast<double>(round_to_bf16(static_cast<float>(s)))) << "scale not a bf16 value";
+            EXPECT_NEAR(s * kInt4Max, amax, amax * 0.0079) << "scale = amax / 7 (within bf16 rounding)";
+            EXPECT_LE(err, s / 2 * (1 + 1e-6)) << "int4 rounding at " << i;
+          }
+        }
+      }
+    }
+    // Quantizing the decoded values gives the same bytes and scales again.
+    std::vector<float> decoded(q.begin(), q.end());
+    Packed again{HostTensor(DType::kU8, {rows, cols / 2}), HostTensor(weight4_scale_dtype(m), {rows, cols / g})};
+    quantize_weight4(m, decoded.data(), rows, cols, again.bytes.data<uint8_t>(), again.scales.data<uint8_t>());
+    EXPECT_EQ(bytes_of(again.bytes), bytes_of(p.bytes)) << quant_method_name(m);
+    EXPECT_EQ(std::memcmp(again.scales.data<uint8_t>(), p.scales.data<uint8_t>(), p.scales.nbytes()), 0)
+        << quant_method_name(m);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The layer.
+
+struct Shape {
+  int64_t M, E, k, H, I;
+};
+
+struct Weight4Layer {
+  MoeConfig config;
+  Packed w13, w2;
+  HostTensor w13_bias, w2_bias, hidden, logits;
+  std::vector<double> w13_exact, w2_exact, b13_exact, b2_exact, hidden_exact, logits_exact;
+
+  Weight4Layer(const Shape& s, QuantMethod m, Activation act, bool biases, DType act_dtype, uint64_t seed) {
+    config.num_experts = s.E;
+    config.hidden = s.H;
+    config.intermediate = s.I;
+    config.max_num_tokens = s.M;
+    config.logits_dtype = DType::kF32;
+    config.quant.method = m;
+    config.quant.weight_dtype = DType::kU8;
+    config.quant.act_dtype = act_dtype;
+    config.activation.kind = act;
+    config.has_expert_bias = biases;
+    config.routing.method = RoutingMethod::kRenormalize;
+    config.routing.top_k = static_cast<int>(s.k);
+    std::mt19937_64 rng(seed);
+    const int64_t n1 = (act == Activation::kRelu2 ? 1 : 2) * s.I;
+    w13 = random_packed(rng, m, {s.E, n1, s.H});
+    w2 = random_packed(rng, m, {s.E, s.H, s.I});
+    w13_exact = weight_values(m, w13);
+    w2_exact = weight_values(m, w2);
+    if (biases) {
+      w13_bias = random_tensor(rng, DType::kBF16, {s.E, n1}, 0.1, &b13_exact);
+      w2_bias = random_tensor(rng, DType::kF32, {s.E, s.H}, 0.1, &b2_exact);
+    }
+    hidden = random_tensor(rng, act_dtype, {s.M, s.H}, 1.0, &hidden_exact);
+    logits = tie_free_logits(rng, DType::kF32, s.M, s.E, 1e-3, &logits_exact);
+  }
+  MoeWeights weights() const {
+    MoeWeights w;
+    w.w13 = w13.bytes.view();
+    w.w2 = w2.bytes.view();
+    w.w13_scale = w13.scales.view();
+    w.w2_scale = w2.scales.view();
+    if (config.has_expert_bias) {
+      w.w13_bias = w13_bias.view();
+      w.w2_bias = w2_bias.view();
+    }
+    return w;
+  }
+};
+
+struct Workbuf {
+  std::vector<unsigned char> bytes;
+  explicit Workbuf(size_t n) : bytes(n) {}
+  Workspace ws() { return {bytes.data(), bytes.size()}; }
+};
+
+using GridParam = std::tuple<QuantMethod, Activation, DType>;
+
+class CpuWeight4Grid : public ::testing::TestWithParam<GridParam> {};
+
+TEST_P(CpuWeight4Grid, ModularEqualsMonolithicAndMatchesTheReference) {
+  const auto [method, act, dtype] = GetParam();
+  const Shape s{19, 8, 2, 256, 128};
+  const bool biases = act == Activation::kSwigluOai;  // gpt-oss's layer has them
+  const Weight4Layer layer(s, method, act, biases, dtype, seed_from({int64_t(method), int64_t(act), int64_t(dtype), 4}));
+  ASSERT_TRUE(layer.config.validate().ok()) << layer.config.validate().to_string();
+  ASSERT_TRUE(CpuMonolithic::supports(layer.config, Platform::cpu_only(2)).ok);
+  ASSERT_TRUE(CpuModular::supports(layer.config, Platform::cpu_only(2)).ok);
+  CpuMonolithic mono(layer.config);
+  CpuModular modular(layer.config);
+  const Status pm = mono.prepare_weights(layer.weights());
+  ASSERT_TRUE(pm.ok()) << pm.to_string();
+  ASSERT_TRUE(modular.prepare_weights(layer.weights()).ok());
+
+  const int64_t M = s.M, k = s.k;
+  HostTensor out_mono(dtype, {M, s.H}), out_mod(dtype, {M, s.H});
+  poison(out_mono);
+  poison(out_mod);
+  Workbuf wm(mono.workspace_size(M));
+  MoeRunArgs am;
+  am.hidden = layer.hidden.view();
+  am.out = out_mono.view();
+  am.router_logits = layer.logits.view();
+  ASSERT_TRUE(mono.run(am, wm.ws(), nullptr).ok());
+
+  HostTensor ids(DType::kI32, {M, k}), wts(DType::kF32, {M, k});
+  RoutingArgs ra;
+  ra.logits = layer.logits.view();
+  ra.topk_ids = ids.view();
+  ra.topk_weights = wts.view();
+  ASSERT_TRUE(route_cpu(layer.config.routing, ra).ok());
+  Workbuf wd(modular.workspace_size(M));
+  MoeRunArgs ad;
+  ad.hidden = layer.hidden.view();
+  ad.out = out_mod.view();
+  ad.topk_ids = ids.view();
+  ad.topk_weights = wts.view();
+  ASSERT_TRUE(modular.run(ad, wd.ws(), nullptr).ok());
+  EXPECT_EQ(std::memcmp(out_mono.data<uint8_t>(), out_mod.data<uint8_t>(), out_mono.nbytes()), 0)
+      << "modular and monolithic outputs differ";
+
+  const moekit_ref::RoutingResult rr = moekit_ref::route(ref_routing(layer.config.routing), layer.logits_exact, M, s.E);
+  moekit_ref::LayerExtras extras;
+  extras.b13 = layer.b13_exact;
+  extras.b2 = layer.b2_exact;
+  const std::vector<double> ref = moekit_ref::moe_layer(ref_layer(layer.config), layer.hidden_exact, M, layer.w13_exact,
+                                                        layer.w2_exact, rr.ids, rr.weights, static_cast<int>(k), extras);
+  const double err = rel_l2_error(to_double(out_mono.view()), ref);
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3e", err);
+  RecordProperty("rel_l2_error", text);
+  EXPECT_LE(err, dtype == DType::kF32 ? kF32Bound : kBf16Bound);
+}
+
+std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
+  const auto [method, act, dtype] = info.param;
+  return std::string(quant_method_name(method)) + "_" + activation_name(act) + "_" + dtype_name(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CpuWeight4Grid,
+                         ::testing::Combine(::testing::ValuesIn(kMethods),
+                                            ::testing::Values(Activation::kSiluGated, Activation::kSwigluOai,
+                                                              Activation::kRelu2),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         grid_name);
+
+// ---------------------------------------------------------------------------
+// Bad input: named, and the kernel keeps nothing of it.
+
+Status prepare(const MoeConfig& c, const MoeWeights& w) {
+  CpuModular kernel(c);
+  return kernel.prepare_weights(w);
+}
+
+void expect_refused(const Status& st, const std::string& needle) {
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.to_string();
+}
+
+TEST(CpuWeight4, BadWeightsAndScalesAreRefusedByName) {
+  const Shape s{4, 4, 2, 128, 128};
+  for (QuantMethod m : kMethods) {
+    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, seed_from({43, int64_t(m)}));
+    ASSERT_TRUE(prepare(layer.config, layer.weights()).ok());
+    {  // unpacked widths: [E, n1, H] instead of [E, n1, H/2]
+      HostTensor wide(DType::kU8, {s.E, 2 * s.I, s.H});
+      MoeWeights w = layer.weights();
+      w.w13 = wide.view();
+      expect_refused(prepare(layer.config, w), "w13");
+    }
+    {  // a scale tensor of the other scheme's dtype
+      HostTensor other(m == QuantMethod::kMxfp4 ? DType::kF32 : DType::kU8, layer.w2.scales.shape());
+      MoeWeights w = layer.weights();
+      w.w2_scale = other.view();
+      expect_refused(prepare(layer.config, w), "w2_scale");
+    }
+    {  // one scale per row instead of one per group
+      HostTensor rows(weight4_scale_dtype(m), {s.E, 2 * s.I, 1});
+      MoeWeights w = layer.weights();
+      w.w13_scale = rows.view();
+      expect_refused(prepare(layer.config, w), "w13_scale");
+    }
+    {  // E8M0 code 255 (NaN) / an int4 scale of 0 or NaN
+      HostTensor bad = layer.w2.scales;  // a copy
+      if (m == QuantMethod::kMxfp4) {
+        bad.data<uint8_t>()[5] = kE8M0Nan;
+      } else {
+        bad.data<float>()[5] = 0.0f;
+      }
+      MoeWeights w = layer.weights();
+      w.w2_scale = bad.view();
+      expect_refused(prepare(layer.config, w), "w2_scale: element 5");
+      if (m != QuantMethod::kMxfp4) {
+        bad.data<float>()[5] = std::nanf("");
+        expect_refused(prepare(layer.config, w), "w2_scale: element 5");
+      }
+    }
+  }
+}
+
+TEST(CpuWeight4, ConfigRulesAreNamed) {
+  MoeConfig c;
+  c.max_num_tokens = 8;
+  c.num_experts = 4;
+  c.hidden = 96;  // not a multiple of 128
+  c.intermediate = 128;
+  c.routing.top_k = 2;
+  c.quant.method = QuantMethod::kInt4G128;
+  c.quant.weight_dtype = DType::kU8;
+  Status st = c.validate();
+  expect_refused(st, "hidden");
+  expect_refused(st, "int4_g128");
+  c.hidden = 128;
+  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  c.quant.weight_dtype = DType::kBF16;
+  expect_refused(c.validate(), "quant.weight_dtype: must be u8");
+  c.quant.weight_dtype = DType::kU8;
+  c.shared_intermediate = 128;
+  expect_refused(c.validate(), "shared expert");
+  c.shared_intermediate = 0;
+  c.quant.method = QuantMethod::kMxfp4;
+  c.intermediate = 48;  // not a multiple of 32
+  expect_refused(c.validate(), "intermediate");
+  for (QuantMethod m : kMethods) EXPECT_EQ(parse_quant_method(quant_method_name(m)), m);
+}
+
+}  // namespace
+}  // namespace moekit::cpu
