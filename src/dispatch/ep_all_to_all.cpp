@@ -81,7 +81,8 @@ class AllToAll final : public EpHostExchange {
     return EpPairs{x_pairs_.data(), pair_slot_.data(), y_pairs_.data(), p};
   }
 
-  Status finalize(const float* topk_weights, const TensorView& out) override {
+  Status finalize(const float* topk_weights, const TensorView& out,
+                  const std::function<void(float* y)>& before_narrowing) override {
     const int n = comm_.size();
     const int64_t H = s_.hidden;
     // Return every source's pair outputs in the order they arrived.
@@ -95,6 +96,7 @@ class AllToAll final : public EpHostExchange {
                                               recv_counts_.data(), max_return_rows_, H * sizeof(float)));
     float* y = local_output_buffer(out, y_.data());
     weighted_topk_reduce(ret_recv_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
+    if (before_narrowing && num_tokens_ > 0) before_narrowing(y);
     local_finalize(y, out);
     return Status::Ok();
   }

@@ -79,7 +79,8 @@ class AllgatherReduceScatter final : public EpHostExchange {
     return EpPairs{x_pairs_.data(), pair_slot_.data(), y_pairs_.data(), p};
   }
 
-  Status finalize(const float* topk_weights, const TensorView& out) override {
+  Status finalize(const float* topk_weights, const TensorView& out,
+                  const std::function<void(float* y)>& before_narrowing) override {
     const int64_t H = s_.hidden, count = s_.max_tokens * s_.top_k * H;
     std::fill(partial_.begin(), partial_.end(), 0.0f);
     for (int64_t p = 0; p < num_pairs_; ++p) {
@@ -88,6 +89,7 @@ class AllgatherReduceScatter final : public EpHostExchange {
     MOEKIT_RETURN_IF_ERROR(comm_.reduce_scatter_sum_f32(partial_.data(), mine_.data(), count));
     float* y = local_output_buffer(out, y_.data());
     weighted_topk_reduce(mine_.data(), pair_to_row_.data(), topk_weights, num_tokens_, s_.top_k, H, y);
+    if (before_narrowing && num_tokens_ > 0) before_narrowing(y);
     local_finalize(y, out);
     return Status::Ok();
   }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -61,8 +62,11 @@ class EpHostExchange {
   virtual StatusOr<EpPairs> prepare(const TensorView& hidden, const int32_t* physical_ids,
                                     const ExpertPlacement& placement) = 0;
   // After the experts stage filled pairs.y: brings the outputs back and writes
-  // out [M, H] (act dtype) = sum_j topk_weights[t, j] * y(t, j). Collective.
-  virtual Status finalize(const float* topk_weights, const TensorView& out) = 0;
+  // out [M, H] (act dtype) = sum_j topk_weights[t, j] * y(t, j), calling
+  // before_narrowing (when set) on that fp32 sum [M, H] first (the shared
+  // expert's addend). Collective.
+  virtual Status finalize(const float* topk_weights, const TensorView& out,
+                          const std::function<void(float* y)>& before_narrowing) = 0;
 };
 
 // (a) all-to-all: each token sent once per destination rank holding at least

@@ -1,6 +1,7 @@
 // The host expert-parallel PrepareFinalize (prepare_finalize.h): the replica of
 // every (token, slot), then the token movement of ep_host_exchange.h.
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,9 @@ namespace {
 class EpHostPrepareFinalize final : public PrepareFinalize {
  public:
   EpHostPrepareFinalize(Communicator& comm, const EpShape& shape, std::unique_ptr<EpHostExchange> exchange,
-                        const ExpertPlacement& placement, ReplicaTable replicas)
+                        const ExpertPlacement& placement, ReplicaTable replicas, SharedExpertPass shared)
       : comm_(comm), shape_(shape), exchange_(std::move(exchange)), placement_(placement),
-        replicas_(std::move(replicas)), physical_ids_(shape.max_tokens * shape.top_k),
+        replicas_(std::move(replicas)), shared_(std::move(shared)), physical_ids_(shape.max_tokens * shape.top_k),
         ones_(std::max<int64_t>(shape.max_pairs(comm.size()), 1), 1.0f) {}
 
   const char* name() const override { return exchange_->name(); }
@@ -51,7 +52,10 @@ class EpHostPrepareFinalize final : public PrepareFinalize {
 
   Status finalize(const RoutedTokens& tokens, const Status& experts, const TensorView& out, Stream) override {
     MOEKIT_RETURN_IF_ERROR(agree(comm_, experts));
-    return exchange_->finalize(tokens.num_tokens > 0 ? tokens.topk_weights.ptr<const float>() : nullptr, out);
+    std::function<void(float*)> before_narrowing;
+    if (shared_) before_narrowing = [&](float* y) { shared_(tokens.hidden, tokens.num_tokens, y); };
+    return exchange_->finalize(tokens.num_tokens > 0 ? tokens.topk_weights.ptr<const float>() : nullptr, out,
+                               before_narrowing);
   }
 
   StatusOr<int64_t> computed_pairs() const override { return computed_pairs_; }
@@ -66,6 +70,7 @@ class EpHostPrepareFinalize final : public PrepareFinalize {
   std::unique_ptr<EpHostExchange> exchange_;
   ExpertPlacement placement_;
   ReplicaTable replicas_;                       // logical -> physical slots
+  SharedExpertPass shared_;                     // the shared expert on this rank's tokens, or empty
   std::vector<int32_t> physical_ids_;           // [max_tokens, k]
   std::vector<float> ones_;                     // [max_pairs]: the k = 1 weight of each pair
   int64_t computed_pairs_ = 0;
@@ -75,14 +80,14 @@ class EpHostPrepareFinalize final : public PrepareFinalize {
 
 StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_host_prepare_finalize(
     Communicator& comm, const EpShape& shape, All2AllBackend kind, const ExpertPlacement& placement,
-    const std::vector<std::vector<int32_t>>& replicas) {
+    const std::vector<std::vector<int32_t>>& replicas, SharedExpertPass shared) {
   MOEKIT_ASSIGN_OR_RETURN(ReplicaTable table, make_replica_table(replicas));
   StatusOr<std::unique_ptr<EpHostExchange>> exchange =
       kind == All2AllBackend::kAllgatherReducescatter ? make_allgather_reduce_scatter(comm, shape)
                                                       : make_all_to_all(comm, shape);
   MOEKIT_RETURN_IF_ERROR(exchange.status());
   return std::unique_ptr<PrepareFinalize>(
-      new EpHostPrepareFinalize(comm, shape, std::move(*exchange), placement, std::move(table)));
+      new EpHostPrepareFinalize(comm, shape, std::move(*exchange), placement, std::move(table), std::move(shared)));
 }
 
 }  // namespace moekit::dispatch

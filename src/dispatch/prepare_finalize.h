@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,12 +66,17 @@ class PrepareFinalize {
 
 std::unique_ptr<PrepareFinalize> make_local_prepare_finalize();
 
+// Adds the layer's shared expert for this rank's tokens to their fp32 routed
+// sum y [m, H] (hidden: the rank's rows, act dtype), before the narrowing.
+using SharedExpertPass = std::function<void(const TensorView& hidden, int64_t m, float* y)>;
+
 // Host ranks. kind: kNccl (all-to-all) or kAllgatherReducescatter; replicas:
 // placement.replicas(). The experts stage gets pairs (k = 1, weight 1, fp32
-// rows: outputs unweighted) and finalize reduces them with the routing weights.
+// rows: outputs unweighted) and finalize reduces them with the routing weights,
+// then runs `shared` (when set) on the sum.
 StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_host_prepare_finalize(
     Communicator& comm, const EpShape& shape, All2AllBackend kind, const ExpertPlacement& placement,
-    const std::vector<std::vector<int32_t>>& replicas);
+    const std::vector<std::vector<int32_t>>& replicas, SharedExpertPass shared = {});
 
 // GPU ranks (all-to-all, bf16 rows). The experts stage gets the received rows
 // with their local slots (skip_negative_ids) and writes each row's weighted

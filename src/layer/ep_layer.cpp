@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "dispatch/host_all_gather.h"
+#include "dispatch/local_prepare_finalize.h"
 #include "dispatch/prepare_finalize.h"
 #include "eplb/slot_weights.h"
+#include "experts/cpu/shared_expert.h"
 #include "layer/forward_checks.h"
 #include "layer/pipeline.h"
 #include "moekit/device_buffer.h"
@@ -26,6 +28,19 @@ struct ExpertParallelLayer::State {
   All2AllBackend dispatch_kind = All2AllBackend::kNccl;  // host ranks: all-to-all or allgather + reduce-scatter
   eplb::SlotWeights weights;       // this rank's slots, checkpoint dtype
   std::unique_ptr<LayerPipeline> pipeline;
+  // Host ranks with a shared expert: it runs on this rank's own tokens after
+  // the combine (CpuSharedExpert, the single-rank CPU layer's code), with its
+  // scratch sized for max_num_tokens.
+  cpu::CpuSharedExpert shared;
+  std::vector<float> shared_x, shared_h, shared_s;
+
+  dispatch::SharedExpertPass shared_pass() {
+    if (!shared.present()) return {};
+    return [this](const TensorView& hidden, int64_t m, float* y) {
+      const float* x = dispatch::local_prepare(hidden, shared_x.data());
+      shared.add_to(x, m, y, shared_h.data(), shared_s.data());
+    };
+  }
 };
 
 namespace {
@@ -43,6 +58,8 @@ MoeConfig experts_config(const MoeConfig& c, int64_t slots, int ranks, bool on_g
   local.parallel = ParallelConfig{};
   local.needs_capture = false;
   local.needs_replay = false;
+  local.shared_intermediate = 0;  // the shared expert runs on the token's own rank, not on pairs
+  local.has_shared_gate = false;
   const dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), slots, c.quant.act_dtype};
   if (on_gpu) {
     local.max_num_tokens = ranks * c.max_num_tokens;
@@ -95,6 +112,7 @@ struct RankStages {
 StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& kernel_class,
                                       const eplb::SlotWeights& weights, const ExpertPlacement& placement,
                                       All2AllBackend kind, Communicator& comm, const Platform& platform,
+                                      dispatch::SharedExpertPass shared,
                                       std::shared_ptr<DeviceBuffer> reuse = nullptr) {
   const bool on_gpu = comm.device().type != DeviceType::kCpu;
   const MoeConfig local = experts_config(c, placement.slots_per_rank, comm.size(), on_gpu);
@@ -124,7 +142,8 @@ StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& ker
   MOEKIT_ASSIGN_OR_RETURN(st.pf, on_gpu ? dispatch::make_ep_device_prepare_finalize(comm, shape, placement,
                                                                                    placement.replicas())
                                         : dispatch::make_ep_host_prepare_finalize(comm, shape, kind, placement,
-                                                                                 placement.replicas()));
+                                                                                 placement.replicas(),
+                                                                                 std::move(shared)));
   return st;
 }
 
@@ -194,7 +213,7 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   }
   // The modular kernel class the oracle picks for the layer, asked with its real
   // parallel config: a monolithic class refuses dispatch across ranks, and the
-  // EP limits (expert_parallel_support) are reasons in its report.
+  // EP limits (sm90_supports: GPU ranks) are reasons in its report.
   StatusOr<Resolution> whole = local.ok() ? select_backend_on(config, platform, comm.device().type)
                                           : StatusOr<Resolution>(local);
   if (local.ok()) local = whole.status();
@@ -225,6 +244,13 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
           : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
                                             config.hidden, config.intermediate);
   if (w.ok()) st.weights = std::move(*w); else built = w.status();
+  if (built.ok() && config.shared_intermediate > 0 && !on_gpu) {
+    built = st.shared.prepare(config, weights);
+    const int64_t rows = config.max_num_tokens, H = config.hidden;
+    st.shared_x.resize(rows * H);
+    st.shared_h.resize(rows * st.shared.gemm1_width());
+    st.shared_s.resize(rows * H);
+  }
   RoutingStage::Options routing_options;
   routing_options.keep_load = true;
   StatusOr<RoutingStage> routing = built.ok() ? RoutingStage::create(config, comm.device(), weights.score_bias,
@@ -232,7 +258,8 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                                               : StatusOr<RoutingStage>(built);
   if (built.ok()) built = routing.status();
   StatusOr<RankStages> stages =
-      built.ok() ? make_rank_stages(config, st.experts_class, st.weights, chosen, choice->kind, comm, platform)
+      built.ok() ? make_rank_stages(config, st.experts_class, st.weights, chosen, choice->kind, comm, platform,
+                                    st.shared_pass())
                  : StatusOr<RankStages>(built);
   if (built.ok()) built = stages.status();
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, built));
@@ -377,7 +404,7 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, moved_or.status()));
   eplb::SlotWeights moved = std::move(*moved_or);
   StatusOr<RankStages> stages = make_rank_stages(config_, st.experts_class, moved, next, st.dispatch_kind, *comm_,
-                                                 st.platform, st.pipeline->workspace_buffer());
+                                                 st.platform, st.shared_pass(), st.pipeline->workspace_buffer());
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, stages.status()));
   st.weights = std::move(moved);
   st.pipeline->replace_experts(std::move(stages->experts), std::move(stages->workspace), std::move(stages->pf));

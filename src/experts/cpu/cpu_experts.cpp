@@ -39,27 +39,21 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   const TensorView& w2 = weights.w2;
   const int64_t E = config.num_experts, H = config.hidden, I = config.intermediate;
   const int64_t n1 = gemm1_width(config.activation.kind, I);
-  const int64_t Is = config.shared_intermediate;
   const DType wt = config.quant.weight_dtype;
   MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {wt}, {E, n1, config.quant.stored_cols(H)}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {wt}, {E, H, config.quant.stored_cols(I)}, Device::cpu()));
   MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, weights, Device::cpu()));
-  const bool bias = config.has_expert_bias, shared = Is > 0;
+  const bool bias = config.has_expert_bias;
   const DType bias_dtype = config.quant.is_weight4() ? DType::kBF16 : wt;  // 4-bit layers: f32 or bf16 biases
   MOEKIT_RETURN_IF_ERROR(
       check_optional(weights.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, bias_dtype}, {E, n1}));
   MOEKIT_RETURN_IF_ERROR(
       check_optional(weights.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, bias_dtype}, {E, H}));
-  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w13, "shared_w13", shared, "shared_intermediate", {wt},
-                                        {gemm1_width(config.activation.kind, Is), H}));
-  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_w2, "shared_w2", shared, "shared_intermediate", {wt}, {H, Is}));
-  MOEKIT_RETURN_IF_ERROR(check_optional(weights.shared_gate, "shared_gate", config.has_shared_gate, "has_shared_gate",
-                                        {DType::kF32, wt}, {H}));
   // NaN or Inf weights would run and return NaN rows: refused, as NaN logits are.
   const std::pair<const TensorView*, const char*> values[] = {
-      {&w13, "w13"}, {&w2, "w2"}, {&weights.w13_bias, "w13_bias"}, {&weights.w2_bias, "w2_bias"},
-      {&weights.shared_w13, "shared_w13"}, {&weights.shared_w2, "shared_w2"}, {&weights.shared_gate, "shared_gate"}};
+      {&w13, "w13"}, {&w2, "w2"}, {&weights.w13_bias, "w13_bias"}, {&weights.w2_bias, "w2_bias"}};
   for (const auto& [t, name] : values) MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
+  MOEKIT_RETURN_IF_ERROR(shared_.prepare(config, weights));  // checks its tensors before it keeps any
   num_experts_ = E;
   hidden_ = H;
   intermediate_ = I;
@@ -98,10 +92,6 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   }
   assign_or_clear(w13_bias_, weights.w13_bias);
   assign_or_clear(w2_bias_, weights.w2_bias);
-  shared_intermediate_ = Is;
-  assign_or_clear(shared_w13_, weights.shared_w13);
-  assign_or_clear(shared_w2_, weights.shared_w2);
-  assign_or_clear(shared_gate_, weights.shared_gate);
   return Status::Ok();
 }
 
@@ -164,30 +154,7 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
   dispatch::weighted_topk_reduce(b.y_perm, b.pair_to_row, topk_weights, num_tokens, k, H, y);
-  if (shared_intermediate_ > 0) apply_shared(x, num_tokens, y, b);
-}
-
-void CpuExperts::apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const {
-  const int64_t H = hidden_, Is = shared_intermediate_;
-  const int64_t n1s = gemm1_width(activation_.kind, Is);
-  // sgemm's blocking may change with the number of rows; batch-invariant mode cannot have that.
-  const auto gemm = batch_invariant_ ? gemm_abt_fixed_order : gemm_abt;
-  gemm(x, H, shared_w13_.data(), H, b.shared_h, n1s, num_tokens, n1s, H);
-  apply_activation(activation_, b.shared_h, num_tokens, Is);
-  gemm(b.shared_h, n1s, shared_w2_.data(), Is, b.shared_y, H, num_tokens, H, Is);
-  parallel_for(num_tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float g = 1.0f;
-      if (!shared_gate_.empty()) {
-        float dot = 0.0f;  // ascending column order
-        for (int64_t c = 0; c < H; ++c) dot += x[t * H + c] * shared_gate_.data()[c];
-        g = 1.0f / (1.0f + std::exp(-dot));
-      }
-      const float* src = b.shared_y + t * H;
-      float* out = y + t * H;
-      for (int64_t c = 0; c < H; ++c) out[c] += g * src[c];
-    }
-  });
+  shared_.add_to(x, num_tokens, y, b.shared_h, b.shared_y);
 }
 
 void CpuExperts::quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld,

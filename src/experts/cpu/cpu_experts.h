@@ -10,6 +10,7 @@
 #include "experts/cpu/cpu_gemm.h"
 #include "experts/cpu/packed_bf16_gemm.h"
 #include "experts/cpu/scratch_layout.h"
+#include "experts/cpu/shared_expert.h"
 #include "moekit/config.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
@@ -66,8 +67,6 @@ class CpuExperts {
   // scheme's activation scales; `static_scale`: a13_scale_ or a2_scale_.
   void quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64_t ld, const std::vector<float>& static_scale,
                            const Buffers& b) const;
-  // y[t] += g_t * shared(x[t]) for t in [0, M): the shared expert's pass.
-  void apply_shared(const float* x, int64_t num_tokens, float* y, const Buffers& b) const;
 
   int64_t num_experts_ = 0, hidden_ = 0, intermediate_ = 0, top_k_ = 0;
   ActivationConfig activation_;
@@ -81,10 +80,7 @@ class CpuExperts {
   PackedBf16Weights w2_packed_;   // w2 packed (N = H, K = I); kPackedBf16 only
   ExpertWeightsF32 w13_bias_;     // [E, n1] f32, or empty
   ExpertWeightsF32 w2_bias_;      // [E, H] f32, or empty
-  int64_t shared_intermediate_ = 0;  // Is, 0: no shared expert
-  ExpertWeightsF32 shared_w13_;   // [n1s, H] f32
-  ExpertWeightsF32 shared_w2_;    // [H, Is] f32
-  ExpertWeightsF32 shared_gate_;  // [H] f32, or empty
+  CpuSharedExpert shared_;        // y += g * shared(x) after the reduce, when the layer has one
 };
 
 }  // namespace moekit::cpu

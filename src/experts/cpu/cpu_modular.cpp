@@ -1,7 +1,6 @@
 #include "experts/cpu/cpu_modular.h"
 
 #include "experts/cpu/cpu_kernel_checks.h"
-#include "experts/ep_support.h"
 
 namespace moekit::cpu {
 
@@ -11,8 +10,8 @@ Support CpuModular::supports(const MoeConfig& config, const Platform& platform) 
   // Routing: any method, custom included (ids arrive precomputed).
   // Logits dtype: not read by this kernel.
   // Parallel: all-to-all configs are served; dispatch across ranks belongs to
-  // the prepare/finalize stage chosen with the kernel, within the EP limits.
-  if (Support ep = expert_parallel_support(config); !ep.ok) return ep;
+  // the prepare/finalize stage chosen with the kernel (a shared expert runs
+  // on the token's own rank, after the combine: ExpertParallelLayer).
   // Capture: the router writes the ids (modular path). Replay: the router is
   // given the forced ids.
   return Support::yes();

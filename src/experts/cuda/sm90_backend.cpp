@@ -17,7 +17,6 @@
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 #include "experts/cuda/sm90_support.h"
 #include "experts/cuda/streaming_gemm.h"
-#include "experts/ep_support.h"
 #include "routing/cuda/route_cuda.h"
 
 namespace moekit::cuda {
@@ -159,11 +158,14 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   // NOTE: the modular kernel serves ep > 1 and EPLB as the experts stage of
   // ExpertParallelLayer, which dispatches, remaps and combines around it
   // (its run() then takes skip_negative_ids), within the EP limits.
-  if (Support ep = expert_parallel_support(c); !ep.ok) return ep;
   if (c.parallel.ep_size > 1 && (fp8 || c.quant.weight_dtype != DType::kBF16)) {
     // TODO(ep): the fp8 pipeline's finalize does not skip ids yet.
     return Support::no("expert parallel on GPUs: serves bf16 weights without quantization; got " +
                        c.quant.to_string());
+  }
+  if (c.parallel.ep_size > 1 && c.shared_intermediate > 0) {
+    // TODO(ep): the shared expert on the token's own GPU rank (host ranks run it after the combine).
+    return Support::no("expert parallel on GPUs: a shared expert is not served on GPU ranks yet");
   }
   if (c.parallel.ep_size > 1 && c.has_expert_bias) {
     // TODO(ep): the biases with skip_negative_ids on the device path (host ranks serve them).
