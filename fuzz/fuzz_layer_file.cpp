@@ -2,7 +2,7 @@
 // parse_expert_tensor_name, include/moekit/checkpoint.h) over a parsed
 // safetensors file. Every expert tensor
 // name must parse back to itself, and a layer it loads must have the shapes
-// docs/layer_files.md promises.
+// docs/layer_files.md promises (4-bit ones: packed rows, scales per group).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -30,8 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!c.ok()) continue;
     const auto& w13 = c->w13.shape();
     const auto& w2 = c->w2.shape();
-    if (w13.size() != 3 || w2.size() != 3 || w13[0] != w2[0] || w13[2] != w2[1] || c->w13.dtype() != c->w2.dtype() ||
-        w13[0] != c->config.num_experts || w2[2] != c->config.intermediate || w13[2] != c->config.hidden) {
+    const QuantScheme& q = c->config.quant;  // 4-bit rows hold two values a byte
+    if (w13.size() != 3 || w2.size() != 3 || w13[0] != w2[0] || w13[2] != q.stored_cols(w2[1]) ||
+        c->w13.dtype() != c->w2.dtype() || w13[0] != c->config.num_experts ||
+        w2[2] != q.stored_cols(c->config.intermediate) || w13[2] != q.stored_cols(c->config.hidden) ||
+        (q.is_weight4() && c->w2_scale.shape() != std::vector<int64_t>{w2[0], w2[1], c->config.intermediate /
+                                                                                        weight4_group(q.method)})) {
       __builtin_trap();
     }
   }

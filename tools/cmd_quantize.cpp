@@ -1,13 +1,18 @@
 // `moekit quantize`: a BF16/F32 layer file converted to an fp8 scheme
-// (docs/fp8.md), for users without an fp8 checkpoint and for tests. Expert
-// weights are replaced by F8_E4M3 tensors with their scales, in the naming the
-// file uses; every other tensor (router, bias, ...) is copied unchanged. The
-// output is written atomically: on any error nothing appears.
+// (docs/fp8.md) or a 4-bit one (docs/weights_4bit.md), for users without such
+// a checkpoint and for tests. fp8: expert weights are replaced by F8_E4M3
+// tensors with their scales, in the naming the file uses. 4-bit: each MoE
+// block's experts become moekit's stacked naming, <prefix>w13 / <prefix>w2 U8
+// (two values a byte) with <prefix>w13_scale / <prefix>w2_scale. Every other
+// tensor (router, bias, ...) is copied unchanged, and the file's metadata
+// "moekit.quant" names the scheme. The output is written atomically: on any
+// error nothing appears.
 #include <cstdio>
 #include <cstring>
 #include <list>
 #include <optional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +35,11 @@ StatusOr<QuantMethod> scheme_from_flag(const std::string& flag) {
   const std::optional<QuantMethod> m = parse_quant_method(flag);
   if (m && *m != QuantMethod::kNone) return *m;
   const char* hint = flag == "fp8-block" ? " (spelled fp8_block128, as MoeConfig's quant)"
-                     : flag == "fp8-tensor" ? " (spelled fp8_per_tensor, as MoeConfig's quant)" : "";
-  return InvalidArgument("--scheme must be fp8_block128 or fp8_per_tensor, got '" + flag + "'" + hint);
+                     : flag == "fp8-tensor" ? " (spelled fp8_per_tensor, as MoeConfig's quant)"
+                     : flag == "int4" ? " (int4_g32 or int4_g128: the group is part of the name)"
+                     : flag == "int4-g32" || flag == "int4-g128" ? " (spelled with '_', as MoeConfig's quant)" : "";
+  return InvalidArgument("--scheme must be fp8_block128 or fp8_per_tensor, got '" + flag + "'" + hint +
+                         "; or 4-bit: mxfp4, int4_g32 or int4_g128");
 }
 
 int64_t blocks(int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; }
@@ -70,6 +78,115 @@ Status quantize_stacked(const TensorView& w, const std::string& name, int64_t pa
   return Status::Ok();
 }
 
+// A tensor copied unchanged, whatever its dtype (I64 and the other dtypes
+// moekit does not compute with included): its bytes under its own dtype and shape.
+StatusOr<io::NamedTensor> copied_tensor(const io::SafetensorsFile& file, const io::SafetensorsEntry& e,
+                                        std::list<std::vector<uint8_t>>& copied) {
+  MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, file.copy_bytes(e.name));
+  copied.push_back(std::move(bytes));
+  io::NamedTensor nt;
+  nt.name = e.name;
+  nt.tensor = TensorView::contiguous(copied.back().data(), DType::kU8, {static_cast<int64_t>(copied.back().size())});
+  nt.stored_dtype = e.dtype_name;
+  nt.stored_shape = e.shape;
+  return nt;
+}
+
+// The MoE block prefix an expert weight's name belongs to: per-expert
+// (<prefix>experts.<e>.<proj>.weight) or stacked (<prefix>w13, <prefix>w2 with its pair).
+StatusOr<std::optional<std::string>> expert_block_of(const io::SafetensorsFile& file, const std::string& name) {
+  MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(name));
+  if (expert) return std::optional<std::string>(expert->prefix);
+  if (const std::optional<std::string> p = stacked_w13_prefix(name); p && file.contains(*p + "w2")) return p;
+  if (name.ends_with("w2") && file.contains(name.substr(0, name.size() - 2) + "w13")) {
+    return std::optional<std::string>(name.substr(0, name.size() - 2));
+  }
+  return std::optional<std::string>();
+}
+
+// One MoE block read as `moekit layer --weights` reads it (so what the layer
+// refuses is refused here), from the file's tensors under `prefix`.
+StatusOr<CheckpointLayer> read_block(const io::SafetensorsFile& file, const std::string& prefix) {
+  std::vector<io::NamedTensor> views;
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    if (!e.name.starts_with(prefix)) continue;
+    MOEKIT_ASSIGN_OR_RETURN(const uint8_t* bytes, file.bytes(e.name));
+    io::NamedTensor nt;
+    nt.name = e.name;
+    nt.tensor = TensorView::contiguous(const_cast<uint8_t*>(bytes), DType::kU8, {static_cast<int64_t>(e.nbytes)});
+    nt.stored_dtype = e.dtype_name;
+    nt.stored_shape = e.shape;
+    views.push_back(std::move(nt));
+  }
+  MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile block, io::SafetensorsFile::of_views(views, file.path()));
+  return load_layer_file(std::move(block), std::nullopt);
+}
+
+// A 4-bit scheme: each MoE block's experts in the stacked naming, quantized
+// row by row (core/weight4.h); per-expert gate and up rows stack gate first.
+Status run_quantize_weight4(const QuantizeOptions& o, QuantMethod method, const io::SafetensorsFile& file) {
+  const int64_t g = weight4_group(method);
+  std::map<std::string, std::vector<std::string>> blocks;  // prefix -> its expert weights' names
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    for (const char* s : {".weight_scale_inv", ".weight_scale", ".input_scale", ".weight_packed"}) {
+      if (e.name.ends_with(s)) return InvalidArgument(e.name + ": the input already holds quantized weights or scales");
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<std::string> prefix, expert_block_of(file, e.name));
+    if (prefix) blocks[*prefix].push_back(e.name);
+  }
+  if (blocks.empty()) {
+    return InvalidArgument(o.weights_path + ": no expert weights to quantize (docs/layer_files.md namings)");
+  }
+  std::map<std::string, io::Weight4Tensor> quantized;  // "<prefix>w13" / "<prefix>w2" -> packed and scales
+  for (const auto& [prefix, names] : blocks) {
+    MOEKIT_ASSIGN_OR_RETURN(const CheckpointLayer block, read_block(file, prefix));
+    const MoeConfig& c = block.config;
+    if (c.quant.method != QuantMethod::kNone) {
+      return InvalidArgument(names.front() + ": already " + quant_method_name(c.quant.method) +
+                             "; quantize takes a BF16 or F32 layer file");
+    }
+    if (c.shared_intermediate > 0) {
+      return InvalidArgument(block.shared_prefix + "*: a shared expert; moekit does not run one beside " +
+                             quant_method_name(method) + " experts yet, so the file would not load");
+    }
+    if (c.hidden % g != 0 || c.intermediate % g != 0) {
+      return InvalidArgument(names.front() + ": H = " + std::to_string(c.hidden) + ", I = " +
+                             std::to_string(c.intermediate) + "; " + quant_method_name(method) +
+                             " needs both to be multiples of its group of " + std::to_string(g) + " input columns");
+    }
+    for (const auto& [suffix, w] : {std::pair<const char*, const HostTensor*>{"w13", &block.w13}, {"w2", &block.w2}}) {
+      MOEKIT_ASSIGN_OR_RETURN(io::Weight4Tensor q, io::quantize_weight4_tensor(w->view(), method, prefix + suffix));
+      quantized.emplace(prefix + suffix, std::move(q));
+    }
+  }
+  std::set<std::string> dropped, written;
+  for (const auto& [prefix, names] : blocks) dropped.insert(names.begin(), names.end());
+  std::list<std::vector<uint8_t>> copied;
+  std::vector<io::NamedTensor> named;  // input order; a block's four tensors where its first expert weight was
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    if (dropped.count(e.name) == 0) {
+      MOEKIT_ASSIGN_OR_RETURN(io::NamedTensor nt, copied_tensor(file, e, copied));
+      named.push_back(std::move(nt));
+      continue;
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<std::string> prefix, expert_block_of(file, e.name));
+    if (!written.insert(*prefix).second) continue;
+    for (const char* suffix : {"w13", "w2"}) {
+      const io::Weight4Tensor& q = quantized.at(*prefix + suffix);
+      for (const auto& [name, t] : {std::pair{*prefix + suffix, &q.packed}, {*prefix + suffix + "_scale", &q.scale}}) {
+        io::NamedTensor nt;
+        nt.name = name;
+        nt.tensor = t->view();
+        named.push_back(std::move(nt));
+      }
+    }
+  }
+  MOEKIT_RETURN_IF_ERROR(io::write_safetensors(o.out_path, named, {{"moekit.quant", quant_method_name(method)}}));
+  std::printf("wrote:    %s (%zu MoE block%s quantized to %s: stacked w13/w2 u8 with scales, %zu tensors in all)\n",
+              o.out_path.c_str(), blocks.size(), blocks.size() > 1 ? "s" : "", quant_method_name(method), named.size());
+  return Status::Ok();
+}
+
 Status run_quantize(const QuantizeOptions& o) {
   MOEKIT_ASSIGN_OR_RETURN(const QuantMethod method, scheme_from_flag(o.scheme));
   MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--out", o.out_path}}, {{"--weights", o.weights_path}}));
@@ -83,6 +200,7 @@ Status run_quantize(const QuantizeOptions& o) {
       return InvalidArgument(e.name + ": already F8_E4M3; quantize takes a BF16 or F32 layer file");
     }
   }
+  if (quant_family(method) == QuantFamily::kWeight4) return run_quantize_weight4(o, method, file);
   // Checks the stacked pair <prefix>w13 [E, N, H] / <prefix>w2 [E, H, I] once,
   // before either is read: ranks, no zero size, one E and one H, N = I or 2I.
   const auto check_stacked = [&](const std::string& prefix) -> Status {
@@ -146,15 +264,7 @@ Status run_quantize(const QuantizeOptions& o) {
       MOEKIT_ASSIGN_OR_RETURN(const HostTensor t, file.read(e.name));
       MOEKIT_RETURN_IF_ERROR(quantize_stacked(t.view(), e.name, parts, method, &out));
     } else {
-      // Copied unchanged, whatever its dtype (I64 and the other dtypes moekit
-      // does not compute with included): its bytes under its own dtype and shape.
-      MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, file.copy_bytes(e.name));
-      copied.push_back(std::move(bytes));
-      io::NamedTensor nt;
-      nt.name = e.name;
-      nt.tensor = TensorView::contiguous(copied.back().data(), DType::kU8, {static_cast<int64_t>(copied.back().size())});
-      nt.stored_dtype = e.dtype_name;
-      nt.stored_shape = e.shape;
+      MOEKIT_ASSIGN_OR_RETURN(io::NamedTensor nt, copied_tensor(file, e, copied));
       order.push_back(e.name);
       passthrough.push_back(std::move(nt));
       continue;
@@ -190,8 +300,10 @@ Status run_quantize(const QuantizeOptions& o) {
 
 void add_quantize_command(CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
-  CLI::App* cmd = app.add_subcommand("quantize", "Convert a BF16/F32 layer file to fp8 weights with scales");
-  cmd->add_option("--scheme", o->scheme, "fp8_block128 (128x128 block scales) or fp8_per_tensor (one scale per tensor)")
+  CLI::App* cmd = app.add_subcommand("quantize", "Convert a BF16/F32 layer file to fp8 or 4-bit weights with scales");
+  cmd->add_option("--scheme", o->scheme,
+                  "fp8_block128 (128x128 block scales), fp8_per_tensor (one scale per tensor), mxfp4 (e2m1, an E8M0 "
+                  "exponent per 32 columns), int4_g32 or int4_g128 (symmetric int4, an f32 scale per 32/128 columns)")
       ->required();
   cmd->add_option("--weights", o->weights_path, "input safetensors layer file (docs/layer_files.md)")->required();
   cmd->add_option("--out", o->out_path, "output safetensors file")->required();

@@ -6,7 +6,8 @@
 //    config (`moekit layer --weights`); the sizes come from the tensors.
 // Every naming in use is read (per-expert gate/up/down or w1/w3/w2, fused
 // gate_up_proj/down_proj, moekit's stacked w13/w2), in BF16, F32 or F8_E4M3
-// with its scales, with biases, the router and shared experts. A tensor under
+// with its scales, MXFP4 (gpt-oss) and compressed-tensors INT4 (per-expert
+// weight_packed), with biases, the router and shared experts. A tensor under
 // the layer's prefix that the layer does not use is refused by name, never
 // ignored. Shards are memory-mapped; only the layer's tensors are read.
 // Families, namings and fields read: docs/layer_files.md.
@@ -48,8 +49,9 @@ struct CheckpointLayer {
   HostTensor shared_w13;     // [2 Is, H] checkpoint dtype, or empty
   HostTensor shared_w2;      // [H, Is]
   HostTensor shared_gate;    // [H] f32, or empty
-  // F8_E4M3 experts (config.quant says which scheme): scales in the
-  // MoeWeights layouts (kernel.h), f32; empty otherwise.
+  // Quantized experts (config.quant says which scheme): scales in the
+  // MoeWeights layouts (kernel.h), f32 for fp8 and int4, u8 E8M0 codes for
+  // mxfp4; empty otherwise. 4-bit w13/w2 are u8 [E, n1, H/2] / [E, H, I/2].
   HostTensor w13_scale, w2_scale;
   HostTensor a13_scale, a2_scale;  // [E], static activation scales only
 
@@ -78,6 +80,20 @@ struct CheckpointLayerSize {
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size);
 
+// How a model folder's layer is read; the defaults are load_checkpoint_layer's.
+struct CheckpointLoadOptions {
+  // gpt-oss's MXFP4 experts as stored rather than dequantized to bf16:
+  // config.quant mxfp4 (weights u8), w13 [E, 2I, H/2] and w2 [E, H, I/2] the
+  // packed bytes (rows interleaved gate/up, as in bf16), w13_scale
+  // [E, 2I, H/32] and w2_scale [E, H, I/32] their u8 E8M0 exponents.
+  // compressed-tensors INT4 experts are read packed either way.
+  bool keep_packed_weights = false;
+  // As load_checkpoint_layer's check_size; empty: no check.
+  std::function<Status(const CheckpointLayerSize&)> check_size;
+};
+StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
+                                                const CheckpointLoadOptions& options);
+
 // The MoeConfig config.json gives model layer `layer` (routing, sizes, extras;
 // dtypes and the selection bias are the tensors' to say): for code that routes
 // a live model's blocks without loading them. Errors as load_checkpoint_layer's.
@@ -91,6 +107,8 @@ StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int 
 // caller's bytes (HostTensor::borrowed), which must outlive them.
 StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
                                                           int layer);
+StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
+                                                          int layer, const CheckpointLoadOptions& options);
 
 // A layer file (docs/layer_files.md): the one MoE layer of `file`, or, when the
 // file holds several ("layers.<N>." in their names), layer `layer`. config
@@ -98,6 +116,9 @@ StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& con
 // width; routing and activation are the caller's (the file says nothing of
 // them), so config is not validated here. w13 holds gate rows then up rows
 // ([E, 2I, H]) for per-expert namings; the stacked naming keeps its rows.
+// Stacked 4-bit weights (`moekit quantize --scheme mxfp4|int4_g32|int4_g128`):
+// w13/w2 U8 with w13_scale/w2_scale, U8 for mxfp4, F32 for int4 (the group
+// told by the scales' width).
 StatusOr<CheckpointLayer> load_layer_file(io::SafetensorsFile file, std::optional<int> layer,
                                           const std::function<Status(const CheckpointLayerSize&)>& check_size = {});
 

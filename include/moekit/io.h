@@ -179,4 +179,16 @@ struct Fp8Matrix {
 };
 StatusOr<Fp8Matrix> quantize_fp8(const TensorView& w, QuantMethod method, std::string_view name);
 
+// Weights w [..., K] (f32|bf16, finite, host, contiguous; rows independent)
+// quantized for a 4-bit scheme (mxfp4, int4_g32, int4_g128; docs/weights_4bit.md):
+// packed [..., K/2] u8, two values a byte (low nibble = even column), and
+// scale [..., K/group], u8 E8M0 exponents (mxfp4) or f32 (int4), as the
+// layer's MoeWeights take them (kernel.h). Errors name `name`: K not a multiple
+// of the group, a value not finite, another method.
+struct Weight4Tensor {
+  HostTensor packed;  // u8
+  HostTensor scale;   // u8 (mxfp4) | f32 (int4)
+};
+StatusOr<Weight4Tensor> quantize_weight4_tensor(const TensorView& w, QuantMethod method, std::string_view name);
+
 }  // namespace moekit::io

@@ -1,10 +1,12 @@
 #include "io/layer_reader.h"
 
 #include <array>
+#include <bit>
 #include <cstring>
 #include <map>
 #include <set>
 
+#include "core/weight4.h"
 #include "io/checkpoint_text.h"
 #include "io/fp8_scales.h"
 #include "io/mxfp4.h"
@@ -15,6 +17,13 @@ namespace {
 
 
 constexpr const char* kScaleSuffixes[] = {".weight_scale_inv", ".weight_scale", ".input_scale"};
+// compressed-tensors' packed weight, in place of <proj>.weight.
+constexpr std::string_view kPacked = ".weight_packed";
+
+// <proj>.weight_packed names its expert and projection as <proj>.weight does.
+std::string as_weight_name(const std::string& n) {
+  return n.ends_with(kPacked) ? n.substr(0, n.size() - std::string_view("_packed").size()) : n;
+}
 
 // The projections of one expert found under the per-expert naming.
 struct ExpertTensors {
@@ -23,8 +32,9 @@ struct ExpertTensors {
 
 class BlockReader {
  public:
-  BlockReader(TensorFiles& files, const ModelMoeConfig* model, std::string prefix, CheckpointLayer* out)
-      : files_(files), model_(model), p_(std::move(prefix)), out_(out) {}
+  BlockReader(TensorFiles& files, const ModelMoeConfig* model, std::string prefix, CheckpointLayer* out,
+              bool keep_packed)
+      : files_(files), model_(model), p_(std::move(prefix)), out_(out), keep_packed_(keep_packed) {}
 
   Status read(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
     MOEKIT_RETURN_IF_ERROR(read_experts(check_size));
@@ -33,7 +43,14 @@ class BlockReader {
     MOEKIT_RETURN_IF_ERROR(refuse_unused());
     auto& q = out_->config.quant;
     q.weight_dtype = dtype_;
-    q.act_dtype = dtype_ == DType::kF8E4M3 ? DType::kBF16 : dtype_;  // fp8 weights compute in bf16
+    // fp8 and 4-bit weights compute in bf16
+    q.act_dtype = dtype_ == DType::kF8E4M3 || dtype_ == DType::kU8 ? DType::kBF16 : dtype_;
+    if (w4_method_ != QuantMethod::kNone) {
+      q.method = w4_method_;
+      out_->w13_scale = std::move(w4_scale13_);
+      out_->w2_scale = std::move(w4_scale2_);
+      return Status::Ok();
+    }
     q.method = fp8_.method;
     q.act_scale = fp8_.act_scale;
     out_->w13_scale = std::move(fp8_.w13_scale);
@@ -139,9 +156,12 @@ class BlockReader {
     std::map<int64_t, ExpertTensors> per_expert;
     std::string per_expert_naming;
     for (const std::string& n : files_.names_under(experts)) {
-      MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> name, parse_expert_tensor_name(n));
+      const bool packed = n.ends_with(kPacked);
+      MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> name, parse_expert_tensor_name(as_weight_name(n)));
       if (!name || name->prefix != p_) continue;
-      const std::string naming = name->mixtral ? "experts.<e>.{w1,w3,w2}.weight" : "experts.<e>.{gate,up,down}_proj.weight";
+      const std::string naming = std::string(name->mixtral ? "experts.<e>.{w1,w3,w2}.weight"
+                                                           : "experts.<e>.{gate,up,down}_proj.weight") +
+                                 (packed ? "_packed (int4 pack-quantized)" : "");
       if (!per_expert_naming.empty() && per_expert_naming != naming) {
         return InvalidArgument(experts + "* mixes the " + per_expert_naming + " and " + naming + " namings");
       }
@@ -167,11 +187,23 @@ class BlockReader {
                            list_names(files_.names_under(experts)));
   }
 
+  static std::string any_name(const ExpertTensors& x) {
+    for (const std::string& n : x.name) {
+      if (!n.empty()) return n;
+    }
+    return std::string();
+  }
+
   Status read_per_expert(const std::map<int64_t, ExpertTensors>& found,
                          const std::function<Status(const CheckpointLayerSize&)>& check_size) {
     const std::string experts = p_ + "experts.";
     const bool mixtral = out_->naming.find("w1") != std::string::npos;
+    const bool packed = out_->naming.find("_packed") != std::string::npos;
     const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj", mixtral ? "w2" : "down_proj"};
+    if (packed && model_ == nullptr) {
+      return InvalidArgument(any_name(found.begin()->second) + ": compressed-tensors INT4 experts are read from a model "
+                             "folder (--model DIR), whose \"quantization_config\" gives their scheme");
+    }
     int64_t E = found.rbegin()->first + 1;
     if (model_ != nullptr) {
       E = model_->config.num_experts;
@@ -186,7 +218,8 @@ class BlockReader {
       if (it == found.end()) return NotFound(experts + std::to_string(e) + ": expert missing");
       for (int p = 0; p < 3; ++p) {
         if (it->second.name[p].empty()) {
-          return NotFound(experts + std::to_string(e) + "." + names[p] + ".weight is missing");
+          return NotFound(experts + std::to_string(e) + "." + names[p] + (packed ? ".weight_packed" : ".weight") +
+                          " is missing");
         }
       }
     }
@@ -201,6 +234,7 @@ class BlockReader {
       H = g0->shape[1];
     }
     set_sizes(E, H, I);
+    if (packed) return read_per_expert_int4(found, E, H, I, check_size);
     std::vector<std::array<const SafetensorsEntry*, 3>> parts;  // [E][3], all checked before anything is read
     for (int64_t e = 0; e < E; ++e) {
       const std::vector<int64_t> shapes[3] = {{I, H}, {I, H}, {H, I}};
@@ -235,14 +269,199 @@ class BlockReader {
     return Status::Ok();
   }
 
+  // <name>: I32 or I64 [2] holding (N, K).
+  Status check_weight_shape(const std::string& name, int64_t N, int64_t K) {
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* e,
+                            use_named(name, " (compressed-tensors packed weights carry their unpacked shape)"));
+    if ((e->dtype_name != "I32" && e->dtype_name != "I64") || e->shape != std::vector<int64_t>{2}) {
+      return InvalidArgument(name + ": " + e->dtype_name + " " + shape_text(e->shape) + ", expected I32 or I64 [2]");
+    }
+    MOEKIT_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, files_.copy_bytes(name));
+    int64_t v[2];
+    for (int i = 0; i < 2; ++i) {
+      if (e->dtype_name == "I32") {
+        int32_t x;
+        std::memcpy(&x, bytes.data() + 4 * i, 4);
+        v[i] = x;
+      } else {
+        std::memcpy(&v[i], bytes.data() + 8 * i, 8);
+      }
+    }
+    if (v[0] != N || v[1] != K) {
+      return InvalidArgument(name + ": (" + std::to_string(v[0]) + ", " + std::to_string(v[1]) + "), but the weight is [" +
+                             std::to_string(N) + ", " + std::to_string(K) + "]" + from_config());
+    }
+    return Status::Ok();
+  }
+
+  // compressed-tensors pack-quantized experts (Kimi-K2), per projection:
+  // <base>.weight_packed I32 [N, K/8] (eight 4-bit values a word, the first in
+  // the lowest bits, each stored as q + 8), <base>.weight_scale BF16|F16
+  // [N, K/g] and <base>.weight_shape [2] = (N, K). On a little-endian host a
+  // word's bytes are moekit's packing already (byte j: columns 2j low, 2j + 1
+  // high); the scales widen to f32 exactly.
+  Status read_per_expert_int4(const std::map<int64_t, ExpertTensors>& found, int64_t E, int64_t H, int64_t I,
+                              const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    const std::string first = any_name(found.begin()->second);
+    if (!model_->int4_scheme) {
+      return InvalidArgument(first + ": INT4 packed experts, but no \"quantization_config\" says quant_method "
+                             "\"compressed-tensors\"");
+    }
+    const QuantMethod method = *model_->int4_scheme;
+    const int64_t g = weight4_group(method);
+    if (H % g != 0 || I % g != 0) {
+      return InvalidArgument(p_ + "experts: " + quant_method_name(method) + " needs H and I to be multiples of " +
+                             std::to_string(g) + ", got H = " + std::to_string(H) + ", I = " + std::to_string(I) +
+                             from_config());
+    }
+    if constexpr (std::endian::native != std::endian::little) {
+      return Unsupported(first + ": INT4 packed words are read on little-endian hosts only");
+    }
+    struct Part {
+      const SafetensorsEntry* packed;
+      const SafetensorsEntry* scale;
+    };
+    std::vector<std::array<Part, 3>> parts(static_cast<size_t>(E));  // all checked before anything is read
+    for (int64_t e = 0; e < E; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        const std::string& n = found.at(e).name[p];
+        const std::string base = n.substr(0, n.size() - kPacked.size());
+        const int64_t N = p == 2 ? H : I, K = p == 2 ? I : H;
+        if (has(base + ".weight_zero_point")) {
+          return InvalidArgument(base + ".weight_zero_point: a zero point (asymmetric int4); moekit reads symmetric "
+                                 "int4 only");
+        }
+        if (has(base + ".weight_g_idx")) {
+          return InvalidArgument(base + ".weight_g_idx: activation reordering (actorder), which moekit does not read");
+        }
+        MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* pk, use(n));
+        if (pk->dtype != DType::kI32) {
+          return InvalidArgument(n + ": dtype " + pk->dtype_name + ", expected I32 (eight 4-bit values a word)");
+        }
+        if (pk->shape != std::vector<int64_t>{N, K / 8}) {
+          return InvalidArgument(n + ": shape " + shape_text(pk->shape) + ", expected " + shape_text({N, K / 8}) +
+                                 " (eight values a word)" + from_config());
+        }
+        MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* sc,
+                                use_named(base + ".weight_scale", " (packed weights need their group scales)"));
+        if (sc->dtype != DType::kBF16 && sc->dtype != DType::kF16) {
+          return InvalidArgument(sc->name + ": dtype " + sc->dtype_name +
+                                 ", expected BF16 or F16 (compressed-tensors' group scales)");
+        }
+        if (sc->shape != std::vector<int64_t>{N, K / g}) {
+          return InvalidArgument(sc->name + ": shape " + shape_text(sc->shape) + ", expected " +
+                                 shape_text({N, K / g}) + " (" + quant_method_name(method) + ": a scale per " +
+                                 std::to_string(g) + " columns)" + from_config());
+        }
+        MOEKIT_RETURN_IF_ERROR(check_weight_shape(base + ".weight_shape", N, K));
+        parts[e][p] = {pk, sc};
+      }
+    }
+    dtype_ = DType::kU8;
+    dtype_set_ = true;
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
+    out_->w13 = HostTensor(DType::kU8, {E, 2 * I, H / 2});
+    out_->w2 = HostTensor(DType::kU8, {E, H, I / 2});
+    HostTensor s13(DType::kF32, {E, 2 * I, H / g}), s2(DType::kF32, {E, H, I / g});
+    for (int64_t e = 0; e < E; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        // gate rows, then up rows; down rows
+        const int64_t row0 = p == 2 ? e * H : (2 * e + p) * I, K = p == 2 ? I : H;
+        HostTensor& w = p == 2 ? out_->w2 : out_->w13;
+        HostTensor& sd = p == 2 ? s2 : s13;
+        MOEKIT_RETURN_IF_ERROR(copy_into(parts[e][p].packed->name, w, row0 * K / 2));
+        MOEKIT_ASSIGN_OR_RETURN(const HostTensor raw, files_.read(parts[e][p].scale->name));
+        MOEKIT_ASSIGN_OR_RETURN(const HostTensor f, convert(raw.view(), DType::kF32));
+        MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, f.view(), parts[e][p].scale->name));
+        std::memcpy(sd.data<float>() + row0 * (K / g), f.data<float>(), f.nbytes());
+      }
+    }
+    w4_method_ = method;
+    w4_scale13_ = std::move(s13);
+    w4_scale2_ = std::move(s2);
+    return Status::Ok();
+  }
+
+  // The stacked naming in a 4-bit scheme (what `moekit quantize` writes):
+  // w13 U8 [E, N, H/2], w2 U8 [E, H, I/2], two values a byte, with w13_scale
+  // [E, N, H/g] and w2_scale [E, H, I/g]: U8 E8M0 exponents (mxfp4, g = 32) or
+  // F32 (int4, g = 32 or 128, told by the scales' width).
+  Status read_stacked_weight4(const SafetensorsEntry* w13, const SafetensorsEntry* w2,
+                              const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+    if (w13->dtype != w2->dtype) return InvalidArgument(files_.where() + ": " + p_ + "w13 and w2 must share a dtype");
+    if (w13->shape.size() != 3 || w2->shape.size() != 3 || w2->shape[0] != w13->shape[0] ||
+        w2->shape[1] != 2 * w13->shape[2] || w13->shape[2] < 1 || w2->shape[2] < 1) {
+      return InvalidArgument(files_.where() + ": " + p_ + "w13 " + shape_text(w13->shape) + " and w2 " +
+                             shape_text(w2->shape) + " must be [E, N, H/2] and [E, H, I/2] (U8: two 4-bit values a byte)");
+    }
+    const int64_t E = w13->shape[0], N = w13->shape[1], H = w2->shape[1], I = 2 * w2->shape[2];
+    if (model_ != nullptr) {
+      const MoeConfig& c = model_->config;
+      const int64_t n1 = c.activation.gated() ? 2 * c.intermediate : c.intermediate;
+      if (E != c.num_experts || N != n1 || H != c.hidden || I != c.intermediate) {
+        return InvalidArgument(p_ + "w13 " + shape_text(w13->shape) + " / w2 " + shape_text(w2->shape) +
+                               ": expected " + shape_text({c.num_experts, n1, c.hidden / 2}) + " / " +
+                               shape_text({c.num_experts, c.hidden, c.intermediate / 2}) + " from config.json");
+      }
+    }
+    const std::string why = " (4-bit U8 weights need their scales)";
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* s13, use_named(p_ + "w13_scale", why));
+    MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* s2, use_named(p_ + "w2_scale", why));
+    if (s13->dtype != s2->dtype || (s13->dtype != DType::kU8 && s13->dtype != DType::kF32)) {
+      return InvalidArgument(s13->name + " / " + s2->name + ": dtypes " + s13->dtype_name + " / " + s2->dtype_name +
+                             ", expected both U8 (mxfp4's E8M0 exponents) or both F32 (int4)");
+    }
+    if (s13->shape.size() != 3 || s13->shape[2] < 1 || H % s13->shape[2] != 0) {
+      return InvalidArgument(s13->name + ": shape " + shape_text(s13->shape) + ", expected [E, N, H/group] with H = " +
+                             std::to_string(H));
+    }
+    const int64_t g = H / s13->shape[2];
+    QuantMethod method = QuantMethod::kNone;
+    if (s13->dtype == DType::kU8 && g == 32) method = QuantMethod::kMxfp4;
+    if (s13->dtype == DType::kF32 && g == 32) method = QuantMethod::kInt4G32;
+    if (s13->dtype == DType::kF32 && g == 128) method = QuantMethod::kInt4G128;
+    if (method == QuantMethod::kNone) {
+      return InvalidArgument(s13->name + ": " + s13->dtype_name + " " + shape_text(s13->shape) + " makes groups of " +
+                             std::to_string(g) + " columns; mxfp4 (U8) has groups of 32, int4 (F32) of 32 or 128");
+    }
+    if (I % g != 0) {
+      return InvalidArgument(p_ + "w2: I = " + std::to_string(I) + " is not a multiple of " +
+                             quant_method_name(method) + "'s group of " + std::to_string(g));
+    }
+    for (const auto& [e, want] : {std::pair{s13, std::vector<int64_t>{E, N, H / g}},
+                                  std::pair{s2, std::vector<int64_t>{E, H, I / g}}}) {
+      if (e->shape != want) {
+        return InvalidArgument(e->name + ": shape " + shape_text(e->shape) + ", expected " + shape_text(want) + " (" +
+                               quant_method_name(method) + ")");
+      }
+    }
+    set_sizes(E, H, I);
+    dtype_ = DType::kU8;
+    dtype_set_ = true;
+    out_->naming = std::string("w13/w2 (stacked, ") + quant_method_name(method) + ")";
+    MOEKIT_RETURN_IF_ERROR(size_check(check_size, N));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t13, files_.read(s13->name));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor t2, files_.read(s2->name));
+    MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, t13.view(), s13->name));
+    MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, t2.view(), s2->name));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w13, files_.read_in_place(w13->name));
+    MOEKIT_ASSIGN_OR_RETURN(out_->w2, files_.read_in_place(w2->name));
+    w4_method_ = method;
+    w4_scale13_ = std::move(t13);
+    w4_scale2_ = std::move(t2);
+    return Status::Ok();
+  }
+
   // moekit's own naming: <prefix>w13 [E, N, H], <prefix>w2 [E, H, I], with
   // <prefix>w13_scale/w2_scale (and a13_scale/a2_scale) for F8_E4M3.
   Status read_stacked(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
     MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* w13, use(p_ + "w13"));
     MOEKIT_ASSIGN_OR_RETURN(const SafetensorsEntry* w2, use(p_ + "w2"));
+    if (w13->dtype == DType::kU8 || w2->dtype == DType::kU8) return read_stacked_weight4(w13, w2, check_size);
     for (const SafetensorsEntry* w : {w13, w2}) {
       if (w->dtype != DType::kBF16 && w->dtype != DType::kF32 && w->dtype != DType::kF8E4M3) {
-        return InvalidArgument(w->name + ": weights must be BF16, F32 or F8_E4M3, got " + w->dtype_name);
+        return InvalidArgument(w->name + ": weights must be BF16, F32, F8_E4M3 or U8 (4-bit, with scales), got " +
+                               w->dtype_name);
       }
     }
     if (w13->shape.size() != 3 || w2->shape.size() != 3 || w2->shape[0] != w13->shape[0] ||
@@ -368,6 +587,8 @@ class BlockReader {
   // ([E, 2I, H/32, 16] / [E, 2I, H/32] and [E, H, I/32, 16] / [E, H, I/32]),
   // in moekit's orientation already (rows = outputs, interleaved gate/up),
   // dequantized exactly to bf16 (io/mxfp4.h): the layer then runs as bf16.
+  // keep_packed_: the blocks are moekit's mxfp4 packing already (a row's 32
+  // values of a group in 16 bytes, low nibble first), read as [E, rows, K/2].
   Status read_mxfp4(const std::function<Status(const CheckpointLayerSize&)>& check_size) {
     const MoeConfig& c = model_->config;
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
@@ -399,6 +620,24 @@ class BlockReader {
       }
     }
     MOEKIT_RETURN_IF_ERROR(check_fused_biases());
+    if (keep_packed_) {
+      dtype_ = DType::kU8;
+      dtype_set_ = true;
+      out_->naming = "experts.{gate_up_proj,down_proj}_{blocks,scales} (MXFP4, interleaved; kept packed)";
+      MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
+      out_->w13 = HostTensor(DType::kU8, {E, 2 * I, H / 2});
+      out_->w2 = HostTensor(DType::kU8, {E, H, I / 2});
+      HostTensor* dst[2] = {&out_->w13, &out_->w2};
+      HostTensor* scales[2] = {&w4_scale13_, &w4_scale2_};
+      for (int i = 0; i < 2; ++i) {
+        MOEKIT_RETURN_IF_ERROR(copy_into(parts[i].name + "_blocks", *dst[i], 0));
+        MOEKIT_ASSIGN_OR_RETURN(*scales[i], files_.read(parts[i].name + "_scales"));
+        MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(QuantMethod::kMxfp4, scales[i]->view(),
+                                                          parts[i].name + "_scales"));
+      }
+      w4_method_ = QuantMethod::kMxfp4;
+      return read_fused_biases();
+    }
     dtype_ = DType::kBF16;
     dtype_set_ = true;
     out_->naming = "experts.{gate_up_proj,down_proj}_{blocks,scales} (MXFP4, interleaved; dequantized to bf16)";
@@ -461,6 +700,11 @@ class BlockReader {
       return Status::Ok();
     }
     const std::vector<std::string> found = files_.names_under(sp);
+    if (dtype_ == DType::kU8) {
+      return InvalidArgument(files_.where() + ": shared expert tensors (" + list_names(found, 6) + ") beside " +
+                             quant_method_name(w4_method_) + " experts; moekit does not run a shared expert with "
+                             "4-bit experts yet, and would otherwise ignore it");
+    }
     if (dtype_ == DType::kF8E4M3) {
       return InvalidArgument(files_.where() + ": shared expert tensors (" + list_names(found, 6) +
                              ") beside F8_E4M3 experts; moekit runs a shared expert with BF16/F32 weights only, "
@@ -524,18 +768,23 @@ class BlockReader {
   const ModelMoeConfig* model_;
   std::string p_;
   CheckpointLayer* out_;
+  bool keep_packed_ = false;
   DType dtype_ = DType::kBF16;
   bool dtype_set_ = false;
   Fp8Scales fp8_;
+  // 4-bit experts: the method and scales (core/weight4.h layouts); kNone otherwise.
+  QuantMethod w4_method_ = QuantMethod::kNone;
+  HostTensor w4_scale13_, w4_scale2_;
   std::set<std::string> used_;
 };
 
 }  // namespace
 
 Status read_moe_block(TensorFiles& files, const ModelMoeConfig* model, const std::string& prefix,
-                      const std::function<Status(const CheckpointLayerSize&)>& check_size, CheckpointLayer* out) {
+                      const std::function<Status(const CheckpointLayerSize&)>& check_size, CheckpointLayer* out,
+                      bool keep_packed) {
   out->prefix = prefix;
-  return BlockReader(files, model, prefix, out).read(check_size);
+  return BlockReader(files, model, prefix, out, keep_packed).read(check_size);
 }
 
 StatusOr<std::vector<std::string>> moe_block_prefixes(const TensorFiles& files) {
@@ -550,7 +799,7 @@ StatusOr<std::vector<std::string>> moe_block_prefixes(const TensorFiles& files) 
       if (p.empty() || p.back() == '.') found.insert(p);
       continue;
     }
-    MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(name));
+    MOEKIT_ASSIGN_OR_RETURN(const std::optional<ExpertTensorName> expert, parse_expert_tensor_name(as_weight_name(name)));
     if (expert) found.insert(expert->prefix);
   }
   return std::vector<std::string>(found.begin(), found.end());

@@ -17,9 +17,11 @@ namespace moekit::io {
 // config.json says (out->config already holds it), checked against the
 // tensors; nullptr for a layer file, whose sizes come from the tensors.
 // `check_size` is called once the tensors are found and checked, before
-// anything is allocated for them.
+// anything is allocated for them. `keep_packed`: gpt-oss's MXFP4 experts as
+// stored (CheckpointLoadOptions::keep_packed_weights), else dequantized to bf16.
 Status read_moe_block(TensorFiles& files, const ModelMoeConfig* model, const std::string& prefix,
-                      const std::function<Status(const CheckpointLayerSize&)>& check_size, CheckpointLayer* out);
+                      const std::function<Status(const CheckpointLayerSize&)>& check_size, CheckpointLayer* out,
+                      bool keep_packed = false);
 
 // The prefixes of the MoE blocks in `names`: what precedes "experts." in a
 // per-expert or fused name, or "w13" in a stacked pair (<prefix>w13, <prefix>w2).

@@ -76,7 +76,8 @@ StatusOr<QuantMethod> fp8_scheme_of(const Json& q, const std::string& what) {
   MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> method, f.string("quant_method"));
   if (method != "fp8") {
     return Unsupported(where + ": quant_method " + (method ? "\"" + *method + "\"" : std::string("missing")) +
-                       "; moekit loads \"fp8\" checkpoints (e4m3, block-128 or per-tensor scales) and bf16/f32 ones");
+                       "; moekit loads \"fp8\" checkpoints (e4m3, block-128 or per-tensor scales), \"mxfp4\" "
+                       "(gpt-oss), \"compressed-tensors\" (pack-quantized symmetric int4) and bf16/f32 ones");
   }
   for (const auto& [key, value] : q.items()) {
     if (key != "quant_method" && key != "fmt" && key != "weight_block_size" && key != "activation_scheme") {
@@ -107,6 +108,99 @@ Status check_mxfp4_config(const Json& q, const std::string& what) {
     }
   }
   return Status::Ok();
+}
+
+// A compressed-tensors field that must be absent, null or one of `allowed`
+// (their JSON spellings); anything else would change what the tensors mean.
+Status only(const Json& obj, const char* key, std::initializer_list<Json> allowed, const std::string& where,
+            const char* why) {
+  if (!obj.contains(key) || obj.at(key).is_null()) return Status::Ok();
+  for (const Json& a : allowed) {
+    if (obj.at(key) == a) return Status::Ok();
+  }
+  return Unsupported(where + ": \"" + key + "\" = " + obj.at(key).dump() + ": " + why);
+}
+
+Status known_keys(const Json& obj, std::initializer_list<const char*> keys, const std::string& where) {
+  for (const auto& [key, value] : obj.items()) {
+    bool known = false;
+    for (const char* k : keys) known = known || key == k;
+    if (!known) return Unsupported(where + ": \"" + key + "\" is not a setting moekit reads; refused rather than ignored");
+  }
+  return Status::Ok();
+}
+
+// compressed-tensors' "quantization_config" as llm-compressor writes a W4A16
+// checkpoint (Kimi-K2): {"quant_method": "compressed-tensors", "format":
+// "pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4,
+// "type": "int", "symmetric": true, "strategy": "group", "group_size": 32},
+// "targets": ["Linear"]}}, "ignore": [...]}. One group of weights-only int4
+// is read; any setting that would change the stored values' meaning is refused.
+StatusOr<QuantMethod> int4_scheme_of(const Json& q, const std::string& what) {
+  const std::string where = what + ": \"quantization_config\"";
+  MOEKIT_RETURN_IF_ERROR(known_keys(q, {"quant_method", "format", "config_groups", "ignore", "kv_cache_scheme",
+                                        "quantization_status", "sparsity_config", "global_compression_ratio",
+                                        "version", "transform_config"},
+                                    where));
+  const Fields f(q, where);
+  MOEKIT_ASSIGN_OR_RETURN(std::optional<std::string> format, f.string("format"));
+  if (format && *format != "pack-quantized") {
+    return Unsupported(where + ": format \"" + *format + "\"; moekit reads compressed-tensors \"pack-quantized\"");
+  }
+  MOEKIT_RETURN_IF_ERROR(only(q, "quantization_status", {"compressed"}, where, "moekit reads compressed checkpoints"));
+  MOEKIT_RETURN_IF_ERROR(only(q, "kv_cache_scheme", {}, where, "moekit reads no kv cache quantization"));
+  MOEKIT_RETURN_IF_ERROR(only(q, "sparsity_config", {Json::object()}, where, "moekit reads dense weights"));
+  MOEKIT_RETURN_IF_ERROR(only(q, "transform_config", {Json::object()}, where, "moekit applies no weight transforms"));
+  if (q.contains("ignore") && !q.at("ignore").is_null()) {
+    const Json& ig = q.at("ignore");
+    bool strings = ig.is_array();
+    for (const Json& v : strings ? ig : Json::array()) strings = strings && v.is_string();
+    if (!strings) return InvalidArgument(where + ": \"ignore\" must be a list of module names");
+  }
+  if (!q.contains("config_groups") || !q.at("config_groups").is_object() || q.at("config_groups").size() != 1) {
+    return Unsupported(where + ": \"config_groups\" must hold exactly one group (moekit reads one int4 scheme), got " +
+                       (q.contains("config_groups") ? q.at("config_groups").dump().substr(0, 200) : std::string("none")));
+  }
+  const auto group = q.at("config_groups").begin();
+  const std::string gw = where + ".config_groups." + group.key();
+  if (!group.value().is_object()) return InvalidArgument(gw + " must be an object");
+  const Json& g = group.value();
+  MOEKIT_RETURN_IF_ERROR(known_keys(g, {"weights", "targets", "input_activations", "output_activations", "format"}, gw));
+  MOEKIT_RETURN_IF_ERROR(only(g, "format", {"pack-quantized"}, gw, "moekit reads \"pack-quantized\""));
+  if (!format && g.value("format", Json()) != "pack-quantized") {
+    return Unsupported(where + ": no \"format\"; moekit reads compressed-tensors \"pack-quantized\" checkpoints");
+  }
+  MOEKIT_RETURN_IF_ERROR(only(g, "input_activations", {}, gw, "moekit reads weight-only int4 (W4A16)"));
+  MOEKIT_RETURN_IF_ERROR(only(g, "output_activations", {}, gw, "moekit reads weight-only int4 (W4A16)"));
+  if (!g.contains("weights") || !g.at("weights").is_object()) return InvalidArgument(gw + ": \"weights\" is missing");
+  const Json& w = g.at("weights");
+  const std::string ww = gw + ".weights";
+  MOEKIT_RETURN_IF_ERROR(known_keys(w, {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic",
+                                        "actorder", "block_structure", "observer", "observer_kwargs", "scale_dtype",
+                                        "zp_dtype"},
+                                    ww));
+  if (w.value("num_bits", Json()) != 4) {
+    return Unsupported(ww + ": \"num_bits\" = " + w.value("num_bits", Json()).dump() + "; moekit reads 4-bit weights");
+  }
+  if (w.value("type", Json()) != "int") {
+    return Unsupported(ww + ": \"type\" = " + w.value("type", Json()).dump() + "; moekit reads \"int\" weights");
+  }
+  if (w.value("symmetric", Json()) != true) {
+    return Unsupported(ww + ": \"symmetric\" = " + w.value("symmetric", Json()).dump() +
+                       "; moekit reads symmetric int4 (no zero points)");
+  }
+  if (w.value("strategy", Json()) != "group") {
+    return Unsupported(ww + ": \"strategy\" = " + w.value("strategy", Json()).dump() +
+                       "; moekit reads \"group\" scales");
+  }
+  MOEKIT_RETURN_IF_ERROR(only(w, "dynamic", {false}, ww, "moekit reads static weight scales"));
+  MOEKIT_RETURN_IF_ERROR(only(w, "actorder", {false}, ww, "activation reordering (g_idx) is not read"));
+  MOEKIT_RETURN_IF_ERROR(only(w, "block_structure", {}, ww, "moekit reads group scales, not blocks"));
+  MOEKIT_RETURN_IF_ERROR(only(w, "zp_dtype", {}, ww, "symmetric int4 has no zero points"));
+  const Json gs = w.value("group_size", Json());
+  if (gs == 32) return QuantMethod::kInt4G32;
+  if (gs == 128) return QuantMethod::kInt4G128;
+  return Unsupported(ww + ": \"group_size\" = " + gs.dump() + "; moekit reads groups of 32 (int4_g32) or 128 (int4_g128)");
 }
 
 StatusOr<Activation> activation_of(const Fields& f, const std::string& model_type) {
@@ -238,6 +332,8 @@ StatusOr<ModelMoeConfig> parse_model_config(const Json& j, const std::string& wh
     if (q.is_object() && q.contains("quant_method") && q.at("quant_method") == "mxfp4") {
       MOEKIT_RETURN_IF_ERROR(check_mxfp4_config(q, what));
       m.mxfp4_experts = true;
+    } else if (q.is_object() && q.contains("quant_method") && q.at("quant_method") == "compressed-tensors") {
+      MOEKIT_ASSIGN_OR_RETURN(m.int4_scheme, int4_scheme_of(q, what));
     } else {
       MOEKIT_ASSIGN_OR_RETURN(m.fp8_scheme, fp8_scheme_of(q, what));
     }

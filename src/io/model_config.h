@@ -30,6 +30,10 @@ struct ModelMoeConfig {
   // "quantization_config" quant_method "mxfp4" (gpt-oss): the experts come as
   // MXFP4 blocks and scales (dequantized to bf16 on load).
   bool mxfp4_experts = false;
+  // "quantization_config" quant_method "compressed-tensors", format
+  // "pack-quantized", symmetric 4-bit int weights in groups of 32 or 128
+  // (Kimi-K2): int4_g32 / int4_g128, the experts' weight_packed read as stored.
+  std::optional<QuantMethod> int4_scheme;
   // ok when model layer `layer` is an MoE layer by the config's own rule, else
   // why not (e.g. "first_k_dense_replace = 3: layers 0..2 are dense").
   Status moe_layer(int layer) const;

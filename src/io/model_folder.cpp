@@ -94,7 +94,8 @@ std::string CheckpointLayer::summary() const {
   }
   os << "experts:  " << naming << ": E=" << config.num_experts << ", H=" << config.hidden
      << ", I=" << config.intermediate << ", "
-     << (config.quant.is_fp8() ? config.quant.to_string() : std::string(dtype_name(config.quant.weight_dtype)))
+     << (config.quant.method != QuantMethod::kNone ? config.quant.to_string()
+                                                   : std::string(dtype_name(config.quant.weight_dtype)))
      << (config.has_expert_bias ? ", with biases" : "") << "\n";
   if (config.shared_intermediate > 0) {
     os << "shared:   one shared expert of width " << config.shared_intermediate
@@ -108,7 +109,7 @@ std::string CheckpointLayer::summary() const {
 }
 
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer) {
-  return load_checkpoint_layer(model_dir, layer, {});
+  return load_checkpoint_layer(model_dir, layer, CheckpointLoadOptions{});
 }
 
 namespace {
@@ -116,8 +117,7 @@ namespace {
 // config.json's text and the model's tensors -> layer `layer`: what the
 // folder and the in-memory forms share.
 StatusOr<CheckpointLayer> load_layer_of(const std::string& config_text, const std::string& config_what,
-                                        io::TensorFiles& tensors, int layer,
-                                        const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+                                        io::TensorFiles& tensors, int layer, const CheckpointLoadOptions& options) {
   MOEKIT_ASSIGN_OR_RETURN(const nlohmann::json j, io::parse_json_strict(config_text, config_what));
   MOEKIT_ASSIGN_OR_RETURN(io::ModelMoeConfig model, io::parse_model_config(j, config_what));
   if (layer < 0 || layer >= model.num_layers) {
@@ -131,7 +131,8 @@ StatusOr<CheckpointLayer> load_layer_of(const std::string& config_text, const st
   out.model_type = model.model_type;
   out.layer = layer;
   out.num_layers = model.num_layers;
-  MOEKIT_RETURN_IF_ERROR(io::read_moe_block(tensors, &model, prefix, check_size, &out));
+  MOEKIT_RETURN_IF_ERROR(
+      io::read_moe_block(tensors, &model, prefix, options.check_size, &out, options.keep_packed_weights));
   if (model.fp8_scheme && (out.config.quant.method != *model.fp8_scheme)) {
     return InvalidArgument(config_what + ": \"quantization_config\" says " + quant_method_name(*model.fp8_scheme) +
                            ", but the experts under '" + prefix + "' are " +
@@ -140,6 +141,22 @@ StatusOr<CheckpointLayer> load_layer_of(const std::string& config_text, const st
   }
   if (!model.fp8_scheme && out.config.quant.is_fp8()) {
     return InvalidArgument(config_what + ": F8_E4M3 experts under '" + prefix +
+                           "', but no \"quantization_config\" says so");
+  }
+  // 4-bit experts: compressed-tensors' int4 scheme, or gpt-oss's mxfp4 (kept
+  // packed, or dequantized to bf16), and only where the config says so.
+  const QuantMethod got = out.config.quant.method;
+  const auto got_text = [&] {
+    return std::string(out.config.quant.method != QuantMethod::kNone ? quant_method_name(got)
+                                                                     : dtype_name(out.config.quant.weight_dtype));
+  };
+  if (model.int4_scheme && got != *model.int4_scheme) {
+    return InvalidArgument(config_what + ": \"quantization_config\" says compressed-tensors " +
+                           quant_method_name(*model.int4_scheme) + ", but the experts under '" + prefix + "' are " +
+                           got_text());
+  }
+  if (!model.int4_scheme && out.config.quant.is_weight4() && !(model.mxfp4_experts && got == QuantMethod::kMxfp4)) {
+    return InvalidArgument(config_what + ": " + got_text() + " experts under '" + prefix +
                            "', but no \"quantization_config\" says so");
   }
   out.files = tensors.files_used();
@@ -151,6 +168,13 @@ StatusOr<CheckpointLayer> load_layer_of(const std::string& config_text, const st
 
 StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
                                                 const std::function<Status(const CheckpointLayerSize&)>& check_size) {
+  CheckpointLoadOptions options;
+  options.check_size = check_size;
+  return load_checkpoint_layer(model_dir, layer, options);
+}
+
+StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, int layer,
+                                                const CheckpointLoadOptions& options) {
   const std::string config_path = model_dir + "/config.json";
   std::error_code ec;
   if (model_dir.empty()) return InvalidArgument("the model folder path is empty");
@@ -160,7 +184,7 @@ StatusOr<CheckpointLayer> load_checkpoint_layer(const std::string& model_dir, in
   }
   MOEKIT_ASSIGN_OR_RETURN(const std::string text, read_text(config_path));
   MOEKIT_ASSIGN_OR_RETURN(io::TensorFiles shards, io::TensorFiles::open_folder(model_dir));
-  return load_layer_of(text, config_path, shards, layer, check_size);
+  return load_layer_of(text, config_path, shards, layer, options);
 }
 
 StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int layer) {
@@ -176,8 +200,13 @@ StatusOr<MoeConfig> checkpoint_layer_config(const std::string& config_json, int 
 
 StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
                                                           int layer) {
+  return load_checkpoint_layer_in_memory(config_json, std::move(tensors), layer, CheckpointLoadOptions{});
+}
+
+StatusOr<CheckpointLayer> load_checkpoint_layer_in_memory(const std::string& config_json, io::SafetensorsFile tensors,
+                                                          int layer, const CheckpointLoadOptions& options) {
   io::TensorFiles files = io::TensorFiles::of_file(std::move(tensors));
-  return load_layer_of(config_json, "config", files, layer, {});
+  return load_layer_of(config_json, "config", files, layer, options);
 }
 
 std::vector<std::string> model_folder_files(const std::string& model_dir) {

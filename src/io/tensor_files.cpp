@@ -95,6 +95,11 @@ StatusOr<HostTensor> TensorFiles::read_in_place(const std::string& name) {
   return f->read(name);
 }
 
+StatusOr<std::vector<uint8_t>> TensorFiles::copy_bytes(const std::string& name) {
+  MOEKIT_ASSIGN_OR_RETURN(SafetensorsFile * f, file_of(name));
+  return f->copy_bytes(name);
+}
+
 std::vector<std::string> TensorFiles::files_used() const {
   std::vector<std::string> out;
   for (const auto& [file, mapping] : open_) out.push_back(single_ ? mapping.path() : file);

@@ -35,6 +35,8 @@ class TensorFiles {
   // (SafetensorsFile::borrowed) and the tensor is aligned: a HostTensor::borrowed
   // over the caller's bytes, which must then outlive it. Else read().
   StatusOr<HostTensor> read_in_place(const std::string& name);
+  // The raw bytes of any entry, also of a dtype moekit does not load (I64, ...).
+  StatusOr<std::vector<uint8_t>> copy_bytes(const std::string& name);
   // The files read so far (shard names in a folder, the path of a single file).
   std::vector<std::string> files_used() const;
   // For messages: the folder or the file.
