@@ -69,17 +69,20 @@ class MoeLayer:
 
     @classmethod
     def from_pretrained(cls, model_dir, layer: int, device: DeviceLike = None, max_num_tokens: int = 4096,
-                        backend: str = "auto", batch_invariant: bool = False, capture: bool = True) -> "MoeLayer":
+                        backend: str = "auto", batch_invariant: bool = False, capture: bool = True,
+                        keep_packed_weights: bool = False) -> "MoeLayer":
         """Model layer `layer` of a folder as transformers' save_pretrained writes it
         (config.json + safetensors shards): its config, routing, expert biases and
-        shared experts as the config says, bf16/f32 or fp8 (docs/layer_files.md).
-        Called without router_logits, the layer computes them from the checkpoint's
-        router (router_logits()). device: where it runs (default: the CPU); backend,
-        batch_invariant and capture as MoeConfig's."""
+        shared experts as the config says, bf16/f32, fp8 or 4-bit (docs/layer_files.md,
+        docs/weights_4bit.md). Called without router_logits, the layer computes them
+        from the checkpoint's router (router_logits()). device: where it runs (default:
+        the CPU); backend, batch_invariant and capture as MoeConfig's.
+        keep_packed_weights: gpt-oss's MXFP4 experts as stored (quant "mxfp4") rather
+        than dequantized to bf16; compressed-tensors INT4 experts are always packed."""
         device = to_device(device, default=torch.device("cpu"))
         return cls._of_checkpoint(device, _moekit.load_checkpoint_layer(
             str(model_dir), layer, max_num_tokens, device.type, device.index or 0, backend, bool(batch_invariant),
-            bool(capture)))
+            bool(capture), bool(keep_packed_weights)))
 
     @classmethod
     def _of_checkpoint(cls, device: torch.device, loaded) -> "MoeLayer":

@@ -70,11 +70,14 @@ LayerOptions options_of(nb::handle max_num_tokens_arg, const std::string& backen
 
 nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle max_num_tokens_arg,
                const std::string& device_type, int device_index, const std::string& backend, bool batch_invariant,
-               bool capture) {
+               bool capture, bool keep_packed_weights) {
   // Range-checked as Python ints before narrowing (a model layer index is an int).
   const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
   const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
-  return layer_of([&] { return load_checkpoint_layer(model_dir, layer); }, o, device_type, device_index);
+  CheckpointLoadOptions load_options;
+  load_options.keep_packed_weights = keep_packed_weights;
+  return layer_of([&] { return load_checkpoint_layer(model_dir, layer, load_options); }, o, device_type,
+                  device_index);
 }
 
 // A live model's layer: config.json's text and the block's tensors (names
@@ -142,7 +145,7 @@ nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb:
 void bind_checkpoint(nb::module_& m) {
   m.def("load_checkpoint_layer", &load, nb::arg("model_dir"), nb::arg("layer"), nb::arg("max_num_tokens"),
         nb::arg("device_type"), nb::arg("device_index"), nb::arg("backend") = "auto",
-        nb::arg("batch_invariant") = false, nb::arg("capture") = true);
+        nb::arg("batch_invariant") = false, nb::arg("capture") = true, nb::arg("keep_packed_weights") = false);
   m.def(
       "checkpoint_layer_config",
       [](const std::string& config_json, nb::handle layer_arg) {

@@ -339,6 +339,16 @@ def test_mxfp4_gpt_oss_folder_equals_transformers_dequantization(tmp_path):
     assert "MXFP4" in a.summary, a.summary
     out = a(x)
     assert out.float().abs().sum() > 0 and torch.equal(out, b(x))
+    # Kept packed (quant mxfp4): the same weight values, decoded in the kernel's
+    # preparation; the same ids, and the output within fp32 accumulation order plus
+    # one bf16 rounding of each element (docs/weights_4bit.md).
+    c = moekit.MoeLayer.from_pretrained(folders["mxfp4"], layer=LAYER, max_num_tokens=64, keep_packed_weights=True)
+    assert c.config.quant == "mxfp4" and c.config.weight_dtype == "u8"
+    out_c, ids_c = c(x, return_ids=True)
+    _, ids_b = b(x, return_ids=True)
+    assert torch.equal(ids_c, ids_b)
+    err = ((out_c.double() - out.double()).norm() / out.double().norm()).item()
+    assert err <= 2 ** -8 + 2e-5, err
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])

@@ -85,3 +85,55 @@ def test_weight4_bad_scales_are_refused_by_name():
     with pytest.raises(ValueError, match="intermediate: 48 is not a multiple of mxfp4's group of 32"):
         moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=48, quant="mxfp4")
 
+
+
+def test_int4_folder_packed_by_compressed_tensors_matches_the_dequantized_layer(tmp_path):
+    """A Qwen3-MoE-shaped folder whose experts compressed-tensors' own packer
+    (pack_to_int32) wrote in its pack-quantized format: from_pretrained reads it as
+    int4_g32, and the layer equals a float64 evaluation on q * scale computed here from
+    the unpacked integers (ids exact; bf16 output rounding plus fp32 arithmetic)."""
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    import json
+    from safetensors.torch import save_file
+    h, i, e, g = 64, 32, 4, 32
+    gen = torch.Generator().manual_seed(seed_of("compressed-tensors int4"))
+    config = {"model_type": "qwen3_moe", "num_hidden_layers": 1, "hidden_size": h, "num_experts": e,
+              "num_experts_per_tok": 2, "moe_intermediate_size": i, "hidden_act": "silu", "norm_topk_prob": True,
+              "quantization_config": {
+                  "quant_method": "compressed-tensors", "format": "pack-quantized",
+                  "quantization_status": "compressed", "kv_cache_scheme": None,
+                  "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
+                  "config_groups": {"group_0": {
+                      "targets": ["Linear"], "input_activations": None, "output_activations": None,
+                      "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                  "group_size": g, "dynamic": False, "actorder": None, "observer": "minmax",
+                                  "observer_kwargs": {}}}}}}
+    tensors, values = {}, {}
+    for j in range(e):
+        for proj, (n, k) in (("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i))):
+            q = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+            scale = (torch.rand((n, k // g), generator=gen) * 0.05 + 0.002).bfloat16()
+            base = f"model.layers.0.mlp.experts.{j}.{proj}"
+            tensors[base + ".weight_packed"] = helpers.pack_to_int32(q, 4)
+            tensors[base + ".weight_scale"] = scale
+            tensors[base + ".weight_shape"] = torch.tensor([n, k], dtype=torch.int64)
+            values[(j, proj)] = q.double() * scale.double().repeat_interleave(g, dim=1)
+    router = torch.randn((e, h), generator=gen).bfloat16()
+    tensors["model.layers.0.mlp.gate.weight"] = router
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layer = moekit.MoeLayer.from_pretrained(tmp_path, layer=0, max_num_tokens=16)
+    assert layer.config.quant == "int4_g32" and layer.config.weight_dtype == "u8"
+    x = torch.randn((11, h), generator=gen).bfloat16()
+    logits = tie_free_logits(11, e, gen)
+    out, ids = layer(x, logits, return_ids=True)
+    ref_ids, ref_w = torch_ref_route(logits, layer.config, None)
+    assert torch.equal(ids.long(), ref_ids.long())
+    ref = torch.zeros((11, h), dtype=torch.float64)
+    for t in range(11):
+        for s in range(2):
+            j = int(ref_ids[t, s])
+            gate, up = values[(j, "gate_proj")] @ x[t].double(), values[(j, "up_proj")] @ x[t].double()
+            ref[t] += ref_w[t, s].double() * (values[(j, "down_proj")] @ (gate * torch.sigmoid(gate) * up))
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err <= 2 ** -8 + 2e-5, err
