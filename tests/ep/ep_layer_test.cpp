@@ -535,12 +535,7 @@ TEST(EpSharedExpert, TheGpuClassNamesWhyItDoesNot) {
   ASSERT_TRUE(res.ok()) << res.status().to_string();
   EXPECT_EQ(res->kernel.name, "CpuModular");
 #ifdef MOEKIT_WITH_CUDA
-  Platform h200 = Platform::cpu_only();
-  h200.cuda_built = h200.sm90a_built = true;
-  CudaDeviceInfo d;
-  d.cc_major = 9;
-  h200.cuda_devices.push_back(d);
-  StatusOr<Resolution> gpu = select_backend_on(c, h200, DeviceType::kCuda);
+  StatusOr<Resolution> gpu = select_backend_on(c, testing::described_h200(), DeviceType::kCuda);
   ASSERT_FALSE(gpu.ok());
   EXPECT_NE(gpu.status().message().find("a shared expert is not served on GPU ranks yet"), std::string::npos)
       << gpu.status().message();

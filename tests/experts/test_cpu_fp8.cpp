@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "experts/cpu_kernel_pair.h"
 #include "experts/cpu/cpu_modular.h"
 #include "experts/cpu/cpu_monolithic.h"
 #include "moekit/io.h"
@@ -121,49 +122,15 @@ TEST_P(CpuFp8Grid, ModularEqualsMonolithicAndMatchesReferences) {
   const Shape s = kShapes[shape];
   const Fp8Layer layer(s, scheme, act, dtype, seed_from({int64_t(scheme), int64_t(act), shape, int64_t(dtype), 8}));
   ASSERT_TRUE(layer.config.validate().ok()) << layer.config.validate().to_string();
-  ASSERT_TRUE(CpuMonolithic::supports(layer.config, Platform::cpu_only(2)).ok);
-  ASSERT_TRUE(CpuModular::supports(layer.config, Platform::cpu_only(2)).ok);
-  CpuMonolithic mono(layer.config);
-  CpuModular modular(layer.config);
-  const Status pm = mono.prepare_weights(layer.weights());
-  ASSERT_TRUE(pm.ok()) << pm.to_string();
-  ASSERT_TRUE(modular.prepare_weights(layer.weights()).ok());
-
+  StatusOr<KernelPairRun> run = run_kernel_pair(layer.config, layer.weights(), layer.hidden, layer.logits);
+  ASSERT_TRUE(run.ok()) << run.status().to_string();
+  EXPECT_TRUE(run->outputs_equal()) << "modular and monolithic outputs differ";
   const int64_t M = s.M, k = s.k;
-  HostTensor out_mono(dtype, {M, s.H}), out_mod(dtype, {M, s.H}), replay(DType::kI16, {M, k});
-  poison(out_mono);
-  poison(out_mod);
-  poison(replay);
-  Workbuf wm(mono.workspace_size(M));
-  MoeRunArgs am;
-  am.hidden = layer.hidden.view();
-  am.out = out_mono.view();
-  am.router_logits = layer.logits.view();
-  am.routing_replay_out = replay.view();
-  const Status sm = mono.run(am, wm.ws(), nullptr);
-  ASSERT_TRUE(sm.ok()) << sm.to_string();
-
-  HostTensor ids(DType::kI32, {M, k}), wts(DType::kF32, {M, k});
-  RoutingArgs ra;
-  ra.logits = layer.logits.view();
-  ra.topk_ids = ids.view();
-  ra.topk_weights = wts.view();
-  ASSERT_TRUE(route_cpu(layer.config.routing, ra).ok());
-  Workbuf wd(modular.workspace_size(M));
-  MoeRunArgs ad;
-  ad.hidden = layer.hidden.view();
-  ad.out = out_mod.view();
-  ad.topk_ids = ids.view();
-  ad.topk_weights = wts.view();
-  const Status sd = modular.run(ad, wd.ws(), nullptr);
-  ASSERT_TRUE(sd.ok()) << sd.to_string();
-  EXPECT_TRUE(all_bytes_equal(out_mono, out_mod)) << "modular and monolithic outputs differ";
-
   const moekit_ref::RoutingResult rr = moekit_ref::route(ref_routing(layer.config.routing), layer.logits_exact, M, s.E);
-  const std::vector<double> captured = to_double(replay.view());
+  const std::vector<double> captured = to_double(run->ids.view());
   for (int64_t i = 0; i < M * k; ++i) ASSERT_EQ(captured[i], rr.ids[i]) << "routing_replay_out differs at pair " << i;
 
-  const std::vector<double> out = to_double(out_mono.view());
+  const std::vector<double> out = to_double(run->monolithic.view());
   const std::vector<double> ref_fp8 = moekit_ref::moe_layer_fp8(
       ref_layer(layer.config), layer.ref_params(), layer.hidden_exact, M, layer.bytes(layer.w13),
       to_double(layer.w13_scale.view()), layer.bytes(layer.w2), to_double(layer.w2_scale.view()), rr.ids, rr.weights,

@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "core/weight4.h"
+#include "experts/cpu_kernel_pair.h"
 #include "experts/cpu/cpu_modular.h"
-#include "experts/cpu/cpu_monolithic.h"
-#include "moekit/routing.h"
 #include "reference/reference.h"
 #include "util/reference_params.h"
 #include "util/test_util.h"
@@ -23,7 +22,6 @@
 namespace moekit::cpu {
 namespace {
 
-using moekit::testing::poison;
 using moekit::testing::random_tensor;
 using moekit::testing::ref_layer;
 using moekit::testing::ref_routing;
@@ -203,12 +201,6 @@ struct Weight4Layer {
   }
 };
 
-struct Workbuf {
-  std::vector<unsigned char> bytes;
-  explicit Workbuf(size_t n) : bytes(n) {}
-  Workspace ws() { return {bytes.data(), bytes.size()}; }
-};
-
 using GridParam = std::tuple<QuantMethod, Activation, DType>;
 
 class CpuWeight4Grid : public ::testing::TestWithParam<GridParam> {};
@@ -219,48 +211,19 @@ TEST_P(CpuWeight4Grid, ModularEqualsMonolithicAndMatchesTheReference) {
   const bool biases = act == Activation::kSwigluOai;  // gpt-oss's layer has them
   const Weight4Layer layer(s, method, act, biases, dtype, seed_from({int64_t(method), int64_t(act), int64_t(dtype), 4}));
   ASSERT_TRUE(layer.config.validate().ok()) << layer.config.validate().to_string();
-  ASSERT_TRUE(CpuMonolithic::supports(layer.config, Platform::cpu_only(2)).ok);
-  ASSERT_TRUE(CpuModular::supports(layer.config, Platform::cpu_only(2)).ok);
-  CpuMonolithic mono(layer.config);
-  CpuModular modular(layer.config);
-  const Status pm = mono.prepare_weights(layer.weights());
-  ASSERT_TRUE(pm.ok()) << pm.to_string();
-  ASSERT_TRUE(modular.prepare_weights(layer.weights()).ok());
-
+  StatusOr<KernelPairRun> run = run_kernel_pair(layer.config, layer.weights(), layer.hidden, layer.logits);
+  ASSERT_TRUE(run.ok()) << run.status().to_string();
+  EXPECT_TRUE(run->outputs_equal()) << "modular and monolithic outputs differ";
   const int64_t M = s.M, k = s.k;
-  HostTensor out_mono(dtype, {M, s.H}), out_mod(dtype, {M, s.H});
-  poison(out_mono);
-  poison(out_mod);
-  Workbuf wm(mono.workspace_size(M));
-  MoeRunArgs am;
-  am.hidden = layer.hidden.view();
-  am.out = out_mono.view();
-  am.router_logits = layer.logits.view();
-  ASSERT_TRUE(mono.run(am, wm.ws(), nullptr).ok());
-
-  HostTensor ids(DType::kI32, {M, k}), wts(DType::kF32, {M, k});
-  RoutingArgs ra;
-  ra.logits = layer.logits.view();
-  ra.topk_ids = ids.view();
-  ra.topk_weights = wts.view();
-  ASSERT_TRUE(route_cpu(layer.config.routing, ra).ok());
-  Workbuf wd(modular.workspace_size(M));
-  MoeRunArgs ad;
-  ad.hidden = layer.hidden.view();
-  ad.out = out_mod.view();
-  ad.topk_ids = ids.view();
-  ad.topk_weights = wts.view();
-  ASSERT_TRUE(modular.run(ad, wd.ws(), nullptr).ok());
-  EXPECT_EQ(std::memcmp(out_mono.data<uint8_t>(), out_mod.data<uint8_t>(), out_mono.nbytes()), 0)
-      << "modular and monolithic outputs differ";
-
   const moekit_ref::RoutingResult rr = moekit_ref::route(ref_routing(layer.config.routing), layer.logits_exact, M, s.E);
+  const std::vector<double> captured = to_double(run->ids.view());
+  for (int64_t i = 0; i < M * k; ++i) ASSERT_EQ(captured[i], rr.ids[i]) << "captured ids differ at pair " << i;
   moekit_ref::LayerExtras extras;
   extras.b13 = layer.b13_exact;
   extras.b2 = layer.b2_exact;
   const std::vector<double> ref = moekit_ref::moe_layer(ref_layer(layer.config), layer.hidden_exact, M, layer.w13_exact,
                                                         layer.w2_exact, rr.ids, rr.weights, static_cast<int>(k), extras);
-  const double err = rel_l2_error(to_double(out_mono.view()), ref);
+  const double err = rel_l2_error(to_double(run->monolithic.view()), ref);
   char text[32];
   std::snprintf(text, sizeof text, "%.3e", err);
   RecordProperty("rel_l2_error", text);

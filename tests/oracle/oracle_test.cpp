@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moekit/oracle.h"
+#include "util/test_util.h"
 #ifdef MOEKIT_WITH_CUDA
 #include "experts/cuda/sm90_kernels.h"
 #endif
@@ -125,13 +126,7 @@ TEST(KernelOptions, TheCpuKernelSaysItsGemmPathAndWhy) {
 // The sm90 classes' rules on a described H200 (no device is touched): an
 // instance name the backend lacks is a supports() reason naming the choices.
 TEST(KernelOptions, TheSm90BackendRefusesAnInstanceItDoesNotHave) {
-  Platform h200 = Platform::cpu_only();
-  h200.cuda_built = h200.sm90a_built = true;
-  CudaDeviceInfo d;
-  d.index = 0;
-  d.cc_major = 9;
-  d.cc_minor = 0;
-  h200.cuda_devices.push_back(d);
+  const Platform h200 = testing::described_h200();
   MoeConfig c = small_config();
   ASSERT_TRUE(cuda::sm90_modular_supports(c, h200).ok) << cuda::sm90_modular_supports(c, h200).reason;
   c.kernel.sm90_stream = "rows7_k3";
@@ -150,13 +145,7 @@ TEST(KernelOptions, TheSm90BackendRefusesAnInstanceItDoesNotHave) {
 // 4-bit weights: both sm90 classes say why they cannot serve them, and the
 // oracle's choice on that H200 is the CPU backend, with the reason in its report.
 TEST(Oracle, TheSm90BackendNamesWhyItDoesNotServe4BitWeights) {
-  Platform h200 = Platform::cpu_only();
-  h200.cuda_built = h200.sm90a_built = true;
-  CudaDeviceInfo d;
-  d.index = 0;
-  d.cc_major = 9;
-  d.cc_minor = 0;
-  h200.cuda_devices.push_back(d);
+  const Platform h200 = testing::described_h200();
   MoeConfig c = small_config();
   c.hidden = c.intermediate = 128;
   for (QuantMethod m : {QuantMethod::kMxfp4, QuantMethod::kInt4G32, QuantMethod::kInt4G128}) {

@@ -118,4 +118,15 @@ void poison(HostTensor& t) {
   }
 }
 
+Platform described_h200() {
+  Platform h200 = Platform::cpu_only();
+  h200.cuda_built = h200.sm90a_built = true;
+  CudaDeviceInfo d;
+  d.index = 0;
+  d.cc_major = 9;
+  d.cc_minor = 0;
+  h200.cuda_devices.push_back(d);
+  return h200;
+}
+
 }  // namespace moekit::testing

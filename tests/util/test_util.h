@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "moekit/platform.h"
 #include "moekit/tensor.h"
 
 namespace moekit::testing {
@@ -40,5 +41,10 @@ void poison(HostTensor& t);
 // uniformly; `counts` (optional) gets the tokens routed to each expert.
 HostTensor random_distinct_ids(std::mt19937_64& rng, int64_t M, int64_t E, int k,
                                std::vector<int32_t>* counts = nullptr);
+
+// A platform that describes an H200 (compute capability 9.0, sm_90a kernels
+// built) without touching a device: for the oracle's and the sm90 classes'
+// rules on a machine without one.
+Platform described_h200();
 
 }  // namespace moekit::testing
