@@ -35,11 +35,18 @@ struct LayerOptions {
   std::string dtype;  // compute (activation) dtype; default: the weights' dtype
   std::string backend = "auto";
   bool no_bias = false;
+  bool keep_packed_weights = false;  // --model: gpt-oss's MXFP4 experts as stored (quant mxfp4)
   bool logits_given = false, capture_given = false, replay_given = false;  // optional path flags, given (even as "")
   bool model_given = false;
   // Flags that describe the layer, which config.json describes instead with --model.
   std::vector<const CLI::Option*> layer_description;
 };
+
+// The compute dtype when --dtype is not given: the weights' own, bf16 for
+// quantized weights (f8_e4m3, or u8 holding 4-bit values).
+DType default_act_dtype(DType weights) {
+  return weights == DType::kF8E4M3 || weights == DType::kU8 ? DType::kBF16 : weights;
+}
 
 // A .npy as a float tensor of `dtype` with shape [rows?, cols].
 StatusOr<HostTensor> load_matrix(const std::string& path, const char* what, int64_t rows, int64_t cols,
@@ -139,12 +146,15 @@ Status load_inputs(const LayerOptions& o, PreparedLayer& p, const std::function<
 
 Status prepare_from_file(const LayerOptions& o, DType flag_dtype, PreparedLayer& p) {
   if (o.routing.top_k == 0) return InvalidArgument("--top-k is required (with --weights)");
+  if (o.keep_packed_weights) {
+    return InvalidArgument("--keep-packed-weights goes with --model (a layer file's weights load as stored)");
+  }
   MOEKIT_ASSIGN_OR_RETURN(io::SafetensorsFile file, io::SafetensorsFile::open(o.weights_path));
   const std::optional<int> layer_index = o.layer >= 0 ? std::optional<int>(o.layer) : std::nullopt;
   MOEKIT_ASSIGN_OR_RETURN(const io::NpyInfo hidden_info, io::read_npy_info(o.hidden_path));
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
   const auto fits = [&](const CheckpointLayerSize& s) {
-    const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
+    const DType act = o.dtype.empty() ? default_act_dtype(s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, o.routing.top_k, act));
   };
   MOEKIT_ASSIGN_OR_RETURN(p.ckpt, load_layer_file(std::move(file), layer_index, fits));
@@ -191,10 +201,13 @@ Status prepare_from_model(const LayerOptions& o, DType flag_dtype, PreparedLayer
   const int64_t tokens = hidden_info.shape.empty() ? 0 : hidden_info.shape[0];
   // Checked from config.json and the shards' headers, before any tensor is read.
   const auto fits = [&](const CheckpointLayerSize& s) {
-    const DType act = o.dtype.empty() ? (s.dtype == DType::kF8E4M3 ? DType::kBF16 : s.dtype) : flag_dtype;
+    const DType act = o.dtype.empty() ? default_act_dtype(s.dtype) : flag_dtype;
     return check_memory("layer", layer_memory_bytes(s, tokens, s.config.top_k(), act));
   };
-  MOEKIT_ASSIGN_OR_RETURN(p.ckpt, load_checkpoint_layer(o.model_dir, o.layer, fits));
+  CheckpointLoadOptions load;
+  load.keep_packed_weights = o.keep_packed_weights;
+  load.check_size = fits;
+  MOEKIT_ASSIGN_OR_RETURN(p.ckpt, load_checkpoint_layer(o.model_dir, o.layer, load));
   const CheckpointLayer& ckpt = p.ckpt;
   p.cfg = ckpt.config;
   if (!o.dtype.empty()) p.cfg.quant.act_dtype = flag_dtype;
@@ -334,7 +347,11 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
   o->layer_description.push_back(
       cmd->add_option("--activation", o->activation, name_list(kAllActivations, activation_name, "|"))->capture_default_str());
-  cmd->add_option("--dtype", o->dtype, "compute dtype of hidden/out: f32|bf16 (default: the weights')");
+  cmd->add_option("--dtype", o->dtype, "compute dtype of hidden/out: f32|bf16 (default: the weights', bf16 for "
+                                      "fp8 or 4-bit weights)");
+  cmd->add_flag("--keep-packed-weights", o->keep_packed_weights,
+                "with --model: gpt-oss's MXFP4 experts as stored (quant mxfp4) instead of dequantized to bf16 "
+                "(docs/weights_4bit.md)");
   o->layer_description.push_back(
       cmd->add_flag("--no-bias", o->no_bias, "deepseek_v3: ignore the checkpoint's e_score_correction_bias"));
   add_routing_flags(cmd, &o->routing, /*top_k_required=*/false);

@@ -349,6 +349,14 @@ def test_mxfp4_gpt_oss_folder_equals_transformers_dequantization(tmp_path):
     assert torch.equal(ids_c, ids_b)
     err = ((out_c.double() - out.double()).norm() / out.double().norm()).item()
     assert err <= 2 ** -8 + 2e-5, err
+    # The command line keeps them packed too: the same layer, bit for bit.
+    import numpy as np
+    np.save(tmp_path / "x.npy", x.float().numpy())
+    r = subprocess.run([_cli(), "layer", "--model", str(folders["mxfp4"]), "--layer", str(LAYER), "--hidden",
+                        str(tmp_path / "x.npy"), "--out", str(tmp_path / "out.npy"), "--keep-packed-weights"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert torch.equal(torch.from_numpy(np.load(tmp_path / "out.npy")), out_c.float())
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
