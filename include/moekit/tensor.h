@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +64,9 @@ struct TensorView {
 // any size. Messages name the argument: "topk_ids: expected dtype i32, got f32".
 Status check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
                     std::initializer_list<int64_t> shape, Device device);
+// The same with a shape computed at run time.
+Status check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
+                    std::span<const int64_t> shape, Device device);
 
 // Owning, contiguous host tensor (64-byte aligned storage), or, made by
 // borrowed(), a view of memory it does not own.

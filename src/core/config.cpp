@@ -274,6 +274,12 @@ Status MoeConfig::validate() const {
     return InvalidArgument(field("batch_invariant", "cannot hold with fp8_per_tensor's dynamic activation scale "
                                                     "(one amax over the batch); use act_scale=static or fp8_block128"));
   }
+  if (parallel.ep_size > 1 && quant.method == QuantMethod::kFp8PerTensor && quant.act_scale == ActScale::kDynamic) {
+    // Each rank sees its own pairs only, never the whole GEMM input.
+    return InvalidArgument(field("quant.act_scale", "fp8_per_tensor's dynamic activation scale is one amax over "
+                                                    "the batch, which no expert-parallel rank sees; use "
+                                                    "act_scale=static or fp8_block128"));
+  }
   if (needs_replay && routing.method == RoutingMethod::kCustom) {
     return InvalidArgument(field("needs_replay", "custom routing supplies its own ids; replay does not apply"));
   }

@@ -72,6 +72,11 @@ std::string TensorView::shape_string() const {
 
 Status check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
                     std::initializer_list<int64_t> shape, Device device) {
+  return check_tensor(t, name, dtypes, std::span<const int64_t>(shape.begin(), shape.size()), device);
+}
+
+Status check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
+                    std::span<const int64_t> shape, Device device) {
   const std::string n(name);
   if (!t.defined()) return InvalidArgument(n + ": required tensor is missing");
   bool dtype_ok = false;

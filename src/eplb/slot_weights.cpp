@@ -1,115 +1,173 @@
 #include "eplb/slot_weights.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
+
+#include "core/weight4.h"
 
 namespace moekit::eplb {
 
-TensorView SlotWeights::w13_view() const {
-  return TensorView::contiguous(const_cast<char*>(w13.data()), dtype, {slots, n1, hidden});
+size_t SlotPart::slot_bytes() const {
+  if (!present) return 0;
+  int64_t n = 1;
+  for (int64_t d : slot_shape) n *= d;
+  return static_cast<size_t>(n) * dtype_size(dtype);
 }
-TensorView SlotWeights::w2_view() const {
-  return TensorView::contiguous(const_cast<char*>(w2.data()), dtype, {slots, hidden, intermediate});
+
+SlotPart& SlotWeights::part(TensorView MoeWeights::*field) {
+  return *std::find_if(parts.begin(), parts.end(), [&](const SlotPart& p) { return p.field == field; });
 }
+const SlotPart& SlotWeights::part(TensorView MoeWeights::*field) const {
+  return *std::find_if(parts.begin(), parts.end(), [&](const SlotPart& p) { return p.field == field; });
+}
+
+namespace {
+
+std::vector<int64_t> with_rows(int64_t rows, const std::vector<int64_t>& slot_shape) {
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), slot_shape.begin(), slot_shape.end());
+  return shape;
+}
+
+}  // namespace
 
 MoeWeights SlotWeights::kernel_weights() const {
   MoeWeights w;
-  w.w13 = w13_view();
-  w.w2 = w2_view();
-  if (has_bias) {
-    w.w13_bias = TensorView::contiguous(const_cast<char*>(w13_bias.data()), bias_dtype, {slots, n1});
-    w.w2_bias = TensorView::contiguous(const_cast<char*>(w2_bias.data()), bias_dtype, {slots, hidden});
+  for (const SlotPart& p : parts) {
+    if (p.present) w.*p.field = TensorView::contiguous(const_cast<char*>(p.data.data()), p.dtype, with_rows(slots, p.slot_shape));
   }
   return w;
 }
 
 namespace {
 
-// One slot's weights are these parts, each a fixed number of bytes per slot.
-template <typename Storage>
-struct Part {
-  Storage* storage;
-  size_t bytes;  // per slot
-};
-template <typename W>  // SlotWeights or const SlotWeights
-auto parts_of(W& w) {
-  using P = Part<std::conditional_t<std::is_const_v<W>, const std::vector<char>, std::vector<char>>>;
-  return std::array<P, 4>{P{&w.w13, w.w13_bytes()}, P{&w.w2, w.w2_bytes()}, P{&w.w13_bias, w.w13_bias_bytes()},
-                          P{&w.w2_bias, w.w2_bias_bytes()}};
+// The parts a layer of `c` has, one slot's shape each (MoeWeights' layouts,
+// kernel.h); biases in `bias_dtype`.
+std::array<SlotPart, kSlotParts> layout_of(const MoeConfig& c, DType bias_dtype) {
+  const QuantScheme& q = c.quant;
+  const int64_t H = c.hidden, I = c.intermediate, P = c.activation.gated() ? 2 : 1, n1 = P * I;
+  const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+  const bool bias = c.has_expert_bias;
+  std::array<SlotPart, kSlotParts> p = {
+      SlotPart{"w13", &MoeWeights::w13, true, q.weight_dtype, {n1, q.stored_cols(H)}, {}},
+      SlotPart{"w2", &MoeWeights::w2, true, q.weight_dtype, {H, q.stored_cols(I)}, {}},
+      SlotPart{"w13_bias", &MoeWeights::w13_bias, bias, bias_dtype, {n1}, {}},
+      SlotPart{"w2_bias", &MoeWeights::w2_bias, bias, bias_dtype, {H}, {}},
+      SlotPart{"w13_scale", &MoeWeights::w13_scale, false, DType::kF32, {}, {}},
+      SlotPart{"w2_scale", &MoeWeights::w2_scale, false, DType::kF32, {}, {}},
+      SlotPart{"a13_scale", &MoeWeights::a13_scale, false, DType::kF32, {}, {}},
+      SlotPart{"a2_scale", &MoeWeights::a2_scale, false, DType::kF32, {}, {}},
+  };
+  SlotPart &s13 = p[4], &s2 = p[5];
+  switch (q.method) {
+    case QuantMethod::kNone: break;
+    case QuantMethod::kFp8Block128:
+      s13.present = s2.present = true;
+      s13.slot_shape = {P * blocks(I), blocks(H)};
+      s2.slot_shape = {blocks(H), blocks(I)};
+      break;
+    case QuantMethod::kFp8PerTensor:
+      s13.present = s2.present = true;
+      s13.slot_shape = {P};  // w2_scale: one value per expert
+      p[6].present = p[7].present = q.act_scale == ActScale::kStatic;
+      break;
+    case QuantMethod::kMxfp4:
+    case QuantMethod::kInt4G32:
+    case QuantMethod::kInt4G128: {
+      const int64_t g = weight4_group(q.method);
+      s13.present = s2.present = true;
+      s13.dtype = s2.dtype = weight4_scale_dtype(q.method);
+      s13.slot_shape = {n1, H / g};
+      s2.slot_shape = {H, I / g};
+      break;
+    }
+  }
+  return p;
 }
 
-SlotWeights empty_slots(DType dtype, bool has_bias, DType bias_dtype, int64_t slots, int64_t n1, int64_t H,
-                        int64_t I) {
+// An empty slot's value of each part: zero weights and biases, unit scales
+// (so that the kernels' scale checks hold for slots no token reaches).
+void fill_empty(SlotPart& p, int64_t slot) {
+  const size_t b = p.slot_bytes();
+  char* dst = p.data.data() + slot * b;
+  const bool scale = p.field == &MoeWeights::w13_scale || p.field == &MoeWeights::w2_scale ||
+                     p.field == &MoeWeights::a13_scale || p.field == &MoeWeights::a2_scale;
+  if (!scale) {
+    std::memset(dst, 0, b);
+  } else if (p.dtype == DType::kU8) {
+    std::memset(dst, 127, b);  // E8M0 2^0
+  } else {
+    const float one = 1.0f;
+    for (size_t i = 0; i < b; i += sizeof(float)) std::memcpy(dst + i, &one, sizeof(float));
+  }
+}
+
+SlotWeights empty_slots(std::array<SlotPart, kSlotParts> layout, int64_t slots) {
   SlotWeights w;
-  w.dtype = dtype;
-  w.has_bias = has_bias;
-  w.bias_dtype = bias_dtype;
   w.slots = slots;
-  w.n1 = n1;
-  w.hidden = H;
-  w.intermediate = I;
-  for (const auto& p : parts_of(w)) p.storage->assign(slots * p.bytes, 0);
+  w.parts = std::move(layout);
+  for (SlotPart& p : w.parts) {
+    p.data.assign(slots * p.slot_bytes(), 0);
+    for (int64_t s = 0; s < slots; ++s) fill_empty(p, s);
+  }
   return w;
 }
 
-// The weights a slot copies from: the four tensors, biases optional (both or none), rows = experts or slots.
-StatusOr<std::array<const char*, 4>> sources(const MoeWeights& src, const char* what, int64_t rows, DType dtype,
-                                             int64_t n1, int64_t H, int64_t I, bool* has_bias, DType* bias_dtype) {
+// The layout of `c` checked against `src` (rows = experts or slots): every
+// part the layer has, no part it lacks. Biases: f32 or the weight dtype (bf16
+// for 4-bit weights), both the same.
+StatusOr<std::array<SlotPart, kSlotParts>> checked_layout(const MoeWeights& src, const char* what, int64_t rows,
+                                                          const MoeConfig& c) {
   const std::string w = what;
-  MOEKIT_RETURN_IF_ERROR(check_tensor(src.w13, "w13" + w, {dtype}, {rows, n1, H}, Device::cpu()));
-  MOEKIT_RETURN_IF_ERROR(check_tensor(src.w2, "w2" + w, {dtype}, {rows, H, I}, Device::cpu()));
-  if (src.w13_bias.defined() != src.w2_bias.defined()) {
-    return InvalidArgument("w13_bias/w2_bias" + w + ": give both expert biases or neither");
+  const DType bias_dtype = src.w13_bias.defined() ? src.w13_bias.dtype : DType::kF32;
+  const DType weight_bias = c.quant.is_weight4() ? DType::kBF16 : c.quant.weight_dtype;
+  if (c.has_expert_bias && bias_dtype != DType::kF32 && bias_dtype != weight_bias) {
+    return InvalidArgument("w13_bias" + w + ": dtype " + dtype_name(bias_dtype) + "; expert biases are f32 or " +
+                           dtype_name(weight_bias));
   }
-  *has_bias = src.w13_bias.defined();
-  *bias_dtype = *has_bias ? src.w13_bias.dtype : DType::kF32;
-  if (*has_bias) {
-    MOEKIT_RETURN_IF_ERROR(check_tensor(src.w13_bias, "w13_bias" + w, {DType::kF32, dtype}, {rows, n1}, Device::cpu()));
-    MOEKIT_RETURN_IF_ERROR(check_tensor(src.w2_bias, "w2_bias" + w, {*bias_dtype}, {rows, H}, Device::cpu()));
+  std::array<SlotPart, kSlotParts> layout = layout_of(c, bias_dtype);
+  for (const SlotPart& p : layout) {
+    const TensorView& t = src.*p.field;
+    if (p.present) {
+      MOEKIT_RETURN_IF_ERROR(check_tensor(t, p.name + w, {p.dtype}, with_rows(rows, p.slot_shape), Device::cpu()));
+    } else if (t.defined()) {
+      return InvalidArgument(std::string(p.name) + w + ": given, but a layer of " + c.quant.to_string() +
+                             (c.has_expert_bias ? "" : " without expert biases") + " takes no such tensor");
+    }
   }
-  return std::array<const char*, 4>{src.w13.ptr<const char>(), src.w2.ptr<const char>(),
-                                    *has_bias ? src.w13_bias.ptr<const char>() : nullptr,
-                                    *has_bias ? src.w2_bias.ptr<const char>() : nullptr};
+  return layout;
 }
 
-// Slot s of `w` gets row `row` of every source part.
-void copy_slot(SlotWeights& w, int64_t s, const std::array<const char*, 4>& src, int64_t row) {
-  const auto parts = parts_of(w);
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const size_t b = parts[i].bytes;
-    if (b > 0) std::memcpy(parts[i].storage->data() + s * b, src[i] + row * b, b);
+// Slot s of `w` gets row `row` of every present part of `src`.
+void copy_slot(SlotWeights& w, int64_t s, const MoeWeights& src, int64_t row) {
+  for (SlotPart& p : w.parts) {
+    const size_t b = p.slot_bytes();
+    if (b > 0) std::memcpy(p.data.data() + s * b, (src.*p.field).ptr<const char>() + row * b, b);
   }
 }
 
 }  // namespace
 
 StatusOr<SlotWeights> slot_weights_from_logical(const MoeWeights& logical, const ExpertPlacement& p, int rank,
-                                                DType dtype, int64_t n1, int64_t H, int64_t I) {
-  bool has_bias = false;
-  DType bias_dtype = DType::kF32;
-  MOEKIT_ASSIGN_OR_RETURN(const auto src, sources(logical, "", p.num_logical, dtype, n1, H, I, &has_bias, &bias_dtype));
-  SlotWeights w = empty_slots(dtype, has_bias, bias_dtype, p.slots_per_rank, n1, H, I);
+                                                const MoeConfig& config) {
+  MOEKIT_ASSIGN_OR_RETURN(auto layout, checked_layout(logical, "", p.num_logical, config));
+  SlotWeights w = empty_slots(std::move(layout), p.slots_per_rank);
   for (int64_t s = 0; s < p.slots_per_rank; ++s) {
     const int32_t e = p.physical_to_logical[rank * p.slots_per_rank + s];
-    if (e >= 0) copy_slot(w, s, src, e);
+    if (e >= 0) copy_slot(w, s, logical, e);
   }
   return w;
 }
 
 StatusOr<SlotWeights> slot_weights_from_local(const MoeWeights& local, const ExpertPlacement& p, int rank,
-                                              DType dtype, int64_t n1, int64_t H, int64_t I) {
+                                              const MoeConfig& config) {
   const int64_t S = p.slots_per_rank;
-  bool has_bias = false;
-  DType bias_dtype = DType::kF32;
-  MOEKIT_ASSIGN_OR_RETURN(const auto src,
-                          sources(local, " (this rank's slots)", S, dtype, n1, H, I, &has_bias, &bias_dtype));
-  SlotWeights w = empty_slots(dtype, has_bias, bias_dtype, S, n1, H, I);
+  MOEKIT_ASSIGN_OR_RETURN(auto layout, checked_layout(local, " (this rank's slots)", S, config));
+  SlotWeights w = empty_slots(std::move(layout), S);
   for (int64_t s = 0; s < S; ++s) {
-    if (p.physical_to_logical[rank * S + s] >= 0) copy_slot(w, s, src, s);
+    if (p.physical_to_logical[rank * S + s] >= 0) copy_slot(w, s, local, s);
   }
   return w;
 }
@@ -126,12 +184,11 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
     owner[e] = current.rank_of_slot(p);
     owner_slot[e] = p % current.slots_per_rank;
   }
-  SlotWeights out = empty_slots(mine.dtype, mine.has_bias, mine.bias_dtype, next.slots_per_rank, mine.n1, mine.hidden,
-                                mine.intermediate);
-  const auto from_parts = parts_of(mine);
-  const auto to_parts = parts_of(out);
+  std::array<SlotPart, kSlotParts> layout = mine.parts;
+  for (SlotPart& p : layout) p.data.clear();
+  SlotWeights out = empty_slots(std::move(layout), next.slots_per_rank);
   size_t row = 0;
-  for (const auto& p : from_parts) row += p.bytes;  // one expert, every part back to back
+  for (const SlotPart& p : mine.parts) row += p.slot_bytes();  // one expert, every part back to back
   const int64_t max_rows = next.slots_per_rank;
   std::vector<char> send(n * max_rows * row), recv(n * max_rows * row);
   std::vector<int32_t> send_counts(n, 0), recv_counts(n, 0);
@@ -142,10 +199,11 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
       const int32_t e = next.physical_to_logical[d * next.slots_per_rank + s];
       if (e < 0 || owner[e] != me) continue;
       char* dst = send.data() + (d * max_rows + send_counts[d]++) * row;
-      for (const auto& p : from_parts) {
-        if (p.bytes == 0) continue;  // a part the layer does not have (no biases)
-        std::memcpy(dst, p.storage->data() + owner_slot[e] * p.bytes, p.bytes);
-        dst += p.bytes;
+      for (const SlotPart& p : mine.parts) {
+        const size_t b = p.slot_bytes();
+        if (b == 0) continue;  // a part the layer does not have
+        std::memcpy(dst, p.data.data() + owner_slot[e] * b, b);
+        dst += b;
       }
     }
   }
@@ -161,12 +219,12 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
                       " experts to rank " + std::to_string(me) + ", fewer than the placement needs");
     }
     const char* from = from_rank == me ? nullptr : recv.data() + (from_rank * max_rows + taken[from_rank]++) * row;
-    for (size_t i = 0; i < to_parts.size(); ++i) {
-      const size_t bytes = to_parts[i].bytes;
-      if (bytes == 0) continue;  // a part the layer does not have (no biases)
-      const char* part = from_rank == me ? from_parts[i].storage->data() + owner_slot[e] * bytes : from;
-      std::memcpy(to_parts[i].storage->data() + s * bytes, part, bytes);
-      if (from != nullptr) from += bytes;
+    for (size_t i = 0; i < out.parts.size(); ++i) {
+      const size_t b = out.parts[i].slot_bytes();
+      if (b == 0) continue;  // a part the layer does not have
+      const char* part = from_rank == me ? mine.parts[i].data.data() + owner_slot[e] * b : from;
+      std::memcpy(out.parts[i].data.data() + s * b, part, b);
+      if (from != nullptr) from += b;
     }
   }
   return out;

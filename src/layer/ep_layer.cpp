@@ -236,13 +236,9 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   st.platform = platform;
   st.experts_class = whole->kernel;
   st.dispatch_kind = choice->kind;
-  const int64_t n1 = config.activation.gated() ? 2 * config.intermediate : config.intermediate;  // w13 rows
-  StatusOr<eplb::SlotWeights> w =
-      weights_are_slots
-          ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config.quant.weight_dtype, n1, config.hidden,
-                                          config.intermediate)
-          : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config.quant.weight_dtype, n1,
-                                            config.hidden, config.intermediate);
+  StatusOr<eplb::SlotWeights> w = weights_are_slots
+                                      ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config)
+                                      : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config);
   if (w.ok()) st.weights = std::move(*w); else built = w.status();
   if (built.ok() && config.shared_intermediate > 0 && !on_gpu) {
     built = st.shared.prepare(config, weights);
@@ -414,19 +410,25 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
 
 Status ExpertParallelLayer::update_expert_weights(int64_t logical, const TensorView& w13, const TensorView& w2) {
   State& st = *state_;
-  const eplb::SlotWeights& w = st.weights;
   if (logical < 0 || logical >= config_.num_experts) {
     return OutOfRange("update_expert_weights: expert " + std::to_string(logical) + " not in [0, " +
                       std::to_string(config_.num_experts) + ")");
   }
-  MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {w.dtype}, {w.n1, w.hidden}, Device::cpu()));
-  MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {w.dtype}, {w.hidden, w.intermediate}, Device::cpu()));
-  eplb::SlotWeights next = w;
+  if (config_.quant.method != QuantMethod::kNone) {
+    // TODO(ep): the expert's scales with its weights.
+    return Unsupported("update_expert_weights: a layer of " + config_.quant.to_string() +
+                       " needs the expert's scales too; only unquantized layers take new weights yet");
+  }
+  eplb::SlotWeights next = st.weights;
+  eplb::SlotPart& p13 = next.part(&MoeWeights::w13);
+  eplb::SlotPart& p2 = next.part(&MoeWeights::w2);
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w13, "w13", {p13.dtype}, p13.slot_shape, Device::cpu()));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w2, "w2", {p2.dtype}, p2.slot_shape, Device::cpu()));
   const int me = comm_->rank();
   for (int64_t s = 0; s < placement_.slots_per_rank; ++s) {
     if (placement_.physical_to_logical[me * placement_.slots_per_rank + s] != logical) continue;
-    std::memcpy(next.w13.data() + s * w.w13_bytes(), w13.data, w.w13_bytes());
-    std::memcpy(next.w2.data() + s * w.w2_bytes(), w2.data, w.w2_bytes());
+    std::memcpy(p13.data.data() + s * p13.slot_bytes(), w13.data, p13.slot_bytes());
+    std::memcpy(p2.data.data() + s * p2.slot_bytes(), w2.data, p2.slot_bytes());
   }
   // The kernel keeps its own prepared copy: re-prepare it from every slot,
   // once no forward may still read the old weights.

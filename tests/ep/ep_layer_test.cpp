@@ -18,6 +18,7 @@
 #include "ep/ep_test_util.h"
 #include "moekit/capture.h"
 #include "moekit/ep_layer.h"
+#include "moekit/io.h"
 #include "moekit/layer.h"
 #include "moekit/oracle.h"
 #include "reference/reference.h"
@@ -524,6 +525,135 @@ TEST(EpSharedExpert, EqualsTheSingleRankLayer) {
     check_equal_to_single_rank({3, RoutingMethod::kSoftmaxTopk, All2AllBackend::kNccl, false, dt, false, 24, true,
                                 /*batch_invariant=*/false});
   }
+}
+
+// Quantized experts on host ranks: fp8 (block-128, per-tensor with static
+// activation scales) and 4-bit weights travel with their slot, scales
+// included (also when EPLB moves them), and the layer equals the single-rank
+// layer bit for bit in batch-invariant mode (the quantized CPU path's GEMMs
+// are sgemm, whose rounding depends on the row count, otherwise).
+struct QuantizedLayer {
+  MoeConfig config;
+  HostTensor w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, hidden, logits;
+  MoeWeights weights() const {
+    MoeWeights w{.w13 = w13.view(), .w2 = w2.view(), .w13_scale = w13_scale.view(), .w2_scale = w2_scale.view()};
+    if (config.quant.act_scale == ActScale::kStatic) {
+      w.a13_scale = a13_scale.view();
+      w.a2_scale = a2_scale.view();
+    }
+    return w;
+  }
+};
+
+QuantizedLayer quantized_layer(QuantMethod method, int64_t total, uint64_t seed) {
+  constexpr int64_t H = 128, I = 64;  // the 4-bit groups and fp8 blocks need these multiples
+  QuantizedLayer q;
+  MoeConfig& c = q.config;
+  c = base_config(RoutingMethod::kRenormalize, DType::kBF16);
+  c.hidden = H;
+  c.intermediate = I;
+  c.batch_invariant = true;
+  c.quant.method = method;
+  c.quant.weight_dtype = default_weight_dtype(method);
+  if (method == QuantMethod::kFp8PerTensor) c.quant.act_scale = ActScale::kStatic;
+  std::mt19937_64 rng(seed);
+  const HostTensor w13 = testing::random_tensor(rng, DType::kF32, {kE, 2 * I, H}, 1.0 / std::sqrt(double(H)));
+  const HostTensor w2 = testing::random_tensor(rng, DType::kF32, {kE, H, I}, 1.0 / std::sqrt(double(I)));
+  if (c.quant.is_weight4()) {
+    StatusOr<io::Weight4Tensor> a = io::quantize_weight4_tensor(w13.view(), method, "w13");
+    StatusOr<io::Weight4Tensor> b = io::quantize_weight4_tensor(w2.view(), method, "w2");
+    EXPECT_TRUE(a.ok() && b.ok());
+    q.w13 = std::move(a->packed), q.w13_scale = std::move(a->scale);
+    q.w2 = std::move(b->packed), q.w2_scale = std::move(b->scale);
+  } else {
+    // Each expert's gate, up and down quantized on its own, as a checkpoint stores them.
+    const bool block = method == QuantMethod::kFp8Block128;
+    q.w13 = HostTensor(DType::kF8E4M3, {kE, 2 * I, H});
+    q.w2 = HostTensor(DType::kF8E4M3, {kE, H, I});
+    q.w13_scale = block ? HostTensor(DType::kF32, {kE, 2 * ((I + 127) / 128), H / 128})
+                        : HostTensor(DType::kF32, {kE, 2});
+    q.w2_scale = block ? HostTensor(DType::kF32, {kE, H / 128, (I + 127) / 128}) : HostTensor(DType::kF32, {kE});
+    const auto put = [&](const HostTensor& src, HostTensor& dst, float* scale, int64_t row0, int64_t rows,
+                         int64_t cols) {
+      const TensorView m = TensorView::contiguous(const_cast<float*>(src.data<float>()) + row0 * cols, DType::kF32,
+                                                  {rows, cols});
+      StatusOr<io::Fp8Matrix> f = io::quantize_fp8(m, method, "w");
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+      std::memcpy(dst.data<uint8_t>() + row0 * cols, f->weight.data<uint8_t>(), rows * cols);
+      std::memcpy(scale, f->scale.data<float>(), f->scale.nbytes());
+    };
+    const int64_t per13 = q.w13_scale.numel() / kE / 2, per2 = q.w2_scale.numel() / kE;
+    for (int64_t e = 0; e < kE; ++e) {
+      for (int64_t p = 0; p < 2; ++p) {
+        put(w13, q.w13, q.w13_scale.data<float>() + (e * 2 + p) * per13, (e * 2 + p) * I, I, H);
+      }
+      put(w2, q.w2, q.w2_scale.data<float>() + e * per2, e * H, H, I);
+    }
+    q.a13_scale = testing::random_tensor(rng, DType::kF32, {kE}, 0.0);
+    q.a2_scale = testing::random_tensor(rng, DType::kF32, {kE}, 0.0);
+    for (int64_t e = 0; e < kE; ++e) q.a13_scale.data<float>()[e] = 4.0f / 448.0f, q.a2_scale.data<float>()[e] = 1.0f / 448.0f;
+  }
+  q.hidden = testing::random_tensor(rng, DType::kBF16, {total, H}, 1.0);
+  q.logits = testing::tie_free_logits(rng, DType::kF32, total, kE, 1.0 / 32.0);
+  return q;
+}
+
+TEST(EpQuantized, Fp8And4BitSlotsEqualTheSingleRankLayer) {
+  for (QuantMethod method : {QuantMethod::kFp8Block128, QuantMethod::kFp8PerTensor, QuantMethod::kMxfp4,
+                             QuantMethod::kInt4G32}) {
+    for (const int ranks : {2, 3}) {
+      SCOPED_TRACE(std::string(quant_method_name(method)) + " ranks=" + std::to_string(ranks));
+      std::vector<int64_t> first{0};
+      for (int r = 0; r < ranks; ++r) first.push_back(first.back() + tokens_of(r));
+      const int64_t total = first.back();
+      const QuantizedLayer q = quantized_layer(method, total, testing::seed_from({int64_t(method), ranks, 91}));
+      ASSERT_TRUE(q.config.validate().ok()) << q.config.validate().to_string();
+      const int64_t H = q.config.hidden;
+      MoeConfig one = q.config;
+      one.max_num_tokens = total;
+      auto single = MoeLayer::create(one, q.weights(), Device::cpu(), Platform::cpu_only());
+      ASSERT_TRUE(single.ok()) << single.status().to_string();
+      HostTensor ref(DType::kBF16, {total, H}), out(DType::kBF16, {total, H}), out_eplb(DType::kBF16, {total, H});
+      LayerForwardArgs a;
+      a.hidden = q.hidden.view();
+      a.router_logits = q.logits.view();
+      a.out = ref.view();
+      ASSERT_TRUE((*single)->forward(a).ok());
+      testing::poison(out);
+      testing::poison(out_eplb);
+      auto st = run_ranks(ranks, [&](int r, Communicator& comm) -> Status {
+        const MoeConfig rc = rank_config(q.config, ranks, r, All2AllBackend::kNccl);
+        MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rc, q.weights(), comm, nullptr,
+                                                                        Platform::cpu_only()));
+        LayerForwardArgs f;
+        f.hidden = rows_of(q.hidden, first[r], first[r + 1]);
+        f.router_logits = rows_of(q.logits, first[r], first[r + 1]);
+        f.out = rows_of(out, first[r], first[r + 1]);
+        MOEKIT_RETURN_IF_ERROR(layer->forward(f));
+        // EPLB moves the slots (and their scales) between ranks.
+        MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> load, layer->gather_expert_load());
+        EplbOptions opt;
+        opt.num_physical_slots = eplb_slots(ranks);
+        MOEKIT_ASSIGN_OR_RETURN(ExpertPlacement plan, plan_eplb(load, ranks, opt));
+        MOEKIT_RETURN_IF_ERROR(layer->rebalance(plan));
+        f.out = rows_of(out_eplb, first[r], first[r + 1]);
+        return layer->forward(f);
+      });
+      for (int r = 0; r < ranks; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+      EXPECT_TRUE(same_bytes(out, ref)) << "EP output differs from the single-rank layer";
+      EXPECT_TRUE(same_bytes(out_eplb, ref)) << "EP output after EPLB differs from the single-rank layer";
+    }
+  }
+}
+
+TEST(EpQuantized, ADynamicPerTensorActivationScaleIsRefused) {
+  MoeConfig c = rank_config(base_config(RoutingMethod::kRenormalize, DType::kBF16), 2, 0, All2AllBackend::kNccl);
+  c.hidden = 128;
+  c.quant.method = QuantMethod::kFp8PerTensor;
+  c.quant.weight_dtype = DType::kF8E4M3;
+  const Status st = c.validate();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("one amax over the batch"), std::string::npos) << st.message();
 }
 
 // GPU ranks do not run a shared expert yet: the sm90 class says so in the
