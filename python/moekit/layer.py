@@ -34,7 +34,10 @@ class MoeLayer:
     are torch.float8_e4m3fn with float32 scales w13_scale/w2_scale in the layouts of
     MoeWeights (block: [E, P*ceil(I/128), ceil(H/128)] and [E, ceil(H/128), ceil(I/128)];
     per tensor: [E, P] and [E]; P = 2 gated), and a13_scale/a2_scale [E] for static
-    activation scales.
+    activation scales. 4-bit schemes (quant="mxfp4" | "int4_g32" | "int4_g128",
+    docs/weights_4bit.md): w13 [E, n1, H/2] and w2 [E, H, I/2] torch.uint8, two values a
+    byte (even column in the low nibble), with scales [E, n1, H/g] and [E, H, I/g]
+    (uint8 E8M0 exponents for mxfp4, float32 for int4).
     """
 
     def __init__(self, config: MoeConfig, w13: torch.Tensor, w2: torch.Tensor,
