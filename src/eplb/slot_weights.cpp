@@ -91,6 +91,7 @@ std::array<SlotPart, kSlotParts> layout_of(const MoeConfig& c, DType bias_dtype)
 // (so that the kernels' scale checks hold for slots no token reaches).
 void fill_empty(SlotPart& p, int64_t slot) {
   const size_t b = p.slot_bytes();
+  if (b == 0) return;  // a part the layer does not have (no storage)
   char* dst = p.data.data() + slot * b;
   const bool scale = p.field == &MoeWeights::w13_scale || p.field == &MoeWeights::w2_scale ||
                      p.field == &MoeWeights::a13_scale || p.field == &MoeWeights::a2_scale;
