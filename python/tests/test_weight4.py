@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import moekit
 from conftest import seed_of, tie_free_logits, torch_ref_route
@@ -137,3 +139,34 @@ def test_int4_folder_packed_by_compressed_tensors_matches_the_dequantized_layer(
             ref[t] += ref_w[t, s].double() * (values[(j, "down_proj")] @ (gate * torch.sigmoid(gate) * up))
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err <= 2 ** -8 + 2e-5, err
+
+
+@settings(max_examples=30, deadline=None)
+@given(scheme=st.sampled_from(sorted(GROUP)), groups_h=st.integers(1, 3), groups_i=st.integers(1, 2),
+       experts=st.integers(1, 6), tokens=st.integers(1, 7), seed=st.integers(0, 2 ** 31 - 1))
+def test_weight4_property_any_shape_matches_the_torch_decoding(scheme, groups_h, groups_i, experts, tokens, seed):
+    """Any shape the format allows (H, I multiples of the group), any bytes and scales:
+    the layer equals the float64 layer on this file's own decoding of the same bytes."""
+    h, i = GROUP[scheme] * groups_h, GROUP[scheme] * groups_i
+    k = min(2, experts)
+    gen = torch.Generator().manual_seed(seed)
+    p13, s13 = random_packed((experts, 2 * i, h), scheme, gen)
+    p2, s2 = random_packed((experts, h, i), scheme, gen)
+    hidden = torch.randn((tokens, h), generator=gen).float()
+    logits = tie_free_logits(tokens, experts, gen)
+    cfg = moekit.MoeConfig(num_experts=experts, top_k=k, hidden_size=h, intermediate_size=i, routing="renormalize",
+                           max_num_tokens=tokens, quant=scheme, act_dtype="f32")
+    out, ids = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")(hidden, logits,
+                                                                                        return_ids=True)
+    ref_ids, ref_w = torch_ref_route(logits, cfg, None)
+    assert torch.equal(ids.long(), ref_ids.long())
+    w13, w2 = decode(p13, s13, scheme), decode(p2, s2, scheme)
+    ref = torch.zeros((tokens, h), dtype=torch.float64)
+    for t in range(tokens):
+        for j in range(k):
+            e = int(ref_ids[t, j])
+            z = w13[e] @ hidden[t].double()
+            g, u = z[:i], z[i:]
+            ref[t] += ref_w[t, j].double() * (w2[e] @ (g * torch.sigmoid(g) * u))
+    # f32 activations: fp32 accumulation over K <= 384 (3 groups of 128) and the activation.
+    assert ((out.double() - ref).norm() <= 3e-5 * ref.norm() + 1e-30), (out, ref)
