@@ -157,7 +157,7 @@ void add_backends_command(CLI::App& app) {
   cmd->add_option("--weight-dtype", o->weight_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--act-dtype", o->act_dtype, "f32|bf16")->capture_default_str();
   cmd->add_option("--logits-dtype", o->logits_dtype, "f32|bf16")->capture_default_str();
-  cmd->add_option("--quant", o->quant, name_list(kAllQuantMethods, quant_method_name, "|") + " (docs/fp8.md)")->capture_default_str();
+  cmd->add_option("--quant", o->quant, name_list(kAllQuantMethods, quant_method_name, "|") + " (docs/fp8.md, docs/weights_4bit.md)")->capture_default_str();
   cmd->add_option("--act-scale", o->act_scale, "fp8_per_tensor activation scales: " + name_list(kAllActScales, act_scale_name, "|"))
       ->capture_default_str();
   cmd->add_option("--tp", o->tp, "tensor-parallel size")->capture_default_str();

@@ -120,6 +120,13 @@ TEST(KernelOptions, TheCpuKernelSaysItsGemmPathAndWhy) {
   auto forced = res->kernel.create(c, Platform::cpu_only());
   ASSERT_TRUE(forced.ok()) << forced.status().message();
   EXPECT_EQ((*forced)->gemm_plan(8), "gemm blas_f32 (forced by kernel.cpu_gemm), every M");
+  c.kernel.cpu_gemm.clear();
+  c.hidden = c.intermediate = 128;
+  c.quant.method = QuantMethod::kMxfp4;
+  c.quant.weight_dtype = DType::kU8;
+  auto mxfp4 = res->kernel.create(c, Platform::cpu_only());
+  ASSERT_TRUE(mxfp4.ok()) << mxfp4.status().message();
+  EXPECT_EQ((*mxfp4)->gemm_plan(1), "gemm blas_f32 (mxfp4 weights, dequantized to f32 once), every M");
 }
 
 #ifdef MOEKIT_WITH_CUDA

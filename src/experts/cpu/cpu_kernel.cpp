@@ -51,6 +51,8 @@ std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
   std::string why;
   if (path == CpuGemmPath::kPackedBf16) {
     why = "bf16 weights, this CPU's AVX-512 kernel";
+  } else if (config_.quant.method != QuantMethod::kNone) {
+    why = std::string(quant_method_name(config_.quant.method)) + " weights, dequantized to f32 once";
   } else if (config_.quant.weight_dtype != DType::kBF16) {
     why = std::string(dtype_name(config_.quant.weight_dtype)) + " weights (widened to f32)";
   } else if (kernel_option_in_effect(config_.kernel, &KernelOptions::cpu_gemm) == "blas") {
