@@ -31,6 +31,19 @@ def decode(packed: torch.Tensor, scales: torch.Tensor, scheme: str) -> torch.Ten
     return v * s.repeat_interleave(GROUP[scheme], dim=-1)
 
 
+def silu_layer_f64(hidden, ids, weights, w13, w2):
+    """The float64 silu MoE layer on decoded weights w13 [E, 2I, H], w2 [E, H, I]."""
+    inter = w2.shape[2]
+    ref = torch.zeros((hidden.shape[0], w2.shape[1]), dtype=torch.float64)
+    for t in range(hidden.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            z = w13[e] @ hidden[t].double()
+            g, u = z[:inter], z[inter:]
+            ref[t] += weights[t, j].double() * (w2[e] @ (g * torch.sigmoid(g) * u))
+    return ref
+
+
 def random_packed(shape, scheme, gen):
     packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=gen, dtype=torch.uint8)
     groups = (*shape[:-1], shape[-1] // GROUP[scheme])
@@ -55,14 +68,7 @@ def test_weight4_layer_matches_the_decoded_float64_layer(scheme):
     out, ids = layer(hidden, logits, return_ids=True)
     ref_ids, ref_w = torch_ref_route(logits, cfg, None)
     assert torch.equal(ids.long(), ref_ids.long())
-    w13, w2 = decode(p13, s13, scheme), decode(p2, s2, scheme)
-    ref = torch.zeros((M, H), dtype=torch.float64)
-    for t in range(M):
-        for j in range(K):
-            e = int(ref_ids[t, j])
-            z = w13[e] @ hidden[t].double()
-            g, u = z[:I], z[I:]
-            ref[t] += ref_w[t, j].double() * (w2[e] @ (g * torch.sigmoid(g) * u))
+    ref = silu_layer_f64(hidden, ref_ids, ref_w, decode(p13, s13, scheme), decode(p2, s2, scheme))
     err = ((out.double() - ref).norm() / ref.norm()).item()
     # The decoded weights are exact in f32 (bf16-valued scales); bf16 output rounding
     # (2^-8) plus fp32 arithmetic (tests/experts/test_cpu_weight4.cpp states the same).
@@ -160,13 +166,6 @@ def test_weight4_property_any_shape_matches_the_torch_decoding(scheme, groups_h,
                                                                                         return_ids=True)
     ref_ids, ref_w = torch_ref_route(logits, cfg, None)
     assert torch.equal(ids.long(), ref_ids.long())
-    w13, w2 = decode(p13, s13, scheme), decode(p2, s2, scheme)
-    ref = torch.zeros((tokens, h), dtype=torch.float64)
-    for t in range(tokens):
-        for j in range(k):
-            e = int(ref_ids[t, j])
-            z = w13[e] @ hidden[t].double()
-            g, u = z[:i], z[i:]
-            ref[t] += ref_w[t, j].double() * (w2[e] @ (g * torch.sigmoid(g) * u))
+    ref = silu_layer_f64(hidden, ref_ids, ref_w, decode(p13, s13, scheme), decode(p2, s2, scheme))
     # f32 activations: fp32 accumulation over K <= 384 (3 groups of 128) and the activation.
     assert ((out.double() - ref).norm() <= 3e-5 * ref.norm() + 1e-30), (out, ref)
