@@ -26,8 +26,9 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
                   "NAME:VAR=VALUE,... environment overrides (e.g. MOEKIT_SM90_STREAM=rows32_k64_t16) whose graphs "
                   "are timed interleaved with the default's; repeatable");
   app->add_option("--scheme", opt->scheme, "weights: bf16 (default), fp8-block (128x128 block scales) or fp8-tensor "
-                  "(one scale per tensor), dynamic activation scales")
-      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-tensor"}));
+                  "(one scale per tensor), dynamic activation scales; or 4-bit weights with bf16 activations: "
+                  "mxfp4, int4_g32, int4_g128 (docs/weights_4bit.md)")
+      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-tensor", "mxfp4", "int4_g32", "int4_g128"}));
   app->add_option("--skew", opt->skew, "expert popularity skew: 0 balanced (default), ALPHA > 0 adds -ALPHA*ln(1+e) "
                   "to expert e's logits (Zipf-like)")->check(CLI::Range(0.0, 8.0));
   app->add_flag("--expert-bias", opt->expert_bias, "add gate/up and down expert biases to every shape");

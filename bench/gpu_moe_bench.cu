@@ -339,9 +339,12 @@ class ShapeRunner {
     c.shared_expert_overlap = opt_.shared_overlap == "on" && c.shared_intermediate > 0;
     const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate;
     n13_ = c.activation.gated() ? 2 * I : I;
-    if (opt_.scheme != "bf16") {
+    if (opt_.scheme == "fp8-block" || opt_.scheme == "fp8-tensor") {
       c.quant.method = opt_.scheme == "fp8-block" ? QuantMethod::kFp8Block128 : QuantMethod::kFp8PerTensor;
       c.quant.weight_dtype = DType::kF8E4M3;
+    } else if (opt_.scheme != "bf16") {
+      c.quant.method = *parse_quant_method(opt_.scheme);  // the flag's check admits only method names
+      c.quant.weight_dtype = DType::kU8;
     }
     MOEKIT_RETURN_IF_ERROR(c.validate());
     offsets_ = logit_offsets(E, opt_.skew);
@@ -381,6 +384,38 @@ class ShapeRunner {
       BENCH_CUDA_RETURN(cudaMemcpy(d_w2_scale.ptr, w2_scale.data<float>(), w2_scale.numel() * 4, cudaMemcpyHostToDevice));
       weights.w13_scale = TensorView::contiguous(d_w13_scale.ptr, DType::kF32, w13_scale.shape(), Device::cuda(0));
       weights.w2_scale = TensorView::contiguous(d_w2_scale.ptr, DType::kF32, w2_scale.shape(), Device::cuda(0));
+    }
+    // 4-bit: random bytes (every code is a value) in the bf16 buffers, and scales
+    // that put the weights in the bf16 ones' range (mxfp4 2^(code - 127) with
+    // values up to 6; int4 up to 8 units).
+    if (c.quant.is_weight4()) {
+      const int64_t g = weight4_group(c.quant.method);
+      const bool mx = c.quant.method == QuantMethod::kMxfp4;
+      BENCH_CUDA_RETURN(fill_uniform_e4m3(static_cast<uint8_t*>(w13.ptr), E * n13_ * H / 2,
+                                          seed_of(opt_.seed, shape_index_, TensorKind::kW13, 0, 0), nullptr));
+      BENCH_CUDA_RETURN(fill_uniform_e4m3(static_cast<uint8_t*>(w2.ptr), E * H * I / 2,
+                                          seed_of(opt_.seed, shape_index_, TensorKind::kW2, 0, 0), nullptr));
+      weights.w13 = TensorView::contiguous(w13.ptr, DType::kU8, {E, n13_, H / 2}, Device::cuda(0));
+      weights.w2 = TensorView::contiguous(w2.ptr, DType::kU8, {E, H, I / 2}, Device::cuda(0));
+      const DType sd = mx ? DType::kU8 : DType::kF32;  // E8M0 codes or f32 scales
+      w13_scale = HostTensor(sd, {E, n13_, H / g});
+      w2_scale = HostTensor(sd, {E, H, I / g});
+      for (auto [t, fan_in] : {std::pair{&w13_scale, H}, std::pair{&w2_scale, I}}) {
+        const int e = weight_scale_log2(fan_in);
+        for (int64_t i = 0; i < t->numel(); ++i) {
+          if (mx) {
+            t->data<uint8_t>()[i] = static_cast<uint8_t>(127 + e - 2);
+          } else {
+            t->data<float>()[i] = std::ldexp(1.0f, e - 3);
+          }
+        }
+      }
+      MOEKIT_RETURN_IF_ERROR(d_w13_scale.allocate(w13_scale.nbytes()));
+      MOEKIT_RETURN_IF_ERROR(d_w2_scale.allocate(w2_scale.nbytes()));
+      BENCH_CUDA_RETURN(cudaMemcpy(d_w13_scale.ptr, w13_scale.data<uint8_t>(), w13_scale.nbytes(), cudaMemcpyHostToDevice));
+      BENCH_CUDA_RETURN(cudaMemcpy(d_w2_scale.ptr, w2_scale.data<uint8_t>(), w2_scale.nbytes(), cudaMemcpyHostToDevice));
+      weights.w13_scale = TensorView::contiguous(d_w13_scale.ptr, sd, w13_scale.shape(), Device::cuda(0));
+      weights.w2_scale = TensorView::contiguous(d_w2_scale.ptr, sd, w2_scale.shape(), Device::cuda(0));
     }
     if (c.routing.has_score_bias) {
       MOEKIT_RETURN_IF_ERROR(bias.allocate(static_cast<size_t>(E) * 4));  // [E] f32
@@ -489,7 +524,13 @@ class ShapeRunner {
     r.touched_experts = touched_sum / sets;
     r.max_over_mean = imbalance_sum / sets;
     // fp8: 1-byte weights plus their f32 scales; FLOPs at the fp8 matmul rate.
+    // 4-bit: half a byte per weight plus the scales (u8 or f32 per group); FLOPs at the bf16 rate.
     const bool fp8 = c.quant.is_fp8();
+    const double weight_scale_bytes =
+        c.quant.is_weight4() ? (c.quant.method == QuantMethod::kMxfp4 ? 1.0 : 4.0) /
+                                   static_cast<double>(weight4_group(c.quant.method))
+                             : 0.0;
+    const double bytes_per_weight = c.quant.is_weight4() ? 0.5 + weight_scale_bytes : fp8 ? 1.0 : 2.0;
     const double scales_per_expert =
         !fp8 ? 0.0
              : c.quant.method == QuantMethod::kFp8PerTensor
@@ -497,7 +538,7 @@ class ShapeRunner {
                    : static_cast<double>((n13_ / (c.activation.gated() ? 2 : 1) + 127) / 128 *
                                              (c.activation.gated() ? 2 : 1) * ((H + 127) / 128) +
                                          ((H + 127) / 128) * ((I + 127) / 128));
-    r.weight_bytes = r.touched_experts * (static_cast<double>(n13_ * H + H * I) * (fp8 ? 1.0 : 2.0) +
+    r.weight_bytes = r.touched_experts * (static_cast<double>(n13_ * H + H * I) * bytes_per_weight +
                                           scales_per_expert * 4.0);
     r.act_bytes = 2.0 * static_cast<double>(m * H) * 2.0;
     r.flops = 2.0 * static_cast<double>(m * k) * static_cast<double>(n13_ * H + H * I);
@@ -850,7 +891,7 @@ Status run_gpu_moe_bench(const GpuBenchOptions& opt, std::ostream& log) {
   }
   log << std::fixed << std::setprecision(1) << "ceilings: HBM read " << ceil.read_bytes_per_s * 1e-9
       << " GB/s, bf16 matmul " << ceil.matmul_flops_per_s * 1e-12 << " TFLOP/s\n";
-  if (opt.scheme != "bf16") {
+  if (opt.scheme == "fp8-block" || opt.scheme == "fp8-tensor") {
     // The fp8 floor: the same process measures the e4m3 matmul rate (docs/fp8.md).
     if (!measure_fp8_matmul(opt.matmul_n, opt.ceiling_repeats, &ceil, &error)) {
       return Internal("gpu bench: fp8 matmul ceiling: " + error);

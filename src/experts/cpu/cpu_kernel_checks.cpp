@@ -92,11 +92,13 @@ StatusOr<ProblemSize> cpu_problem_size(const MoeConfig& config, const TensorView
   p.num_experts = w13.dim(0);
   p.num_tokens = hidden.dim(0);
   p.n = w13.dim(1);
-  p.k = w13.dim(2);
-  if (hidden.dim(1) != p.k) {
-    return InvalidArgument("hidden: " + str(hidden.dim(1)) + " columns, w13 expects H = " + str(p.k));
+  p.k = hidden.dim(1);
+  // 4-bit weights hold two values a byte (stored_cols).
+  if (w13.dim(2) != config.quant.stored_cols(p.k)) {
+    return InvalidArgument("hidden: " + str(hidden.dim(1)) + " columns, w13 " + w13.shape_string() +
+                           " does not store H = " + str(p.k));
   }
-  const int64_t I = w2.dim(2);
+  const int64_t I = config.quant.is_weight4() ? 2 * w2.dim(2) : w2.dim(2);
   if (w2.dim(0) != p.num_experts || w2.dim(1) != p.k || p.n != gemm1_width(config.activation.kind, I)) {
     return InvalidArgument("w2: shape " + w2.shape_string() + " does not match w13 " + w13.shape_string() +
                            " for activation " + activation_name(config.activation.kind));

@@ -17,6 +17,7 @@
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 #include "experts/cuda/sm90_support.h"
 #include "experts/cuda/streaming_gemm.h"
+#include "experts/cuda/weight4_streaming_gemm.h"
 #include "routing/cuda/route_cuda.h"
 
 namespace moekit::cuda {
@@ -43,6 +44,10 @@ Support check_instance_names(const KernelOptions& o) {
     return Support::no("kernel.sm90_cutlass '" + o.sm90_cutlass + "': no such CUTLASS tile (" +
                        names(kAllCutlassTiles, &cutlass_tile_name) + ")");
   }
+  if (!o.sm90_w4_stream.empty() && !parse_w4_stream_variant(o.sm90_w4_stream)) {
+    return Support::no("kernel.sm90_w4_stream '" + o.sm90_w4_stream + "': no such 4-bit streaming instance (" +
+                       names(kAllW4StreamVariants, &w4_stream_variant_name) + ")");
+  }
   if (!o.sm90_fp8_stream.empty() && o.sm90_fp8_stream != "off" && !parse_fp8_stream_variant(o.sm90_fp8_stream)) {
     return Support::no("kernel.sm90_fp8_stream '" + o.sm90_fp8_stream + "': no such fp8 streaming instance (off, " +
                        names(kAllFp8StreamVariants, &fp8_stream_variant_name) + ")");
@@ -57,10 +62,9 @@ Sm90Pipeline sm90_pipeline_of(QuantMethod method) {
     case QuantMethod::kNone: return Sm90Pipeline::kBf16;
     case QuantMethod::kFp8Block128:
     case QuantMethod::kFp8PerTensor: return Sm90Pipeline::kFp8;
-    // TODO(weight4): the 4-bit streaming decode kernel and the dequantizing GEMM producer.
     case QuantMethod::kMxfp4:
     case QuantMethod::kInt4G32:
-    case QuantMethod::kInt4G128: return Sm90Pipeline::kNotServed;
+    case QuantMethod::kInt4G128: return Sm90Pipeline::kWeight4;
   }
   return Sm90Pipeline::kBf16;  // unreachable: the switch names every method (-Wswitch)
 }
@@ -109,7 +113,8 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
                        platform.to_string());
   }
   // dtypes / quant
-  const bool fp8 = sm90_pipeline_of(c.quant.method) == Sm90Pipeline::kFp8;
+  const Sm90Pipeline pipeline = sm90_pipeline_of(c.quant.method);
+  const bool fp8 = pipeline == Sm90Pipeline::kFp8;
   switch (c.quant.method) {
     case QuantMethod::kNone: break;
     case QuantMethod::kFp8Block128:
@@ -123,12 +128,22 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
       break;
     case QuantMethod::kMxfp4:
     case QuantMethod::kInt4G32:
-    case QuantMethod::kInt4G128:
-      return Support::no(std::string("quant ") + quant_method_name(c.quant.method) +
-                         ": 4-bit weights are not served on sm90 yet (no kernel unpacks them); the cpu backend "
-                         "emulates them exactly");
+    case QuantMethod::kInt4G128: {
+      // The 4-bit streaming GEMM (weight4_streaming_gemm.h): 32 weight rows per
+      // CTA, so GEMM1's N1 and GEMM2's N = H are multiples of 32.
+      if (c.quant.weight_dtype != DType::kU8) {
+        return Support::no(std::string("quant ") + quant_method_name(c.quant.method) +
+                           ": needs u8 weights (two 4-bit values a byte), got " + dtype_name(c.quant.weight_dtype));
+      }
+      const int64_t n1 = c.activation.gated() ? 2 * c.intermediate : c.intermediate;
+      if (c.hidden % 32 != 0 || n1 % 32 != 0) {
+        return Support::no(std::string("quant ") + quant_method_name(c.quant.method) + ": H=" + str(c.hidden) +
+                           " and GEMM1's N=" + str(n1) + " must be multiples of 32 (the 4-bit kernel's row slab)");
+      }
+      break;
+    }
   }
-  if (!fp8 && c.quant.weight_dtype != DType::kBF16) {
+  if (pipeline == Sm90Pipeline::kBf16 && c.quant.weight_dtype != DType::kBF16) {
     return Support::no(std::string("weights ") + dtype_name(c.quant.weight_dtype) + ": needs bf16 weights");
   }
   if (c.quant.act_dtype != DType::kBF16) {
@@ -192,7 +207,8 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
     gemms.push_back(shared_gemm2_problem(s, c.max_num_tokens));
   }
   for (const GroupedGemmProblem& g : gemms) {
-    const Support gs = fp8 ? Support::yes() : grouped_gemm_supports(g);  // bf16 GEMMs only (fp8: moe_pipeline_fp8.h)
+    // The bf16 grouped GEMMs only (the fp8 and 4-bit pipelines run their own).
+    const Support gs = pipeline == Sm90Pipeline::kBf16 ? grouped_gemm_supports(g) : Support::yes();
     if (!gs.ok) return gs;
   }
   if (const Support names_ok = check_instance_names(kernel_options_in_effect(c.kernel)); !names_ok.ok) return names_ok;

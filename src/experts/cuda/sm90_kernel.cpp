@@ -8,6 +8,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
+#include "experts/cuda/moe_pipeline_weight4.h"
 
 namespace moekit::cuda {
 
@@ -58,9 +59,10 @@ StatusOr<ProblemSize> Sm90Kernel::problem_size(const TensorView& hidden, const T
   p.num_experts = w13.shape[0];
   p.num_tokens = hidden.shape[0];
   p.n = w13.shape[1];
-  p.k = w13.shape[2];
+  p.k = hidden.shape[1];
   p.top_k = topk_ids.shape[1];
-  if (hidden.shape[1] != p.k || w2.shape[0] != p.num_experts || w2.shape[1] != p.k ||
+  // 4-bit weights hold two values a byte (stored_cols).
+  if (w13.shape[2] != config_.quant.stored_cols(p.k) || w2.shape[0] != p.num_experts || w2.shape[1] != p.k ||
       topk_ids.shape[0] != p.num_tokens) {
     return InvalidArgument("problem_size: inconsistent shapes hidden " + hidden.shape_string() + ", w13 " +
                            w13.shape_string() + ", w2 " + w2.shape_string() + ", topk_ids " + topk_ids.shape_string());
@@ -72,7 +74,7 @@ size_t Sm90Kernel::workspace_size(int64_t num_tokens) const {
   switch (pipeline_) {
     case Sm90Pipeline::kBf16: return experts_workspace_layout(shape_, num_tokens).total;
     case Sm90Pipeline::kFp8: return fp8_workspace_layout(shape_, num_tokens).total;
-    case Sm90Pipeline::kNotServed: return 0;
+    case Sm90Pipeline::kWeight4: return weight4_workspace_layout(shape_, num_tokens).total;
   }
   return 0;
 }
@@ -82,7 +84,7 @@ std::string Sm90Kernel::gemm_plan(int64_t num_tokens) const {
     case Sm90Pipeline::kBf16: return experts_gemm_plan(shape_, num_tokens);
     case Sm90Pipeline::kFp8:
       return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens, fp8_cutlass_gemm_built());
-    case Sm90Pipeline::kNotServed: return "none (the quant scheme is not served)";
+    case Sm90Pipeline::kWeight4: return weight4_gemm_plan(shape_, config_.quant.method, num_tokens);
   }
   return {};
 }
@@ -142,7 +144,13 @@ Status Sm90Kernel::run_pipeline(const MoeRunArgs& a, const Workspace& ws, int64_
       r.workspace = static_cast<char*>(ws.data);
       return run_experts_fp8(shape_, weights_.fp8(config_.quant), r, stream);
     }
-    case Sm90Pipeline::kNotServed: break;
+    case Sm90Pipeline::kWeight4: {
+      ExpertsRun r = experts_run(a, ws, M);
+      r.topk_ids = ids;
+      r.topk_weights = weights;
+      r.skip_negative_ids = a.skip_negative_ids;
+      return run_experts_weight4(shape_, weights_.weight4(config_.quant.method), r, stream);
+    }
   }
   return Unsupported(std::string(name()) + ": quant " + quant_method_name(config_.quant.method) + " is not served");
 }

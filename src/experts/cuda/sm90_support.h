@@ -16,10 +16,10 @@ namespace moekit::cuda {
 ExpertsShape sm90_shape_of(const MoeConfig& config);
 
 // The expert pipeline a quant scheme runs on: bf16 (moe_pipeline.h), fp8
-// W8A8 (moe_pipeline_fp8.h), or none yet (supports() refuses the scheme, and
-// every use of the pipeline answers for it). Every scheme names its pipeline
-// in one exhaustive switch, so a new scheme cannot silently take another's path.
-enum class Sm90Pipeline { kBf16, kFp8, kNotServed };
+// W8A8 (moe_pipeline_fp8.h) or 4-bit W4A16 (moe_pipeline_weight4.h). Every
+// scheme names its pipeline in one exhaustive switch, so a new scheme cannot
+// silently take another's path.
+enum class Sm90Pipeline { kBf16, kFp8, kWeight4 };
 Sm90Pipeline sm90_pipeline_of(QuantMethod method);
 
 // ok when cuda:device_index is the current CUDA device, else an error naming `who`.

@@ -15,6 +15,7 @@
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "experts/cuda/weight_layout.h"
 #include "experts/cuda/weight_values.h"
+#include "core/weight4.h"
 #include "experts/quant_weights.h"
 
 namespace moekit::cuda {
@@ -182,7 +183,86 @@ Status prepare_fp8(const MoeConfig& config, const ExpertsShape& shape, Device de
   return Status::Ok();
 }
 
+// A host copy of `t`'s bytes (host or device).
+StatusOr<std::vector<uint8_t>> host_bytes(const TensorView& t) {
+  std::vector<uint8_t> bytes(t.nbytes());
+  if (!bytes.empty()) MOEKIT_CUDA_CHECK(cudaMemcpy(bytes.data(), t.data, bytes.size(), cudaMemcpyDefault));
+  return bytes;
+}
+
+// [E, rows, groups] scales of `elem` bytes -> [E, groups, rows], row r of the
+// result taken from source row source_row(r).
+template <typename SourceRow>
+std::vector<uint8_t> transpose_scales(const std::vector<uint8_t>& src, int64_t E, int64_t rows, int64_t groups,
+                                      int64_t elem, SourceRow source_row) {
+  std::vector<uint8_t> dst(src.size());
+  for (int64_t e = 0; e < E; ++e) {
+    const uint8_t* se = src.data() + e * rows * groups * elem;
+    uint8_t* de = dst.data() + e * rows * groups * elem;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* srow = se + source_row(r) * groups * elem;
+      for (int64_t q = 0; q < groups; ++q) std::memcpy(de + (q * rows + r) * elem, srow + q * elem, elem);
+    }
+  }
+  return dst;
+}
+
+// 4-bit: the packed bytes with W13's rows re-ordered, the scales transposed (sm90_weights.h).
+Status prepare_weight4(const MoeConfig& config, const ExpertsShape& shape, Device dev, const MoeWeights& w,
+                       Sm90Weights* out) {
+  const int64_t E = shape.num_experts, H = shape.hidden, I = shape.intermediate, N1 = shape.n1();
+  const QuantMethod method = config.quant.method;
+  const int64_t group = weight4_group(method), elem = dtype_size(weight4_scale_dtype(method));
+  const Device w_dev = weight_device(w.w13, dev);
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13, "w13", {DType::kU8}, {E, N1, H / 2}, w_dev));
+  MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2, "w2", {DType::kU8}, {E, H, I / 2}, w_dev));
+  MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, w, w_dev));  // dtypes and shapes; host values
+  MOEKIT_RETURN_IF_ERROR(check_extras(shape, dev, w));
+  MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> w13, host_bytes(w.w13));
+  MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> s13, host_bytes(w.w13_scale));
+  MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> s2, host_bytes(w.w2_scale));
+  if (w_dev.type == DeviceType::kCuda) {  // device scales: their values checked on the host copies
+    const auto view = [](std::vector<uint8_t>& b, const TensorView& t) {
+      return TensorView::contiguous(b.data(), t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank),
+                                    Device::cpu());
+    };
+    MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, view(s13, w.w13_scale), "w13_scale"));
+    MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, view(s2, w.w2_scale), "w2_scale"));
+  }
+  const Activation kind = config.activation.kind;
+  const auto w13_row = [&](int64_t r) { return w13_source_row(kind, I, r); };
+  std::vector<uint8_t> w13_prepared(w13.size());
+  const int64_t row_bytes = H / 2;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < N1; ++r) {
+      std::memcpy(w13_prepared.data() + (e * N1 + r) * row_bytes, w13.data() + (e * N1 + w13_row(r)) * row_bytes,
+                  row_bytes);
+    }
+  }
+  const std::vector<uint8_t> s13_t = transpose_scales(s13, E, N1, H / group, elem, w13_row);
+  const std::vector<uint8_t> s2_t = transpose_scales(s2, E, H, I / group, elem, [](int64_t r) { return r; });
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13, dev, w13_prepared.data(), w13_prepared.size()));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13_scale, dev, s13_t.data(), s13_t.size()));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2_scale, dev, s2_t.data(), s2_t.size()));
+  MOEKIT_RETURN_IF_ERROR(prepare_extras(shape, kind, dev, w, out));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  return Status::Ok();
+}
+
 }  // namespace
+
+Weight4ExpertWeights Sm90Weights::weight4(QuantMethod method) const {
+  Weight4ExpertWeights ww;
+  ww.method = method;
+  ww.w13 = device_ptr<const uint8_t>(w13);
+  ww.w2 = device_ptr<const uint8_t>(w2);
+  ww.w13_scale = w13_scale.data();
+  ww.w2_scale = w2_scale.data();
+  ww.w13_bias = device_ptr<const float>(w13_bias);
+  ww.w2_bias = device_ptr<const float>(w2_bias);
+  return ww;
+}
 
 Fp8ExpertWeights Sm90Weights::fp8(const QuantScheme& quant) const {
   Fp8ExpertWeights fw;
@@ -223,9 +303,7 @@ Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, 
   switch (pipeline) {
     case Sm90Pipeline::kBf16: MOEKIT_RETURN_IF_ERROR(prepare_bf16(config, shape, dev, w, &prepared)); break;
     case Sm90Pipeline::kFp8: MOEKIT_RETURN_IF_ERROR(prepare_fp8(config, shape, dev, w, &prepared)); break;
-    case Sm90Pipeline::kNotServed:
-      return Unsupported(std::string(kernel_name) + ": quant " + quant_method_name(config.quant.method) +
-                         " is not served");
+    case Sm90Pipeline::kWeight4: MOEKIT_RETURN_IF_ERROR(prepare_weight4(config, shape, dev, w, &prepared)); break;
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(copy_to(&prepared.score_bias, dev, w.score_bias.data, sizeof(float) * shape.num_experts));

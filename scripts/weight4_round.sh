@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The 4-bit weights on a CUDA machine: builds the 4-bit tests and the GPU
+# benchmark, runs the tests, then the benchmark's shapes x M on balanced data
+# for bf16, fp8-block and the 4-bit schemes in one process each, back to back on
+# one GPU, and prints the 4-bit table last (bench/weight4_table.py).
+#
+#   scripts/weight4_round.sh [RESULTS_DIR]     (default bench/results/latest)
+#
+# Environment: BUILD_DIR (default build-gpu), SCHEMES (default "bf16 fp8-block
+# mxfp4 int4_g128"), TESTS (test binaries, default the 4-bit ones and their
+# neighbours), BENCH_ARGS (extra benchmark arguments), SKIP_BENCH=1.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${BUILD_DIR:-$root/build-gpu}"
+out="${1:-$root/bench/results/latest}"
+schemes="${SCHEMES:-bf16 fp8-block mxfp4 int4_g128}"
+tests="${TESTS:-test_weight4_cuda test_cpu_weight4 test_fp8_cuda test_layer_cuda oracle_test}"
+mkdir -p "$out"
+fail=0
+
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=ON \
+  -DMOEKIT_DEPS_DIR="$root/.deps" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+t0=$(date +%s)
+# shellcheck disable=SC2086
+if ! ninja -C "$build" -j"$(nproc)" moekit_gpu_bench_bin $tests >"$out/build.log" 2>&1; then
+  grep -E ' error|FAILED' "$out/build.log" | head -20
+  exit 1
+fi
+echo "build ok in $(( $(date +%s) - t0 ))s"
+
+for t in $tests; do
+  bin="$(find "$build/tests" -type f -name "$t" -perm -u+x | head -1)"
+  if "$bin" >"$out/$t.txt" 2>&1; then
+    echo "test $t: $(grep -E '^\[  PASSED  \]' "$out/$t.txt" | tail -1)"
+  else
+    fail=1
+    echo "test $t FAILED:"; grep -E '^\[  FAILED  \]|Failure|error' "$out/$t.txt" | head -20
+  fi
+done
+grep -E '^\[ weight4' "$out/test_weight4_cuda.txt" > "$out/weight4_errors.txt" 2>/dev/null || true
+
+if [[ ${SKIP_BENCH:-0} != 1 ]]; then
+  bench="$(find "$build/bench" -type f -name moekit_gpu_bench -perm -u+x | head -1)"
+  for s in $schemes; do
+    only=()
+    # int4_g128 needs H and I in groups of 128: gpt-oss-120b-like (2880) is not one.
+    [[ $s == int4_g128 ]] && only=(--only mixtral-8x7b qwen3-30b-a3b deepseek-v3)
+    # shellcheck disable=SC2086
+    "$bench" --scheme "$s" --json "$out/$s.json" "${only[@]}" ${BENCH_ARGS:-} >"$out/$s.txt" 2>&1 || {
+      fail=1; echo "bench $s failed:"; tail -5 "$out/$s.txt"; }
+  done
+  python3 "$root/bench/weight4_table.py" "$out"
+fi
+exit $fail

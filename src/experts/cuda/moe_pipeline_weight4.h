@@ -1,0 +1,56 @@
+// The expert stages of the 4-bit weight schemes (mxfp4, int4_g32, int4_g128;
+// W4A16: bf16 activations, f32 accumulation), shared by Sm90Modular and
+// Sm90Monolithic so both give bitwise-equal outputs: align by expert ->
+// GEMM1 on the packed weights with bias and activation in its epilogue (bf16
+// intermediate) -> GEMM2 on the packed weights (f32, K slices where few rows
+// would leave SMs idle) -> weighted top-k reduction with the w2 bias
+// (finalize.h). Both GEMMs stream the packed bytes and unpack them in registers
+// (weight4_streaming_gemm.h). One stream, the caller's workspace, no
+// allocation, no host synchronization.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "experts/cuda/moe_pipeline.h"
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// Byte offsets in the workspace for M tokens, each 256-byte aligned.
+// NOTE: topk_ids and topk_weights come first, at the offsets
+// experts_workspace_layout gives them (take_pair_workspace), so the monolithic
+// router writes them in the same place whichever pipeline follows.
+struct Weight4WorkspaceLayout : PairWorkspaceLayout {
+  size_t intermediate = 0;  // [M·k, I] bf16: act(GEMM1 + bias) per permuted row
+  size_t partials = 0;      // [k_splits, M·k, H] f32: GEMM2's K-slice partial sums
+  size_t total = 0;
+};
+Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
+
+// The prepared 4-bit weights on the device (sm90_weights.h has the layouts).
+struct Weight4ExpertWeights {
+  QuantMethod method = QuantMethod::kMxfp4;
+  const uint8_t* w13 = nullptr;      // [E, N1, H/2] packed, kGateUpBlock row order
+  const uint8_t* w2 = nullptr;       // [E, H, I/2] packed
+  const void* w13_scale = nullptr;   // [E, H/group, N1], u8 E8M0 (mxfp4) or f32 (int4), W13's row order
+  const void* w2_scale = nullptr;    // [E, I/group, H]
+  const float* w13_bias = nullptr;   // [E, N1] f32 in W13's row order, iff s.expert_bias
+  const float* w2_bias = nullptr;    // [E, H] f32, iff s.expert_bias
+};
+
+// The GEMM path and instance of a forward of M tokens, one line (for gemm_plan).
+std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);
+
+Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
+                           cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

@@ -1,0 +1,448 @@
+// The 4-bit weight-streaming grouped GEMM (weight4_streaming_gemm.h).
+//
+// Shape of the kernel (as streaming_gemm.cuh, whose helpers it uses): one warp
+// per CTA owns 32 weight rows of one expert (a gate/up block pair) and streams
+// them over K once through a cp.async pipeline, the expert's gathered token rows
+// riding along as the mma.sync m16n8k16 B operand.
+//
+// Unpacking without a dequantized copy: in a 32-column sub-block a row holds 16
+// bytes, and lane t of a quad reads the 4 bytes [4t, 4t + 4) (columns 8t..8t+7)
+// of each of its 4 rows, one 32-bit shared load each. Those 8 values become the
+// 4 bf16 pairs of the A fragment for the sub-block's two k16 steps. Which
+// columns pair up in a register is free as long as the B (token) fragment pairs
+// the same columns: mxfp4 pairs a byte's two nibbles (columns 2i, 2i+1) through
+// a byte-permute lookup; int4 pairs nibbles j and j+4 of the word (columns j,
+// j+4), so one shift-and-or makes both 128 + v and one bf16 subtraction v - 8.
+// Every k16 step stays within one scale group (groups are >= 32 columns), so
+// each group's f32 partial is scaled once.
+#include "experts/cuda/weight4_streaming_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/streaming_gemm.cuh"
+
+namespace moekit::cuda {
+namespace {
+
+using sm90::detail::cp_async_16;
+using sm90::detail::cp_async_commit;
+using sm90::detail::cp_async_wait;
+using sm90::detail::mma_bf16_16816;
+using sm90::detail::nth_taken_group;
+using sm90::detail::smem_addr;
+using sm90::detail::store_out;
+
+constexpr int kRows = 32;  // weight rows per CTA (one warp): one gate/up block pair
+constexpr int kSubK = 32;  // columns per sub-block: 16 bytes of a row, two k16 steps
+
+template <int kTokenTiles_, int kStages_, int kBlockK_>
+struct W4Traits {
+  static constexpr int kTokenTiles = kTokenTiles_;  // n8 MMA tiles per token tile
+  static constexpr int kTokens = 8 * kTokenTiles;
+  static constexpr int kStages = kStages_;
+  static constexpr int kBlockK = kBlockK_;          // columns per stage
+  static constexpr int kSubs = kBlockK / kSubK;
+  static constexpr int kWRowBytes = kBlockK / 2;    // packed bytes of a row per stage
+  static constexpr int kWChunks = kWRowBytes / 16;
+  static constexpr int kWStageBytes = kRows * kWRowBytes;
+  static constexpr int kXChunks = kBlockK / 8;      // 16-byte chunks of a bf16 token row per stage
+  static constexpr int kXStageBytes = kTokens * kBlockK * 2;
+  static constexpr int kSStageBytes = kBlockK * 4;  // scales: at most one f32 per 32 columns per row
+  static constexpr int kStageBytes = kWStageBytes + kXStageBytes + kSStageBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kBlockK == 128 || kBlockK == 256, "the weight swizzle is written for 4 or 8 chunks per row");
+  static_assert(kStages >= 2, "a pipeline needs two stages");
+  static_assert(2 * kGateUpBlock == kRows, "a warp owns exactly one gate/up block pair");
+
+  // Byte offset of 16-byte chunk `ch` of weight row `row`: the 8 rows of a
+  // quad-row load land in 8 different bank groups.
+  __device__ static int w_off(int row, int ch) {
+    const int sw = kWChunks == 4 ? (row >> 1) & 3 : row & 7;
+    return row * kWRowBytes + ((ch ^ sw) << 4);
+  }
+  // Token rows: the two rows of a quarter-warp's 16-byte loads in different bank halves.
+  __device__ static int x_off(int row, int ch) { return row * (kBlockK * 2) + ((ch ^ ((row & 1) << 2)) << 4); }
+};
+
+template <QuantMethod kMethod>
+struct Scheme {
+  static constexpr int kGroup = kMethod == QuantMethod::kInt4G128 ? 128 : 32;
+  static constexpr int kScaleBytes = kMethod == QuantMethod::kMxfp4 ? 1 : 4;
+  static constexpr bool kNibblePairs = kMethod != QuantMethod::kMxfp4;  // int4: registers pair nibbles j, j+4
+};
+
+struct W4Params {
+  const __nv_bfloat16* a;
+  const int32_t* a_row_index;
+  const uint8_t* b;
+  const uint8_t* b_scale;
+  const float* bias;
+  void* c;
+  const int32_t* group_start;
+  const int32_t* group_rows;
+  int num_groups, n, k, n_out, n_slabs, k_splits;
+  int64_t c_split_stride;
+  bool out_f32, activation, gated;
+  ActivationParams act;
+};
+
+// The e2m1 values of the two nibbles of each byte of `w` as bf16 pairs (low nibble
+// first): out[i] = (e2m1(lo(byte i)), e2m1(hi(byte i))). The magnitudes go through
+// a byte-permute lookup of their bf16 high and low bytes, the sign bits are
+// replicated into place by a second permute.
+__device__ __forceinline__ void e2m1_bytes_to_bf16x2(uint32_t w, uint32_t (&out)[4]) {
+  // bf16 of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes 00 3F 3F 3F 40 40 40 40,
+  // low bytes 00 00 80 C0 00 40 80 C0 (byte i of the pair = entry i).
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u, kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
+  const uint32_t sel_lo = w & 0x7777u, sel_hi = (w >> 16) & 0x7777u;  // magnitudes of nibbles 0-3, 4-7
+  const uint32_t hi_a = __byte_perm(kHi0, kHi1, sel_lo), lo_a = __byte_perm(kLo0, kLo1, sel_lo);
+  const uint32_t hi_b = __byte_perm(kHi0, kHi1, sel_hi), lo_b = __byte_perm(kLo0, kLo1, sel_hi);
+  // Sign of nibble 2i: bit 8i+3, moved to its byte's top bit by << 4; of nibble 2i+1: bit 8i+7.
+  const uint32_t w4 = w << 4;
+  const uint32_t mag[4] = {__byte_perm(lo_a, hi_a, 0x5140), __byte_perm(lo_a, hi_a, 0x7362),
+                           __byte_perm(lo_b, hi_b, 0x5140), __byte_perm(lo_b, hi_b, 0x7362)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // Bytes 1 and 3 of the selection: the replicated sign of nibble 2i (w4's byte i) and 2i+1 (w's byte i).
+    const uint32_t sign = __byte_perm(w, w4, 0x8000u | (i << 12) | ((0xC | i) << 4));
+    out[i] = mag[i] | (sign & 0x80008000u);
+  }
+}
+
+// int4 (nibble - 8) of the nibbles of `w` as bf16 pairs: out[j] = (v(nibble j), v(nibble j + 4)).
+__device__ __forceinline__ void int4_nibbles_to_bf16x2(uint32_t w, uint32_t (&out)[4]) {
+  // bf16 0x4300 | v is 128 + v exactly for v < 16, so subtracting 136 leaves v - 8.
+  const __nv_bfloat162 bias = __floats2bfloat162_rn(136.0f, 136.0f);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t biased = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), bias);
+    out[j] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+template <QuantMethod kMethod>
+__device__ __forceinline__ float scale_value(const uint8_t* s_stage, int q, int row) {
+  if constexpr (kMethod == QuantMethod::kMxfp4) {
+    const uint32_t code = s_stage[q * kRows + row];
+    return code == 0 ? 0x1p-127f : __uint_as_float(code << 23);  // 2^(code - 127); 255 never reaches the GPU
+  } else {
+    return reinterpret_cast<const float*>(s_stage)[q * kRows + row];
+  }
+}
+
+template <class Tr, QuantMethod kMethod>
+__global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
+  using S = Scheme<kMethod>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t token_src[Tr::kTokens];  // A row of each token of the tile, -1 = none
+
+  const int lane = threadIdx.x, quad_row = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x % p.k_splits;
+  const int j = blockIdx.x / p.k_splits / p.n_slabs;
+  const int slab = blockIdx.x / p.k_splits % p.n_slabs;
+  auto taken = [&](int gr) { return p.group_rows[gr] > 0; };
+  const int g = nth_taken_group<32>(j, p.num_groups, taken);
+  if (g < 0) return;
+
+  const int rows = p.group_rows[g];
+  const int row0 = p.group_start[g];
+  const int n0 = slab * kRows;
+  const int kb = p.k / 2;  // packed bytes per weight row
+  const uint8_t* w_slab = p.b + (static_cast<int64_t>(g) * p.n + n0) * kb;
+  const int scale_groups = p.k / S::kGroup;
+  const uint8_t* s_expert = p.b_scale + static_cast<int64_t>(g) * scale_groups * p.n * S::kScaleBytes;
+  const int all_k_tiles = (p.k + Tr::kBlockK - 1) / Tr::kBlockK;
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(all_k_tiles) * split / p.k_splits);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (split + 1) / p.k_splits) - kt_begin;
+  void* const c_out = p.k_splits > 1 ? static_cast<void*>(static_cast<float*>(p.c) + split * p.c_split_stride) : p.c;
+  const uint32_t smem_base = smem_addr(smem);
+
+  for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
+    const int tokens = min(Tr::kTokens, rows - t0);
+    const int used_tiles = (tokens + 7) / 8;
+    for (int i = lane; i < Tr::kTokens; i += 32) {
+      const int r = row0 + t0 + i;
+      token_src[i] = i < tokens ? (p.a_row_index ? p.a_row_index[r] : r) : -1;
+    }
+    __syncwarp();
+
+    // Stage layout: weights (swizzled rows), token rows (swizzled), scales [groups][kRows].
+    auto load_stage = [&](int stage, int kt) {
+      const int k0 = (kt_begin + kt) * Tr::kBlockK;
+      const int k_valid = min(Tr::kBlockK, p.k - k0);  // a multiple of the scale group
+      const uint32_t ws = smem_base + stage * Tr::kStageBytes;
+      const uint32_t xs = ws + Tr::kWStageBytes, ss = xs + Tr::kXStageBytes;
+#pragma unroll
+      for (int i = lane; i < kRows * Tr::kWChunks; i += 32) {
+        const int r = i / Tr::kWChunks, ch = i % Tr::kWChunks;
+        if (ch * kSubK < k_valid) cp_async_16(ws + Tr::w_off(r, ch), w_slab + static_cast<int64_t>(r) * kb + k0 / 2 + ch * 16, 16);
+      }
+      const int groups = k_valid / S::kGroup, chunks_per_group = kRows * S::kScaleBytes / 16;
+      for (int i = lane; i < groups * chunks_per_group; i += 32) {
+        const int q = i / chunks_per_group, ch = i % chunks_per_group;
+        const uint8_t* src = s_expert + (static_cast<int64_t>(k0 / S::kGroup + q) * p.n + n0) * S::kScaleBytes;
+        cp_async_16(ss + q * kRows * S::kScaleBytes + ch * 16, src + ch * 16, 16);
+      }
+      for (int i = lane; i < used_tiles * 8 * Tr::kXChunks; i += 32) {
+        const int r = i / Tr::kXChunks, ch = i % Tr::kXChunks;
+        if (ch * 8 >= k_valid) continue;
+        const int src = token_src[r];
+        const __nv_bfloat16* ptr = src >= 0 ? p.a + static_cast<int64_t>(src) * p.k + k0 + ch * 8 : p.a;
+        cp_async_16(xs + Tr::x_off(r, ch), ptr, src >= 0 ? 16 : 0);
+      }
+    };
+
+    float acc[2][Tr::kTokenTiles][4], part[2][Tr::kTokenTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < Tr::kTokenTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = part[mt][nt][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<Tr::kStages - 2>();
+      __syncwarp();  // stage kt landed for every lane; stage kt-1 is no longer read
+      const int next = kt + Tr::kStages - 1;
+      if (next < k_tiles) load_stage(next % Tr::kStages, next);
+      cp_async_commit();
+
+      const int stage = kt % Tr::kStages;
+      const uint8_t* w_st = smem + stage * Tr::kStageBytes;
+      const uint8_t* x_st = w_st + Tr::kWStageBytes;
+      const uint8_t* s_st = x_st + Tr::kXStageBytes;
+      const int subs = min(Tr::kBlockK, p.k - (kt_begin + kt) * Tr::kBlockK) / kSubK;
+#pragma unroll
+      for (int sub = 0; sub < Tr::kSubs; ++sub) {
+        if (sub >= subs) break;
+        // A: the 4 rows of this lane (mt, +8), 8 values each, as the two k16 steps' fragments.
+        uint32_t a[2][2][4];  // [k step][mt][fragment register]
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = mt * 16 + h * 8 + quad_row;
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(w_st + Tr::w_off(row, sub) + 4 * t);
+            uint32_t v[4];
+            if constexpr (S::kNibblePairs) {
+              int4_nibbles_to_bf16x2(w, v);
+            } else {
+              e2m1_bytes_to_bf16x2(w, v);
+            }
+            // v[0], v[1] -> k step 0 (k 2t.., k 2t+8..); v[2], v[3] -> k step 1.
+            a[0][mt][h] = v[0];
+            a[0][mt][2 + h] = v[1];
+            a[1][mt][h] = v[2];
+            a[1][mt][2 + h] = v[3];
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
+          if (nt >= used_tiles) break;
+          const uint4 x =
+              *reinterpret_cast<const uint4*>(x_st + Tr::x_off(nt * 8 + quad_row, sub * 4 + t));  // columns 8t..8t+7
+          uint32_t b[2][2];
+          if constexpr (S::kNibblePairs) {  // (column j, column j + 4)
+            b[0][0] = __byte_perm(x.x, x.z, 0x5410);
+            b[0][1] = __byte_perm(x.x, x.z, 0x7632);
+            b[1][0] = __byte_perm(x.y, x.w, 0x5410);
+            b[1][1] = __byte_perm(x.y, x.w, 0x7632);
+          } else {  // (column 2i, column 2i + 1)
+            b[0][0] = x.x;
+            b[0][1] = x.y;
+            b[1][0] = x.z;
+            b[1][1] = x.w;
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma_bf16_16816(part[mt][nt], a[0][mt], b[0]);
+            mma_bf16_16816(part[mt][nt], a[1][mt], b[1]);
+          }
+        }
+        if ((sub + 1) % (S::kGroup / kSubK) == 0) {  // the scale group ends here: scale its partial once
+          const int q = sub / (S::kGroup / kSubK);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float s = scale_value<kMethod>(s_st, q, mt * 16 + h * 8 + quad_row);
+#pragma unroll
+              for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  acc[mt][nt][2 * h + c] = fmaf(part[mt][nt][2 * h + c], s, acc[mt][nt][2 * h + c]);
+                  part[mt][nt][2 * h + c] = 0.0f;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+    // ---- Epilogue. acc[mt][nt][i]: weight row mt*16 + lane/4 (+8 for i >= 2),
+    // token nt*8 + 2*(lane%4) + (i & 1).
+    const float* bias = p.bias ? p.bias + static_cast<int64_t>(g) * p.n + n0 : nullptr;
+#pragma unroll
+    for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
+      if (nt >= used_tiles) break;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = nt * 8 + 2 * t + (i & 1);
+        if (tok >= tokens) continue;
+        const int64_t out_row = static_cast<int64_t>(row0 + t0 + tok) * p.n_out;
+        const int m = quad_row + (i >= 2 ? 8 : 0);
+        float v0 = acc[0][nt][i], v1 = acc[1][nt][i];
+        if (bias) {
+          v0 += bias[m];
+          v1 += bias[16 + m];
+        }
+        if (p.gated) {  // kGateUpBlock layout: gate rows (mt 0) and up rows (mt 1) of 16 intermediate columns
+          store_out(c_out, p.out_f32, out_row + (n0 >> 1) + m, gated_activation(p.act, v0, v1));
+        } else {
+          if (p.activation) {
+            v0 = plain_activation(p.act, v0);
+            v1 = plain_activation(p.act, v1);
+          }
+          store_out(c_out, p.out_f32, out_row + n0 + m, v0);
+          store_out(c_out, p.out_f32, out_row + n0 + 16 + m, v1);
+        }
+      }
+    }
+    __syncwarp();  // token_src and the stages are reused by the next token tile
+  }
+}
+
+//                             n8 tiles  stages  K per stage
+using T8K128S4 = W4Traits<1, 4, 128>;
+using T16K128S4 = W4Traits<2, 4, 128>;
+using T32K128S3 = W4Traits<4, 3, 128>;
+using T8K256S3 = W4Traits<1, 3, 256>;
+
+template <class F>
+auto with_traits(W4StreamVariant v, F&& f) {
+  switch (v) {
+    case W4StreamVariant::kT8K128S4: return f(T8K128S4{});
+    case W4StreamVariant::kT16K128S4: return f(T16K128S4{});
+    case W4StreamVariant::kT32K128S3: return f(T32K128S3{});
+    case W4StreamVariant::kT8K256S3: return f(T8K256S3{});
+  }
+  return f(T8K128S4{});
+}
+
+template <class Tr, QuantMethod kMethod>
+cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
+  const auto* kernel = reinterpret_cast<const void*>(w4_streaming_kernel<Tr, kMethod>);
+  const cudaError_t e = ensure_kernel_smem(kernel, Tr::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  w4_streaming_kernel<Tr, kMethod><<<static_cast<unsigned>(blocks), 32, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* w4_stream_variant_name(W4StreamVariant v) {
+  switch (v) {
+    case W4StreamVariant::kT8K128S4: return "t8_k128_s4";
+    case W4StreamVariant::kT16K128S4: return "t16_k128_s4";
+    case W4StreamVariant::kT32K128S3: return "t32_k128_s3";
+    case W4StreamVariant::kT8K256S3: return "t8_k256_s3";
+  }
+  return "?";
+}
+
+std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name) {
+  for (W4StreamVariant v : kAllW4StreamVariants) {
+    if (name == w4_stream_variant_name(v)) return v;
+  }
+  return std::nullopt;
+}
+
+int w4_stream_variant_tokens(W4StreamVariant v) {
+  return with_traits(v, [](auto tr) { return decltype(tr)::kTokens; });
+}
+
+int64_t w4_streaming_k_splits(const W4StreamGemm& g, W4StreamVariant v, int sm_count) {
+  if (g.activation || g.bias != nullptr || g.max_rows == 0) return 1;
+  constexpr int64_t kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 24, kMinStagesPerSplit = 4;
+  const int64_t smem = with_traits(v, [](auto tr) { return decltype(tr)::kSmemBytes; });
+  const int64_t block_k = with_traits(v, [](auto tr) { return decltype(tr)::kBlockK; });
+  const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (smem + 1024), 1, kMaxCtasPerSm);
+  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
+  const int64_t ctas = std::min(g.num_groups, g.max_rows) * (g.n / kRows);
+  const int64_t want = (2 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
+  const int64_t by_k = (g.k + block_k - 1) / block_k / kMinStagesPerSplit;
+  return std::clamp<int64_t>(std::min(want, by_k), 1, kMaxW4StreamKSplits);
+}
+
+Status w4_streaming_gemm_check(const W4StreamGemm& g) {
+  if (quant_family(g.method) != QuantFamily::kWeight4) {
+    return InvalidArgument(std::string("4-bit streaming GEMM: quant ") + quant_method_name(g.method) + " is not 4-bit");
+  }
+  const int64_t group = weight4_group(g.method);
+  if (g.n % kRows != 0) return InvalidArgument("4-bit streaming GEMM: N=" + std::to_string(g.n) + " is not a multiple of 32");
+  if (g.k <= 0 || g.k % group != 0) {
+    return InvalidArgument("4-bit streaming GEMM: K=" + std::to_string(g.k) + " is not a multiple of the scale group " +
+                           std::to_string(group));
+  }
+  if (g.num_groups < 1 || g.max_rows > INT32_MAX / 2 || g.n > INT32_MAX / 2 || g.k > INT32_MAX / 2) {
+    return InvalidArgument("4-bit streaming GEMM: sizes exceed int32 indexing");
+  }
+  if (g.k_splits < 1 || g.k_splits > kMaxW4StreamKSplits) {
+    return InvalidArgument("4-bit streaming GEMM: " + std::to_string(g.k_splits) + " K slices");
+  }
+  if (g.k_splits > 1 && (g.activation || g.bias != nullptr || !g.out_f32)) {
+    return InvalidArgument("4-bit streaming GEMM: K slices need an f32 partial output without an epilogue");
+  }
+  return Status::Ok();
+}
+
+Status w4_streaming_gemm(const W4StreamGemm& g, W4StreamVariant v, cudaStream_t stream) {
+  MOEKIT_RETURN_IF_ERROR(w4_streaming_gemm_check(g));
+  if (g.max_rows == 0) return Status::Ok();
+  W4Params p{};
+  p.a = reinterpret_cast<const __nv_bfloat16*>(g.a);
+  p.a_row_index = g.a_row_index;
+  p.b = g.b;
+  p.b_scale = static_cast<const uint8_t*>(g.b_scale);
+  p.bias = g.bias;
+  p.c = g.c;
+  p.group_start = g.group_start;
+  p.group_rows = g.group_rows;
+  p.num_groups = static_cast<int>(g.num_groups);
+  p.n = static_cast<int>(g.n);
+  p.k = static_cast<int>(g.k);
+  p.n_out = static_cast<int>(g.n_out());
+  p.n_slabs = p.n / kRows;
+  p.k_splits = static_cast<int>(g.k_splits);
+  p.c_split_stride = g.c_split_stride;
+  p.out_f32 = g.out_f32;
+  p.activation = g.activation;
+  p.gated = g.activation && g.act.gated();
+  p.act = ActivationParams{g.act.kind, g.act.swiglu_limit, g.act.swiglu_alpha};
+  // Each non-empty group holds at least one row: at most min(G, max_rows) of them.
+  const int64_t blocks = std::min(g.num_groups, g.max_rows) * p.n_slabs * p.k_splits;
+  const cudaError_t e = with_traits(v, [&](auto tr) {
+    using Tr = decltype(tr);
+    switch (g.method) {
+      case QuantMethod::kMxfp4: return launch<Tr, QuantMethod::kMxfp4>(p, blocks, stream);
+      case QuantMethod::kInt4G32: return launch<Tr, QuantMethod::kInt4G32>(p, blocks, stream);
+      default: return launch<Tr, QuantMethod::kInt4G128>(p, blocks, stream);
+    }
+  });
+  MOEKIT_CUDA_CHECK(e);
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,84 @@
+// Weight-streaming grouped GEMM on 4-bit weights (mxfp4, int4_g32, int4_g128)
+// with bf16 activations: the decode kernel of the 4-bit pipeline
+// (moe_pipeline_weight4.h).
+//
+// Per group g with rows, for each row r and output column n:
+//   C[r, n] = epilogue( sum over scale groups q of  s_g(n, q) * sum_{c in q} A[r, c] * v_g(n, c) )
+// where v is the e2m1 value (mxfp4) or nibble - 8 (int4), exact in bf16, so
+// the tensor cores multiply the stored values themselves; each scale group's
+// f32 partial is scaled once (E8M0 2^(code - 127) exactly, or the f32 scale).
+// The packed bytes are unpacked in registers straight from shared memory: one
+// read of the weights, no dequantized copy.
+//
+// Weights as prepare_sm90_weights lays them out (sm90_weights.h):
+//   b       [G, N, K/2] u8, the checkpoint's bytes (low nibble = even column),
+//           W13's rows in the kGateUpBlock order of the bf16 pipeline;
+//   b_scale [G, K/group, N]: the scales transposed so a CTA's rows of one scale
+//           group are contiguous (u8 E8M0 for mxfp4, f32 for int4), rows permuted like b.
+#pragma once
+
+#ifdef MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "moekit/config.h"
+#include "moekit/status.h"
+
+namespace moekit::cuda {
+
+// Instances: 32 weight rows per CTA (one warp, one gate/up block pair), token
+// tile x K per stage x pipeline stages.
+enum class W4StreamVariant : uint8_t {
+  kT8K128S4,   // 8-token tile, K 128, 4 stages
+  kT16K128S4,  // 16-token tile, K 128, 4 stages
+  kT32K128S3,  // 32-token tile, K 128, 3 stages
+  kT8K256S3,   // 8-token tile, K 256, 3 stages (longer bursts per weight row)
+};
+inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
+    W4StreamVariant::kT8K128S4, W4StreamVariant::kT16K128S4, W4StreamVariant::kT32K128S3, W4StreamVariant::kT8K256S3};
+const char* w4_stream_variant_name(W4StreamVariant v);  // "t8_k128_s4", ...
+std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name);
+int w4_stream_variant_tokens(W4StreamVariant v);
+
+struct W4StreamGemm {
+  QuantMethod method = QuantMethod::kMxfp4;
+  int64_t num_groups = 0;  // G
+  int64_t n = 0;           // weight rows N (gated GEMM1: 2I in the kGateUpBlock order), a multiple of 32
+  int64_t k = 0;           // K, a multiple of the scale group
+  int64_t max_rows = 0;    // routed rows: at most min(G, max_rows) groups have rows
+  // A [*, K] bf16: group g's row i is A row a_row_index[group_start[g] + i] (or that index when null).
+  const uint16_t* a = nullptr;
+  const int32_t* a_row_index = nullptr;
+  const uint8_t* b = nullptr;
+  const void* b_scale = nullptr;
+  const float* bias = nullptr;  // [G, N] f32 in b's row order, added before the activation; optional
+  // Epilogue: the activation (gated kinds pair gate and up rows and write N/2 columns).
+  bool activation = false;
+  ActivationConfig act;
+  void* c = nullptr;       // [max_rows, n_out]: bf16, or f32 with out_f32 (and always with K slices)
+  bool out_f32 = false;
+  int64_t k_splits = 1;    // > 1: each slice writes its f32 partial sum, c_split_stride floats apart (no epilogue)
+  int64_t c_split_stride = 0;
+  const int32_t* group_start = nullptr;  // [G]
+  const int32_t* group_rows = nullptr;   // [G]
+  int64_t n_out() const { return activation && act.gated() ? n / 2 : n; }
+};
+
+// K slices that keep the SMs streaming for few CTAs (1: none), at least 4
+// stages each, at most kMaxW4StreamKSplits.
+inline constexpr int64_t kMaxW4StreamKSplits = 8;
+int64_t w4_streaming_k_splits(const W4StreamGemm& g, W4StreamVariant v, int sm_count);
+
+// ok, or why the kernel cannot serve `g` (method, N, K, a K split with an epilogue).
+Status w4_streaming_gemm_check(const W4StreamGemm& g);
+
+// Enqueues the GEMM; every row of every group is written (columns [0, n_out)).
+Status w4_streaming_gemm(const W4StreamGemm& g, W4StreamVariant v, cudaStream_t stream);
+
+}  // namespace moekit::cuda
+
+#endif  // MOEKIT_WITH_CUDA

@@ -1,0 +1,324 @@
+// 4-bit expert weights on the H200 (mxfp4, int4_g32, int4_g128; the 4-bit
+// pipeline, moe_pipeline_weight4.h): modular == monolithic bit for bit, every
+// streaming instance; both against the cpu backend's exact emulation on the same
+// ids and weights, and against the fp64 reference on the reference decoder's
+// weights; captured ids exact; replay and a CUDA graph bit for bit; batch
+// invariance; the oracle picks the cuda kernels; bad scales refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_model_util.h"
+#include "cuda/cuda_test_util.h"
+#include "experts/cpu/cpu_modular.h"
+#include "experts/cuda/weight4_streaming_gemm.h"
+#include "moekit/kernel.h"
+#include "moekit/oracle.h"
+#include "moekit/routing.h"
+#include "reference/reference.h"
+#include "routing/cuda/route_cuda.h"
+#include "util/reference_params.h"
+#include "util/test_util.h"
+#include "util/weight4_test_layer.h"
+
+namespace moekit {
+namespace {
+
+using cuda_test::DeviceBytes;
+using cuda_test::DeviceTensor;
+using testing::Weight4Layer;
+using testing::Weight4Shape;
+
+// Bound (relative L2) against the cpu emulation, which keeps f32 from the
+// decoded weights to the output. The GPU multiplies the exact bf16 weight
+// values on tensor cores with f32 accumulation and scales each group's f32
+// partial once (mxfp4 exactly, int4 one f32 rounding), so the products are the
+// cpu's; what differs is (a) the f32 accumulation order (K <= 384 terms:
+// K u < 2.3e-5 relative) and (b) three bf16 roundings the cpu does not make or
+// makes elsewhere: GEMM2's input (the activation output), each expert's output
+// before the weighted sum, and the layer's output (both round it, but nearly
+// equal f32 values may land one bf16 step apart). Each is at most 2^-9 of an
+// element, 2^-8 with margin for its share of the L2 norm: 3 * 2^-8 + 2.3e-5.
+constexpr double kVsCpuBound = 3 * 0.00390625 + 2.3e-5;
+// Against the fp64 layer on the reference decoder's weights: the cpu's own
+// bf16 bound (test_cpu_weight4.cpp, one output rounding, folded into the
+// three above) plus the same terms.
+constexpr double kVsReferenceBound = kVsCpuBound + 2e-5;
+
+constexpr QuantMethod kMethods[] = {QuantMethod::kMxfp4, QuantMethod::kInt4G32, QuantMethod::kInt4G128};
+
+struct W4Case {
+  QuantMethod method;
+  Activation act;
+  Weight4Shape shape;
+  std::string variant;  // kernel.sm90_w4_stream; "" = the pipeline's choice
+  std::string name() const {
+    return std::string(quant_method_name(method)) + "_" + activation_name(act) + "_M" + std::to_string(shape.M) +
+           "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" + std::to_string(shape.H) + "_I" +
+           std::to_string(shape.I) + (variant.empty() ? "" : "_" + variant);
+  }
+};
+
+std::vector<W4Case> w4_cases() {
+  using A = Activation;
+  std::vector<W4Case> cases;
+  for (QuantMethod m : kMethods) {
+    // K tails: H = 288 is 2 stages of 128 and a 32-column remainder (groups of 32 only).
+    const bool g128 = m == QuantMethod::kInt4G128;
+    const Weight4Shape tail = g128 ? Weight4Shape{37, 16, 4, 384, 256} : Weight4Shape{37, 16, 4, 288, 160};
+    for (A act : {A::kSiluGated, A::kSwigluOai, A::kRelu2}) {
+      cases.push_back({m, act, {1, 8, 2, 256, 128}, ""});   // one token: GEMM2 in K slices
+      cases.push_back({m, act, tail, ""});
+      cases.push_back({m, act, {300, 8, 2, 256, 128}, ""});  // ~75 rows per expert: several token tiles
+    }
+    for (cuda::W4StreamVariant v : cuda::kAllW4StreamVariants) {
+      cases.push_back({m, A::kSiluGated, tail, cuda::w4_stream_variant_name(v)});
+    }
+  }
+  return cases;
+}
+
+MoeWeights device_weights(const Weight4Layer& l, std::vector<DeviceTensor>& keep) {
+  keep.reserve(6);
+  const auto up = [&](const HostTensor& t) {
+    keep.emplace_back(t);
+    return keep.back().view();
+  };
+  MoeWeights w;
+  w.w13 = up(l.w13.bytes);
+  w.w2 = up(l.w2.bytes);
+  w.w13_scale = up(l.w13.scales);
+  w.w2_scale = up(l.w2.scales);
+  if (l.config.has_expert_bias) {
+    w.w13_bias = up(l.w13_bias);
+    w.w2_bias = up(l.w2_bias);
+  }
+  return w;
+}
+
+// The layer's kernel of class `name` with prepared weights.
+std::unique_ptr<MoeKernel> prepared_kernel(const char* name, const MoeConfig& cfg, const MoeWeights& w) {
+  auto k = cuda_test::sm90_kernel_class(name).create(cfg, Platform::probe());
+  EXPECT_TRUE(k.ok()) << k.status().to_string();
+  if (!k.ok()) return nullptr;
+  const Status st = (*k)->prepare_weights(w);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return st.ok() ? std::move(*k) : nullptr;
+}
+
+// One monolithic forward of `layer` on rows [0, M) of its inputs; the bf16 output.
+HostTensor monolithic_forward(MoeKernel& mono, const DeviceTensor& hidden, const DeviceTensor& logits, int64_t M,
+                              int64_t H, const TensorView& capture = {}, const TensorView& forced = {}) {
+  DeviceTensor out(DType::kBF16, {M, H});
+  out.poison();
+  DeviceBytes ws(mono.workspace_size(M));
+  MoeRunArgs a;
+  a.hidden = hidden.view();
+  a.hidden.shape[0] = M;
+  a.router_logits = logits.view();
+  a.router_logits.shape[0] = M;
+  a.out = out.view();
+  a.routing_replay_out = capture;
+  a.forced_ids = forced;
+  const Status st = mono.run(a, Workspace{ws.data(), ws.bytes()}, nullptr);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return out.download();
+}
+
+class CudaWeight4Grid : public ::testing::TestWithParam<W4Case> {};
+
+TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
+  MOEKIT_REQUIRE_SM90();
+  const W4Case c = GetParam();
+  const Weight4Shape s = c.shape;
+  const bool biases = c.act == Activation::kSwigluOai;  // gpt-oss's layer has them
+  Weight4Layer layer(s, c.method, c.act, biases, DType::kBF16,
+                     testing::seed_from({int64_t(c.method), int64_t(c.act), s.M, s.H, 7}));
+  layer.config.needs_capture = layer.config.needs_replay = true;
+  layer.config.kernel.sm90_w4_stream = c.variant;
+  const MoeConfig& cfg = layer.config;
+  ASSERT_TRUE(cfg.validate().ok()) << cfg.validate().to_string();
+
+  // The cpu emulation on the spec's ids.
+  HostTensor ids(DType::kI32, {s.M, s.k}), wts(DType::kF32, {s.M, s.k}), out_cpu(DType::kBF16, {s.M, s.H});
+  RoutingArgs ra;
+  ra.logits = layer.logits.view();
+  ra.topk_ids = ids.view();
+  ra.topk_weights = wts.view();
+  ASSERT_TRUE(route_cpu(cfg.routing, ra).ok());
+  cpu::CpuModular cpu_kernel(cfg);
+  ASSERT_TRUE(cpu_kernel.prepare_weights(layer.weights()).ok());
+  std::vector<unsigned char> cpu_ws(cpu_kernel.workspace_size(s.M));
+  MoeRunArgs ca;
+  ca.hidden = layer.hidden.view();
+  ca.out = out_cpu.view();
+  ca.topk_ids = ids.view();
+  ca.topk_weights = wts.view();
+  ASSERT_TRUE(cpu_kernel.run(ca, Workspace{cpu_ws.data(), cpu_ws.size()}, nullptr).ok());
+
+  // Modular on the device's routing (device weights), monolithic (host weights).
+  std::vector<DeviceTensor> keep;
+  const MoeWeights dw = device_weights(layer, keep);
+  DeviceTensor hidden(layer.hidden), logits(layer.logits), d_ids(DType::kI32, {s.M, s.k}), d_wts(DType::kF32, {s.M, s.k});
+  RoutingArgs dra;
+  dra.logits = logits.view();
+  dra.topk_ids = d_ids.view();
+  dra.topk_weights = d_wts.view();
+  ASSERT_TRUE(cuda::route_cuda(cfg.routing, dra, nullptr).ok());
+  EXPECT_EQ(cuda_test::first_difference(d_ids.download(), ids), "") << "device ids differ from route_cpu's";
+
+  const auto modular = prepared_kernel("Sm90Modular", cfg, dw);
+  ASSERT_NE(modular, nullptr);
+  DeviceTensor out_mod(DType::kBF16, {s.M, s.H});
+  out_mod.poison();
+  DeviceBytes ws_mod(modular->workspace_size(s.M));
+  MoeRunArgs ma;
+  ma.hidden = hidden.view();
+  ma.out = out_mod.view();
+  ma.topk_ids = d_ids.view();
+  ma.topk_weights = d_wts.view();
+  const Status st = modular->run(ma, Workspace{ws_mod.data(), ws_mod.bytes()}, nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const HostTensor mod_out = out_mod.download();
+
+  const auto mono = prepared_kernel("Sm90Monolithic", cfg, layer.weights());
+  ASSERT_NE(mono, nullptr);
+  DeviceTensor capture(DType::kI16, {s.M, s.k}), forced(DType::kI32, {s.M, s.k});
+  capture.poison();
+  const HostTensor mono_out = monolithic_forward(*mono, hidden, logits, s.M, s.H, capture.view());
+  const std::vector<double> cap = testing::to_double(capture.download().view());
+  EXPECT_EQ(cap, testing::to_double(ids.view())) << "captured ids differ from the spec's";
+  EXPECT_EQ(cuda_test::first_difference(mono_out, mod_out), "") << "monolithic and modular outputs differ";
+
+  HostTensor forced_host(DType::kI32, {s.M, s.k});
+  for (int64_t i = 0; i < s.M * s.k; ++i) forced_host.data<int32_t>()[i] = static_cast<int32_t>(cap[i]);
+  forced.upload(forced_host);
+  EXPECT_EQ(cuda_test::first_difference(monolithic_forward(*mono, hidden, logits, s.M, s.H, {}, forced.view()), mono_out),
+            "")
+      << "replay differs";
+
+  const std::vector<double> gpu = testing::to_double(mod_out.view());
+  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(out_cpu.view()));
+  const moekit_ref::RoutingResult rr =
+      moekit_ref::route(testing::ref_routing(cfg.routing), layer.logits_exact, s.M, s.E);
+  moekit_ref::LayerExtras extras;
+  extras.b13 = layer.b13_exact;
+  extras.b2 = layer.b2_exact;
+  const std::vector<double> ref = moekit_ref::moe_layer(testing::ref_layer(cfg), layer.hidden_exact, s.M,
+                                                        layer.w13_exact, layer.w2_exact, rr.ids, rr.weights,
+                                                        static_cast<int>(s.k), extras);
+  const double err_ref = testing::rel_l2_error(gpu, ref);
+  EXPECT_LE(err_cpu, kVsCpuBound) << "vs the cpu backend's emulation";
+  EXPECT_LE(err_ref, kVsReferenceBound) << "vs the fp64 reference";
+  std::printf("[ weight4  ] %-50s vs cpu %.2e, vs fp64 %.2e  (%s)\n", c.name().c_str(), err_cpu, err_ref,
+              modular->gemm_plan(s.M).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, CudaWeight4Grid, ::testing::ValuesIn(w4_cases()),
+                         [](const ::testing::TestParamInfo<W4Case>& info) { return info.param.name(); });
+
+// run() allocates nothing and never waits on the host: a CUDA graph of it
+// replays the eager output bit for bit.
+TEST(CudaWeight4, GraphReplayEqualsEager) {
+  MOEKIT_REQUIRE_SM90();
+  for (QuantMethod m : kMethods) {
+    const Weight4Shape s{48, 16, 4, 256, 128};
+    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({48, int64_t(m), 8}));
+    const auto mono = prepared_kernel("Sm90Monolithic", layer.config, layer.weights());
+    ASSERT_NE(mono, nullptr);
+    DeviceTensor hidden(layer.hidden), logits(layer.logits), out_graph(DType::kBF16, {s.M, s.H});
+    const HostTensor eager = monolithic_forward(*mono, hidden, logits, s.M, s.H);
+    DeviceBytes ws(mono->workspace_size(s.M));
+    cudaStream_t stream = nullptr;
+    ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    out_graph.poison();
+    MoeRunArgs a;
+    a.hidden = hidden.view();
+    a.router_logits = logits.view();
+    a.out = out_graph.view();
+    ASSERT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = mono->run(a, Workspace{ws.data(), ws.bytes()}, stream);
+    cudaGraph_t graph = nullptr;
+    ASSERT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    ASSERT_CUDA_OK(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(cuda_test::first_difference(out_graph.download(), eager), "") << quant_method_name(m);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// batch_invariant: a token's output does not depend on the batch around it
+// (no K slices; every token tile sums the same scale groups in the same order).
+TEST(CudaWeight4, BatchInvariantRowsDoNotDependOnTheBatch) {
+  MOEKIT_REQUIRE_SM90();
+  for (QuantMethod m : kMethods) {
+    const Weight4Shape s{96, 8, 2, 256, 128};
+    Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({96, int64_t(m), 9}));
+    layer.config.batch_invariant = true;
+    const auto mono = prepared_kernel("Sm90Monolithic", layer.config, layer.weights());
+    ASSERT_NE(mono, nullptr);
+    DeviceTensor hidden(layer.hidden), logits(layer.logits);
+    const HostTensor all = monolithic_forward(*mono, hidden, logits, s.M, s.H);
+    const HostTensor one = monolithic_forward(*mono, hidden, logits, 1, s.H);
+    EXPECT_EQ(std::memcmp(all.data<uint16_t>(), one.data<uint16_t>(), s.H * 2), 0)
+        << quant_method_name(m) << ": token 0 alone differs from token 0 among " << s.M;
+  }
+}
+
+TEST(CudaWeight4, OracleSelectsTheCudaKernels) {
+  MOEKIT_REQUIRE_SM90();
+  for (QuantMethod m : kMethods) {
+    const Weight4Layer layer({4, 8, 2, 256, 128}, m, Activation::kSiluGated, false, DType::kBF16, 3);
+    const StatusOr<Resolution> r = select_backend(layer.config, Platform::probe());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->backend, "cuda_sm90") << r->report_string();
+  }
+}
+
+// Bad scales and shapes are refused by name, on host and device weights alike,
+// and leave the kernel unprepared.
+TEST(CudaWeight4, BadScalesAndShapesAreRefusedByName) {
+  MOEKIT_REQUIRE_SM90();
+  const Weight4Shape s{4, 8, 2, 256, 128};
+  Weight4Layer layer(s, QuantMethod::kMxfp4, Activation::kSiluGated, false, DType::kBF16, 11);
+  layer.w2.scales.data<uint8_t>()[5] = kE8M0Nan;
+  for (bool on_device : {false, true}) {
+    std::vector<DeviceTensor> keep;
+    const MoeWeights w = on_device ? device_weights(layer, keep) : layer.weights();
+    auto k = cuda_test::sm90_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
+    ASSERT_TRUE(k.ok());
+    const Status st = (*k)->prepare_weights(w);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("w2_scale"), std::string::npos) << st.to_string();
+    DeviceTensor hidden(layer.hidden), out(DType::kBF16, {s.M, s.H}), ids(DType::kI32, {s.M, s.k}),
+        wts(DType::kF32, {s.M, s.k});
+    MoeRunArgs a;
+    a.hidden = hidden.view();
+    a.out = out.view();
+    a.topk_ids = ids.view();
+    a.topk_weights = wts.view();
+    DeviceBytes ws((*k)->workspace_size(s.M));
+    EXPECT_FALSE((*k)->run(a, Workspace{ws.data(), ws.bytes()}, nullptr).ok()) << "ran on refused weights";
+  }
+  MoeWeights w = layer.weights();
+  w.w13.shape[2] = s.H / 4;  // a packed row too short for H
+  auto k = cuda_test::sm90_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
+  ASSERT_TRUE(k.ok());
+  const Status st = (*k)->prepare_weights(w);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("w13"), std::string::npos) << st.to_string();
+}
+
+}  // namespace
+}  // namespace moekit
