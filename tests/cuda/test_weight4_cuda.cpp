@@ -56,10 +56,13 @@ struct W4Case {
   Activation act;
   Weight4Shape shape;
   std::string variant;  // kernel.sm90_w4_stream; "" = the pipeline's choice
+  // mxfp4: some E8M0 codes above kMxfp4FoldMaxCode, so the kernel scales f32
+  // partials instead of folding the scale into the bf16 weights.
+  bool large_codes = false;
   std::string name() const {
     return std::string(quant_method_name(method)) + "_" + activation_name(act) + "_M" + std::to_string(shape.M) +
            "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" + std::to_string(shape.H) + "_I" +
-           std::to_string(shape.I) + (variant.empty() ? "" : "_" + variant);
+           std::to_string(shape.I) + (variant.empty() ? "" : "_" + variant) + (large_codes ? "_large_codes" : "");
   }
 };
 
@@ -78,6 +81,9 @@ std::vector<W4Case> w4_cases() {
     for (cuda::W4StreamVariant v : cuda::kAllW4StreamVariants) {
       cases.push_back({m, A::kSiluGated, tail, cuda::w4_stream_variant_name(v)});
     }
+  }
+  for (const Weight4Shape& shape : {Weight4Shape{1, 8, 2, 256, 128}, Weight4Shape{37, 16, 4, 288, 160}}) {
+    cases.push_back({QuantMethod::kMxfp4, A::kSwigluOai, shape, "", true});
   }
   return cases;
 }
@@ -139,6 +145,12 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   const bool biases = c.act == Activation::kSwigluOai;  // gpt-oss's layer has them
   Weight4Layer layer(s, c.method, c.act, biases, DType::kBF16,
                      testing::seed_from({int64_t(c.method), int64_t(c.act), s.M, s.H, 7}));
+  if (c.large_codes) {  // a few groups with scales 2^3..2^5, weights still of a layer's size elsewhere
+    for (int64_t i = 0; i < layer.w13.scales.numel(); i += 17) layer.w13.scales.data<uint8_t>()[i] = 130 + i % 3;
+    for (int64_t i = 0; i < layer.w2.scales.numel(); i += 29) layer.w2.scales.data<uint8_t>()[i] = 130 + i % 3;
+    layer.w13_exact = testing::weight_values(c.method, layer.w13);
+    layer.w2_exact = testing::weight_values(c.method, layer.w2);
+  }
   layer.config.needs_capture = layer.config.needs_replay = true;
   layer.config.kernel.sm90_w4_stream = c.variant;
   const MoeConfig& cfg = layer.config;

@@ -29,8 +29,8 @@ W4StreamVariant variant_for(const ExpertsShape& s, int64_t pairs) {
   if (const auto forced = parse_w4_stream_variant(o.sm90_w4_stream)) return *forced;
   const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
   const int64_t rows = (pairs + groups - 1) / groups;
-  if (rows <= 8) return W4StreamVariant::kT8K128S4;
-  return rows <= 16 ? W4StreamVariant::kT16K128S4 : W4StreamVariant::kT32K128S3;
+  if (rows <= 8) return W4StreamVariant::kT8K128S3;
+  return rows <= 16 ? W4StreamVariant::kT16K128S3 : W4StreamVariant::kT32K128S3;
 }
 
 int sm_count() {
@@ -100,6 +100,7 @@ Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w,
   g1.a_row_index = reinterpret_cast<const int32_t*>(ws + l.row_token);
   g1.b = w.w13;
   g1.b_scale = w.w13_scale;
+  g1.mxfp4_max_code = w.mxfp4_max_code;
   g1.bias = s.expert_bias ? w.w13_bias : nullptr;
   g1.activation = true;
   g1.act = s.activation;
@@ -112,6 +113,7 @@ Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w,
   g2.a = intermediate;
   g2.b = w.w2;
   g2.b_scale = w.w2_scale;
+  g2.mxfp4_max_code = w.mxfp4_max_code;
   g2.c = partials;
   g2.group_start = group_start;
   g2.group_rows = group_rows;

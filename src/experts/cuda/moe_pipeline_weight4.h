@@ -39,8 +39,9 @@ struct Weight4ExpertWeights {
   QuantMethod method = QuantMethod::kMxfp4;
   const uint8_t* w13 = nullptr;      // [E, N1, H/2] packed, kGateUpBlock row order
   const uint8_t* w2 = nullptr;       // [E, H, I/2] packed
-  const void* w13_scale = nullptr;   // [E, H/group, N1], u8 E8M0 (mxfp4) or f32 (int4), W13's row order
+  const void* w13_scale = nullptr;   // [E, H/group, N1], u8 E8M0 (mxfp4) or f32 (int4), W13's row order, weight4_scale_position
   const void* w2_scale = nullptr;    // [E, I/group, H]
+  int mxfp4_max_code = 255;          // the largest E8M0 code of both (mxfp4)
   const float* w13_bias = nullptr;   // [E, N1] f32 in W13's row order, iff s.expert_bias
   const float* w2_bias = nullptr;    // [E, H] f32, iff s.expert_bias
 };

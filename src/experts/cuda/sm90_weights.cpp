@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "experts/cuda/weight_layout.h"
 #include "experts/cuda/weight_values.h"
+#include "experts/cuda/weight4_streaming_gemm.h"
 #include "core/weight4.h"
 #include "experts/quant_weights.h"
 
@@ -190,8 +192,8 @@ StatusOr<std::vector<uint8_t>> host_bytes(const TensorView& t) {
   return bytes;
 }
 
-// [E, rows, groups] scales of `elem` bytes -> [E, groups, rows], row r of the
-// result taken from source row source_row(r).
+// [E, rows, groups] scales of `elem` bytes -> [E, groups, rows]: row r of the
+// kernel's order (taken from source row source_row(r)) at weight4_scale_position(r).
 template <typename SourceRow>
 std::vector<uint8_t> transpose_scales(const std::vector<uint8_t>& src, int64_t E, int64_t rows, int64_t groups,
                                       int64_t elem, SourceRow source_row) {
@@ -201,7 +203,8 @@ std::vector<uint8_t> transpose_scales(const std::vector<uint8_t>& src, int64_t E
     uint8_t* de = dst.data() + e * rows * groups * elem;
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* srow = se + source_row(r) * groups * elem;
-      for (int64_t q = 0; q < groups; ++q) std::memcpy(de + (q * rows + r) * elem, srow + q * elem, elem);
+      const int64_t at = weight4_scale_position(r);
+      for (int64_t q = 0; q < groups; ++q) std::memcpy(de + (q * rows + at) * elem, srow + q * elem, elem);
     }
   }
   return dst;
@@ -246,6 +249,9 @@ Status prepare_weight4(const MoeConfig& config, const ExpertsShape& shape, Devic
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13_scale, dev, s13_t.data(), s13_t.size()));
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2_scale, dev, s2_t.data(), s2_t.size()));
   MOEKIT_RETURN_IF_ERROR(prepare_extras(shape, kind, dev, w, out));
+  if (method == QuantMethod::kMxfp4) {
+    out->mxfp4_max_code = std::max(*std::max_element(s13.begin(), s13.end()), *std::max_element(s2.begin(), s2.end()));
+  }
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return Status::Ok();
 }
@@ -259,6 +265,7 @@ Weight4ExpertWeights Sm90Weights::weight4(QuantMethod method) const {
   ww.w2 = device_ptr<const uint8_t>(w2);
   ww.w13_scale = w13_scale.data();
   ww.w2_scale = w2_scale.data();
+  ww.mxfp4_max_code = mxfp4_max_code;
   ww.w13_bias = device_ptr<const float>(w13_bias);
   ww.w2_bias = device_ptr<const float>(w2_bias);
   return ww;

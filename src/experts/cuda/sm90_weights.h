@@ -29,6 +29,7 @@ struct Sm90Weights {
   DeviceBuffer score_bias;  // [E] f32, deepseek_v3 e_score_correction_bias (monolithic routing), optional
   // fp8: MoeWeights layouts (kernel.h), f32; 4-bit: [E, K/group, N] u8 E8M0 or f32
   DeviceBuffer w13_scale, w2_scale;
+  int mxfp4_max_code = 255;  // 4-bit mxfp4: the largest E8M0 code of both scale tensors
   // fp8 only:
   DeviceBuffer w13_gemm_scale, w2_gemm_scale;  // Fp8ExpertWeights layouts, iff fp8_cutlass_gemm_built
   DeviceBuffer a13_scale, a2_scale;            // [E] f32, static activation scales, optional

@@ -10,11 +10,18 @@
 // of each of its 4 rows, one 32-bit shared load each. Those 8 values become the
 // 4 bf16 pairs of the A fragment for the sub-block's two k16 steps. Which
 // columns pair up in a register is free as long as the B (token) fragment pairs
-// the same columns: mxfp4 pairs a byte's two nibbles (columns 2i, 2i+1) through
-// a byte-permute lookup; int4 pairs nibbles j and j+4 of the word (columns j,
-// j+4), so one shift-and-or makes both 128 + v and one bf16 subtraction v - 8.
-// Every k16 step stays within one scale group (groups are >= 32 columns), so
-// each group's f32 partial is scaled once.
+// the same columns: both schemes pair nibbles j and j+4 of the word (columns j,
+// j+4), 16 bits apart, so one shift lines both up:
+//   int4:  0x4300 | v is the bf16 128 + v exactly; one bf16 subtraction leaves v - 8;
+//   mxfp4: sign -> bit 15, exponent and mantissa bits -> bits 8..6 make the bf16
+//          e2m1 * 2^-126 exactly (e2m1's subnormal 0.5 lands on bf16's subnormal
+//          2^-127), and one bf16 multiply by 2^(code - 1) gives e2m1 * 2^(code - 127),
+//          the weight itself, exactly (bf16 has f32's exponent range), for every
+//          code <= 128 (scales <= 2; the layer's largest code is checked when the
+//          weights are prepared). Larger codes multiply by 2^126 instead and
+//          scale the group's f32 partial, as int4 does.
+// int4 scales are f32: each scale group's f32 partial is scaled once. Every k16
+// step stays within one scale group (groups are >= 32 columns).
 #include "experts/cuda/weight4_streaming_gemm.h"
 
 #include <cuda_bf16.h>
@@ -39,12 +46,13 @@ using sm90::detail::store_out;
 constexpr int kRows = 32;  // weight rows per CTA (one warp): one gate/up block pair
 constexpr int kSubK = 32;  // columns per sub-block: 16 bytes of a row, two k16 steps
 
-template <int kTokenTiles_, int kStages_, int kBlockK_>
+template <int kTokenTiles_, int kStages_, int kBlockK_, int kMinBlocks_>
 struct W4Traits {
   static constexpr int kTokenTiles = kTokenTiles_;  // n8 MMA tiles per token tile
   static constexpr int kTokens = 8 * kTokenTiles;
   static constexpr int kStages = kStages_;
   static constexpr int kBlockK = kBlockK_;          // columns per stage
+  static constexpr int kMinBlocks = kMinBlocks_;    // CTAs per SM the registers must allow (latency hiding)
   static constexpr int kSubs = kBlockK / kSubK;
   static constexpr int kWRowBytes = kBlockK / 2;    // packed bytes of a row per stage
   static constexpr int kWChunks = kWRowBytes / 16;
@@ -57,6 +65,7 @@ struct W4Traits {
   static_assert(kBlockK == 128 || kBlockK == 256, "the weight swizzle is written for 4 or 8 chunks per row");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(2 * kGateUpBlock == kRows, "a warp owns exactly one gate/up block pair");
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs the registers allow must fit in shared memory");
 
   // Byte offset of 16-byte chunk `ch` of weight row `row`: the 8 rows of a
   // quad-row load land in 8 different bank groups.
@@ -68,11 +77,14 @@ struct W4Traits {
   __device__ static int x_off(int row, int ch) { return row * (kBlockK * 2) + ((ch ^ ((row & 1) << 2)) << 4); }
 };
 
-template <QuantMethod kMethod>
+// kFold (mxfp4 with every code <= kMxfp4FoldMaxCode): the scale is multiplied
+// into the bf16 weights; otherwise each scale group's f32 partial is scaled.
+template <QuantMethod kMethod, bool kFold>
 struct Scheme {
   static constexpr int kGroup = kMethod == QuantMethod::kInt4G128 ? 128 : 32;
   static constexpr int kScaleBytes = kMethod == QuantMethod::kMxfp4 ? 1 : 4;
-  static constexpr bool kNibblePairs = kMethod != QuantMethod::kMxfp4;  // int4: registers pair nibbles j, j+4
+  static constexpr bool kMx = kMethod == QuantMethod::kMxfp4;
+  static_assert(!kFold || kMx, "only power-of-two scales fold into bf16 weights exactly");
 };
 
 struct W4Params {
@@ -90,27 +102,14 @@ struct W4Params {
   ActivationParams act;
 };
 
-// The e2m1 values of the two nibbles of each byte of `w` as bf16 pairs (low nibble
-// first): out[i] = (e2m1(lo(byte i)), e2m1(hi(byte i))). The magnitudes go through
-// a byte-permute lookup of their bf16 high and low bytes, the sign bits are
-// replicated into place by a second permute.
-__device__ __forceinline__ void e2m1_bytes_to_bf16x2(uint32_t w, uint32_t (&out)[4]) {
-  // bf16 of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes 00 3F 3F 3F 40 40 40 40,
-  // low bytes 00 00 80 C0 00 40 80 C0 (byte i of the pair = entry i).
-  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u, kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
-  const uint32_t sel_lo = w & 0x7777u, sel_hi = (w >> 16) & 0x7777u;  // magnitudes of nibbles 0-3, 4-7
-  const uint32_t hi_a = __byte_perm(kHi0, kHi1, sel_lo), lo_a = __byte_perm(kLo0, kLo1, sel_lo);
-  const uint32_t hi_b = __byte_perm(kHi0, kHi1, sel_hi), lo_b = __byte_perm(kLo0, kLo1, sel_hi);
-  // Sign of nibble 2i: bit 8i+3, moved to its byte's top bit by << 4; of nibble 2i+1: bit 8i+7.
-  const uint32_t w4 = w << 4;
-  const uint32_t mag[4] = {__byte_perm(lo_a, hi_a, 0x5140), __byte_perm(lo_a, hi_a, 0x7362),
-                           __byte_perm(lo_b, hi_b, 0x5140), __byte_perm(lo_b, hi_b, 0x7362)};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // Bytes 1 and 3 of the selection: the replicated sign of nibble 2i (w4's byte i) and 2i+1 (w's byte i).
-    const uint32_t sign = __byte_perm(w, w4, 0x8000u | (i << 12) | ((0xC | i) << 4));
-    out[i] = mag[i] | (sign & 0x80008000u);
-  }
+// The e2m1 values of nibbles j and j + 4 of `w` as bf16 pairs scaled by 2^-126:
+// out[j] = (e2m1(nibble j), e2m1(nibble j + 4)) * 2^-126, exactly (sign to bit
+// 15, the 3 exponent and mantissa bits to bits 8..6 of each half).
+__device__ __forceinline__ void e2m1_nibbles_to_bf16x2(uint32_t w, uint32_t (&out)[4]) {
+  out[0] = ((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u);
+  out[1] = ((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u);
+  out[2] = ((w >> 2) & 0x01C001C0u) | ((w << 4) & 0x80008000u);
+  out[3] = ((w >> 6) & 0x01C001C0u) | (w & 0x80008000u);
 }
 
 // int4 (nibble - 8) of the nibbles of `w` as bf16 pairs: out[j] = (v(nibble j), v(nibble j + 4)).
@@ -125,19 +124,43 @@ __device__ __forceinline__ void int4_nibbles_to_bf16x2(uint32_t w, uint32_t (&ou
   }
 }
 
-template <QuantMethod kMethod>
-__device__ __forceinline__ float scale_value(const uint8_t* s_stage, int q, int row) {
-  if constexpr (kMethod == QuantMethod::kMxfp4) {
-    const uint32_t code = s_stage[q * kRows + row];
-    return code == 0 ? 0x1p-127f : __uint_as_float(code << 23);  // 2^(code - 127); 255 never reaches the GPU
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r =
+      __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// 2^e as a bf16 pair's bits, for e in [-127, 127] (2^-127 subnormal).
+__device__ __forceinline__ uint32_t pow2_bf16x2(int e) {
+  const uint32_t h = e >= -126 ? static_cast<uint32_t>(e + 127) << 7 : 0x0040u;
+  return h | (h << 16);
+}
+
+// The 4 scales of a lane's rows (quad_row + 8 i, i = 0..3) in scale group q: the
+// prepared layout stores each 32-row block's row r at (r % 8) * 4 + r / 8
+// (weight4_scale_position), so they are one 4- or 16-byte load.
+template <class S>
+__device__ __forceinline__ void lane_scales(const uint8_t* s_stage, int q, int quad_row, uint32_t& codes,
+                                            float (&f)[4]) {
+  if constexpr (S::kMx) {
+    codes = *reinterpret_cast<const uint32_t*>(s_stage + q * kRows + 4 * quad_row);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t c = (codes >> (8 * i)) & 0xFFu;
+      f[i] = c == 0 ? 0x1p-127f : __uint_as_float(c << 23);  // 2^(c - 127); 255 never reaches the GPU
+    }
   } else {
-    return reinterpret_cast<const float*>(s_stage)[q * kRows + row];
+    const float4 v = *reinterpret_cast<const float4*>(s_stage + (q * kRows + 4 * quad_row) * 4);
+    f[0] = v.x;
+    f[1] = v.y;
+    f[2] = v.z;
+    f[3] = v.w;
   }
 }
 
-template <class Tr, QuantMethod kMethod>
-__global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
-  using S = Scheme<kMethod>;
+template <class Tr, QuantMethod kMethod, bool kFold>
+__global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const W4Params p) {
+  using S = Scheme<kMethod, kFold>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t token_src[Tr::kTokens];  // A row of each token of the tile, -1 = none
 
@@ -225,6 +248,11 @@ __global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
 #pragma unroll
       for (int sub = 0; sub < Tr::kSubs; ++sub) {
         if (sub >= subs) break;
+        constexpr int kSubsPerGroup = S::kGroup / kSubK;
+        const bool group_ends = sub % kSubsPerGroup == kSubsPerGroup - 1;
+        uint32_t codes = 0;
+        float scale[4];
+        if (kFold || group_ends) lane_scales<S>(s_st, sub / kSubsPerGroup, quad_row, codes, scale);
         // A: the 4 rows of this lane (mt, +8), 8 values each, as the two k16 steps' fragments.
         uint32_t a[2][2][4];  // [k step][mt][fragment register]
 #pragma unroll
@@ -234,10 +262,15 @@ __global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
             const int row = mt * 16 + h * 8 + quad_row;
             const uint32_t w = *reinterpret_cast<const uint32_t*>(w_st + Tr::w_off(row, sub) + 4 * t);
             uint32_t v[4];
-            if constexpr (S::kNibblePairs) {
-              int4_nibbles_to_bf16x2(w, v);
+            if constexpr (S::kMx) {
+              e2m1_nibbles_to_bf16x2(w, v);
+              // 2^(code - 1) folds the scale in; 2^126 alone restores the e2m1 value.
+              const uint32_t m = kFold ? pow2_bf16x2(static_cast<int>((codes >> (8 * (2 * mt + h))) & 0xFFu) - 1)
+                                       : pow2_bf16x2(126);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) v[j] = bf16x2_mul(v[j], m);
             } else {
-              e2m1_bytes_to_bf16x2(w, v);
+              int4_nibbles_to_bf16x2(w, v);
             }
             // v[0], v[1] -> k step 0 (k 2t.., k 2t+8..); v[2], v[3] -> k step 1.
             a[0][mt][h] = v[0];
@@ -251,37 +284,28 @@ __global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
           if (nt >= used_tiles) break;
           const uint4 x =
               *reinterpret_cast<const uint4*>(x_st + Tr::x_off(nt * 8 + quad_row, sub * 4 + t));  // columns 8t..8t+7
-          uint32_t b[2][2];
-          if constexpr (S::kNibblePairs) {  // (column j, column j + 4)
-            b[0][0] = __byte_perm(x.x, x.z, 0x5410);
-            b[0][1] = __byte_perm(x.x, x.z, 0x7632);
-            b[1][0] = __byte_perm(x.y, x.w, 0x5410);
-            b[1][1] = __byte_perm(x.y, x.w, 0x7632);
-          } else {  // (column 2i, column 2i + 1)
-            b[0][0] = x.x;
-            b[0][1] = x.y;
-            b[1][0] = x.z;
-            b[1][1] = x.w;
-          }
+          // (column j, column j + 4), as the A registers pair them.
+          const uint32_t b[2][2] = {{__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632)},
+                                    {__byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632)}};
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            mma_bf16_16816(part[mt][nt], a[0][mt], b[0]);
-            mma_bf16_16816(part[mt][nt], a[1][mt], b[1]);
+            float(&d)[4] = kFold ? acc[mt][nt] : part[mt][nt];
+            mma_bf16_16816(d, a[0][mt], b[0]);
+            mma_bf16_16816(d, a[1][mt], b[1]);
           }
         }
-        if ((sub + 1) % (S::kGroup / kSubK) == 0) {  // the scale group ends here: scale its partial once
-          const int q = sub / (S::kGroup / kSubK);
+        if (!kFold && group_ends) {  // the scale group ends: scale its partial once
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const float s = scale_value<kMethod>(s_st, q, mt * 16 + h * 8 + quad_row);
 #pragma unroll
               for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                  acc[mt][nt][2 * h + c] = fmaf(part[mt][nt][2 * h + c], s, acc[mt][nt][2 * h + c]);
-                  part[mt][nt][2 * h + c] = 0.0f;
+                  float& pp = part[mt][nt][2 * h + c];
+                  acc[mt][nt][2 * h + c] = fmaf(pp, scale[2 * mt + h], acc[mt][nt][2 * h + c]);
+                  pp = 0.0f;
                 }
               }
             }
@@ -324,29 +348,29 @@ __global__ void __launch_bounds__(32) w4_streaming_kernel(const W4Params p) {
   }
 }
 
-//                             n8 tiles  stages  K per stage
-using T8K128S4 = W4Traits<1, 4, 128>;
-using T16K128S4 = W4Traits<2, 4, 128>;
-using T32K128S3 = W4Traits<4, 3, 128>;
-using T8K256S3 = W4Traits<1, 3, 256>;
+//                             n8 tiles  stages  K per stage  CTAs per SM
+using T8K128S3 = W4Traits<1, 3, 128, 12>;   // 3 x (2 + 2 + 0.5) KB
+using T16K128S3 = W4Traits<2, 3, 128, 10>;  // 3 x (2 + 4 + 0.5) KB
+using T32K128S3 = W4Traits<4, 3, 128, 6>;   // 3 x (2 + 8 + 0.5) KB
+using T8K256S3 = W4Traits<1, 3, 256, 8>;    // 3 x (4 + 4 + 1) KB
 
 template <class F>
 auto with_traits(W4StreamVariant v, F&& f) {
   switch (v) {
-    case W4StreamVariant::kT8K128S4: return f(T8K128S4{});
-    case W4StreamVariant::kT16K128S4: return f(T16K128S4{});
+    case W4StreamVariant::kT8K128S3: return f(T8K128S3{});
+    case W4StreamVariant::kT16K128S3: return f(T16K128S3{});
     case W4StreamVariant::kT32K128S3: return f(T32K128S3{});
     case W4StreamVariant::kT8K256S3: return f(T8K256S3{});
   }
-  return f(T8K128S4{});
+  return f(T8K128S3{});
 }
 
-template <class Tr, QuantMethod kMethod>
+template <class Tr, QuantMethod kMethod, bool kFold = false>
 cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
-  const auto* kernel = reinterpret_cast<const void*>(w4_streaming_kernel<Tr, kMethod>);
+  const auto* kernel = reinterpret_cast<const void*>(w4_streaming_kernel<Tr, kMethod, kFold>);
   const cudaError_t e = ensure_kernel_smem(kernel, Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
-  w4_streaming_kernel<Tr, kMethod><<<static_cast<unsigned>(blocks), 32, Tr::kSmemBytes, stream>>>(p);
+  w4_streaming_kernel<Tr, kMethod, kFold><<<static_cast<unsigned>(blocks), 32, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -354,8 +378,8 @@ cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
 
 const char* w4_stream_variant_name(W4StreamVariant v) {
   switch (v) {
-    case W4StreamVariant::kT8K128S4: return "t8_k128_s4";
-    case W4StreamVariant::kT16K128S4: return "t16_k128_s4";
+    case W4StreamVariant::kT8K128S3: return "t8_k128_s3";
+    case W4StreamVariant::kT16K128S3: return "t16_k128_s3";
     case W4StreamVariant::kT32K128S3: return "t32_k128_s3";
     case W4StreamVariant::kT8K256S3: return "t8_k256_s3";
   }
@@ -436,7 +460,9 @@ Status w4_streaming_gemm(const W4StreamGemm& g, W4StreamVariant v, cudaStream_t 
   const cudaError_t e = with_traits(v, [&](auto tr) {
     using Tr = decltype(tr);
     switch (g.method) {
-      case QuantMethod::kMxfp4: return launch<Tr, QuantMethod::kMxfp4>(p, blocks, stream);
+      case QuantMethod::kMxfp4:
+        return g.mxfp4_max_code <= kMxfp4FoldMaxCode ? launch<Tr, QuantMethod::kMxfp4, true>(p, blocks, stream)
+                                                     : launch<Tr, QuantMethod::kMxfp4, false>(p, blocks, stream);
       case QuantMethod::kInt4G32: return launch<Tr, QuantMethod::kInt4G32>(p, blocks, stream);
       default: return launch<Tr, QuantMethod::kInt4G128>(p, blocks, stream);
     }

@@ -14,7 +14,10 @@
 //   b       [G, N, K/2] u8, the checkpoint's bytes (low nibble = even column),
 //           W13's rows in the kGateUpBlock order of the bf16 pipeline;
 //   b_scale [G, K/group, N]: the scales transposed so a CTA's rows of one scale
-//           group are contiguous (u8 E8M0 for mxfp4, f32 for int4), rows permuted like b.
+//           group are contiguous (u8 E8M0 for mxfp4, f32 for int4), rows permuted
+//           like b, and within each block of 32 rows row r stored at
+//           (r % 8) * 4 + r / 8, so a lane's 4 rows are one load
+//           (weight4_scale_position).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -33,16 +36,22 @@ namespace moekit::cuda {
 // Instances: 32 weight rows per CTA (one warp, one gate/up block pair), token
 // tile x K per stage x pipeline stages.
 enum class W4StreamVariant : uint8_t {
-  kT8K128S4,   // 8-token tile, K 128, 4 stages
-  kT16K128S4,  // 16-token tile, K 128, 4 stages
-  kT32K128S3,  // 32-token tile, K 128, 3 stages
-  kT8K256S3,   // 8-token tile, K 256, 3 stages (longer bursts per weight row)
+  kT8K128S3,   // 8-token tile, K 128, 3 stages (12 CTAs per SM)
+  kT16K128S3,  // 16-token tile, K 128, 3 stages (10 CTAs per SM)
+  kT32K128S3,  // 32-token tile, K 128, 3 stages (6 CTAs per SM)
+  kT8K256S3,   // 8-token tile, K 256, 3 stages (8 CTAs per SM; longer bursts per weight row)
 };
 inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
-    W4StreamVariant::kT8K128S4, W4StreamVariant::kT16K128S4, W4StreamVariant::kT32K128S3, W4StreamVariant::kT8K256S3};
+    W4StreamVariant::kT8K128S3, W4StreamVariant::kT16K128S3, W4StreamVariant::kT32K128S3, W4StreamVariant::kT8K256S3};
+// mxfp4 layers whose largest E8M0 code is at most this (scales <= 2) multiply the
+// scale into the bf16 weights exactly; others scale each group's f32 partial.
+inline constexpr int kMxfp4FoldMaxCode = 128;
 const char* w4_stream_variant_name(W4StreamVariant v);  // "t8_k128_s4", ...
 std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name);
 int w4_stream_variant_tokens(W4StreamVariant v);
+
+// Where scale row r (of N, a multiple of 32) sits within its scale group's row of b_scale.
+constexpr int64_t weight4_scale_position(int64_t r) { return r / 32 * 32 + r % 8 * 4 + r % 32 / 8; }
 
 struct W4StreamGemm {
   QuantMethod method = QuantMethod::kMxfp4;
@@ -55,6 +64,7 @@ struct W4StreamGemm {
   const int32_t* a_row_index = nullptr;
   const uint8_t* b = nullptr;
   const void* b_scale = nullptr;
+  int mxfp4_max_code = 255;  // the largest E8M0 code of b_scale (known when the weights are prepared)
   const float* bias = nullptr;  // [G, N] f32 in b's row order, added before the activation; optional
   // Epilogue: the activation (gated kinds pair gate and up rows and write N/2 columns).
   bool activation = false;
