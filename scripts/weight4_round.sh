@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The 4-bit weights on a CUDA machine: builds the 4-bit tests and the GPU
-# benchmark, runs the tests, then the benchmark's shapes x M on balanced data
-# for bf16, fp8-block and the 4-bit schemes in one process each, back to back on
-# one GPU, and prints the 4-bit table last (bench/weight4_table.py).
+# benchmark, runs the tests, then the benchmark on balanced data for bf16,
+# fp8-block and the 4-bit schemes (one process each, back to back on one GPU),
+# the 4-bit GEMM paths against each other in one process, and prints the 4-bit
+# table last (bench/weight4_table.py).
 #
 #   scripts/weight4_round.sh [RESULTS_DIR]     (default bench/results/latest)
 #
 # Environment: BUILD_DIR (default build-gpu), SCHEMES (default "bf16 fp8-block
-# mxfp4 int4_g128"), TESTS (test binaries, default the 4-bit ones and their
-# neighbours), BENCH_ARGS (extra benchmark arguments), SKIP_BENCH=1.
+# mxfp4 int4_g128"), M (token counts, default the shape list's), TESTS (test
+# binaries, default the 4-bit ones and their neighbours), BENCH_ARGS (extra
+# benchmark arguments), SKIP_TESTS=1, SKIP_BENCH=1, PATHS_M (token counts of the
+# path comparison, default "1 16 64 256"; empty skips it).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
 out="${1:-$root/bench/results/latest}"
 schemes="${SCHEMES:-bf16 fp8-block mxfp4 int4_g128}"
 tests="${TESTS:-test_weight4_cuda test_cpu_weight4 test_fp8_cuda test_layer_cuda oracle_test}"
+paths_m="${PATHS_M-1 16 64 256}"
 mkdir -p "$out"
 fail=0
 
@@ -28,27 +32,41 @@ if ! ninja -C "$build" -j"$(nproc)" moekit_gpu_bench_bin $tests >"$out/build.log
 fi
 echo "build ok in $(( $(date +%s) - t0 ))s"
 
-for t in $tests; do
-  bin="$(find "$build/tests" -type f -name "$t" -perm -u+x | head -1)"
-  if "$bin" >"$out/$t.txt" 2>&1; then
-    echo "test $t: $(grep -E '^\[  PASSED  \]' "$out/$t.txt" | tail -1)"
-  else
-    fail=1
-    echo "test $t FAILED:"; grep -E '^\[  FAILED  \]|Failure|error' "$out/$t.txt" | head -20
-  fi
-done
-grep -E '^\[ weight4' "$out/test_weight4_cuda.txt" > "$out/weight4_errors.txt" 2>/dev/null || true
+if [[ ${SKIP_TESTS:-0} != 1 ]]; then
+  for t in $tests; do
+    bin="$(find "$build/tests" -type f -name "$t" -perm -u+x | head -1)"
+    if "$bin" >"$out/$t.txt" 2>&1; then
+      echo "test $t: $(grep -E '^\[  PASSED  \]' "$out/$t.txt" | tail -1)"
+    else
+      fail=1
+      echo "test $t FAILED:"; grep -E '^\[  FAILED  \]|Failure' "$out/$t.txt" | head -20
+    fi
+  done
+  grep -E '^\[ weight4' "$out/test_weight4_cuda.txt" > "$out/weight4_errors.txt" 2>/dev/null || true
+fi
 
 if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   bench="$(find "$build/bench" -type f -name moekit_gpu_bench -perm -u+x | head -1)"
+  m_args=()
+  [[ -n ${M:-} ]] && m_args=(--m $M)
   for s in $schemes; do
     only=()
     # int4_g128 needs H and I in groups of 128: gpt-oss-120b-like (2880) is not one.
     [[ $s == int4_g128 ]] && only=(--only mixtral-8x7b qwen3-30b-a3b deepseek-v3)
     # shellcheck disable=SC2086
-    "$bench" --scheme "$s" --json "$out/$s.json" "${only[@]}" ${BENCH_ARGS:-} >"$out/$s.txt" 2>&1 || {
+    "$bench" --scheme "$s" --json "$out/$s.json" "${only[@]}" "${m_args[@]}" ${BENCH_ARGS:-} >"$out/$s.txt" 2>&1 || {
       fail=1; echo "bench $s failed:"; tail -5 "$out/$s.txt"; }
   done
+  if [[ -n $paths_m ]]; then
+    # The 4-bit paths and instances in one process: each variant's graphs timed
+    # interleaved with the default's (the variant columns are time ratios).
+    # shellcheck disable=SC2086
+    "$bench" --scheme mxfp4 --m $paths_m --json "$out/mxfp4_paths.json" ${BENCH_ARGS:-} \
+      --variant streaming:MOEKIT_SM90_W4_GEMM=streaming --variant dequant:MOEKIT_SM90_W4_GEMM=dequant \
+      --variant w1_t8:MOEKIT_SM90_W4_STREAM=w1_t8_k128_s3 >"$out/mxfp4_paths.txt" 2>&1 || {
+      fail=1; echo "bench paths failed:"; tail -5 "$out/mxfp4_paths.txt"; }
+    grep -A30 '^shape' "$out/mxfp4_paths.txt" | cut -c1-32,100-220
+  fi
   python3 "$root/bench/weight4_table.py" "$out"
 fi
 exit $fail

@@ -209,7 +209,7 @@ struct ParallelConfig {
 // correctness (every path computes the same layer). Empty = the table's choice.
 // The environment variables MOEKIT_SM90_GEMM, MOEKIT_SM90_STREAM,
 // MOEKIT_SM90_CUTLASS, MOEKIT_SM90_FP8_GEMM, MOEKIT_SM90_FP8_STREAM,
-// MOEKIT_SM90_FP8_TILE, MOEKIT_SM90_W4_STREAM and MOEKIT_CPU_GEMM override the field of that name
+// MOEKIT_SM90_FP8_TILE, MOEKIT_SM90_W4_GEMM, MOEKIT_SM90_W4_STREAM and MOEKIT_CPU_GEMM override the field of that name
 // (kernel_options_in_effect, read in one place: src/core/kernel_options.cpp).
 // A path that cannot serve a problem falls back to the table's choice; an
 // unknown name is an error (validate(), or the backend's supports() for the
@@ -221,6 +221,7 @@ struct KernelOptions {
   std::string sm90_fp8_gemm;    // fp8 GEMM path: cuda_core | cutlass | streaming
   std::string sm90_fp8_stream;  // fp8 streaming instance, or off
   std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
+  std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | dequant (moe_pipeline_weight4.h)
   std::string sm90_w4_stream;   // 4-bit streaming instance (weight4_streaming_gemm.h names)
   std::string cpu_gemm;         // cpu GEMM path: blas (f32 BLAS) | packed_bf16
 

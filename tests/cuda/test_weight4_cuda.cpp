@@ -33,6 +33,9 @@ using cuda_test::DeviceTensor;
 using testing::Weight4Layer;
 using testing::Weight4Shape;
 
+// The dequant path rounds each int4 weight (value * f32 scale) to bf16 once
+// (mxfp4 weights are exact in bf16): 2^-9 of a weight, within the bound below
+// with the intermediate rounding it shares a share of the margin with.
 // Bound (relative L2) against the cpu emulation, which keeps f32 from the
 // decoded weights to the output. The GPU multiplies the exact bf16 weight
 // values on tensor cores with f32 accumulation and scales each group's f32
@@ -59,10 +62,12 @@ struct W4Case {
   // mxfp4: some E8M0 codes above kMxfp4FoldMaxCode, so the kernel scales f32
   // partials instead of folding the scale into the bf16 weights.
   bool large_codes = false;
+  std::string path;  // kernel.sm90_w4_gemm; "" = the pipeline's choice
   std::string name() const {
     return std::string(quant_method_name(method)) + "_" + activation_name(act) + "_M" + std::to_string(shape.M) +
            "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" + std::to_string(shape.H) + "_I" +
-           std::to_string(shape.I) + (variant.empty() ? "" : "_" + variant) + (large_codes ? "_large_codes" : "");
+           std::to_string(shape.I) + (variant.empty() ? "" : "_" + variant) + (large_codes ? "_large_codes" : "") +
+           (path.empty() ? "" : "_" + path);
   }
 };
 
@@ -84,6 +89,16 @@ std::vector<W4Case> w4_cases() {
   }
   for (const Weight4Shape& shape : {Weight4Shape{1, 8, 2, 256, 128}, Weight4Shape{37, 16, 4, 288, 160}}) {
     cases.push_back({QuantMethod::kMxfp4, A::kSwigluOai, shape, "", true});
+  }
+  // The dequant path (bf16 tensor-core GEMMs on dequantized chunks of experts), forced at every size.
+  for (QuantMethod m : kMethods) {
+    const bool g128 = m == QuantMethod::kInt4G128;
+    for (A act : {A::kSiluGated, A::kSwigluOai, A::kRelu2}) {
+      for (const Weight4Shape& shape : {Weight4Shape{5, 8, 2, 256, 128},
+                                        g128 ? Weight4Shape{300, 16, 4, 384, 256} : Weight4Shape{300, 16, 4, 288, 160}}) {
+        cases.push_back({m, act, shape, "", false, "dequant"});
+      }
+    }
   }
   return cases;
 }
@@ -153,6 +168,7 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   }
   layer.config.needs_capture = layer.config.needs_replay = true;
   layer.config.kernel.sm90_w4_stream = c.variant;
+  layer.config.kernel.sm90_w4_gemm = c.path;
   const MoeConfig& cfg = layer.config;
   ASSERT_TRUE(cfg.validate().ok()) << cfg.validate().to_string();
 

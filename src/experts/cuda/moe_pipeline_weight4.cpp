@@ -6,7 +6,10 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "experts/cuda/expert_extras.h"
 #include "experts/cuda/finalize.h"
+#include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/weight4_dequant.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
 
 namespace moekit::cuda {
@@ -17,20 +20,27 @@ namespace {
 // fp8 pipelines): the f32 partials then need at most kMaxW4StreamKSplits x this
 // many rows of H, so the workspace sized for max_num_tokens holds any M.
 constexpr int64_t kSplitMaxRows = 128;
+// The dequant path's bf16 weights of one chunk of experts take at most this much
+// workspace (at least one expert).
+constexpr size_t kDequantChunkBytes = size_t{1} << 30;
 
 size_t partial_rows(int64_t pairs) {
   return static_cast<size_t>(std::max(pairs, kMaxW4StreamKSplits * std::min(pairs, kSplitMaxRows)));
 }
 
-// The instance: forced by kernel.sm90_w4_stream, else the token tile by the
-// mean rows per non-empty expert (one weight pass per tile of tokens).
+int64_t mean_rows(const ExpertsShape& s, int64_t pairs) {
+  const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
+  return (pairs + groups - 1) / groups;
+}
+
+// The streaming instance: forced by kernel.sm90_w4_stream, else the token tile
+// by the mean rows per non-empty expert (one weight pass per tile of tokens).
 W4StreamVariant variant_for(const ExpertsShape& s, int64_t pairs) {
   const KernelOptions& o = kernel_options_or_environment(s.kernel);
   if (const auto forced = parse_w4_stream_variant(o.sm90_w4_stream)) return *forced;
-  const int64_t groups = std::max<int64_t>(1, std::min(s.num_experts, pairs));
-  const int64_t rows = (pairs + groups - 1) / groups;
-  if (rows <= 8) return W4StreamVariant::kT8K128S3;
-  return rows <= 16 ? W4StreamVariant::kT16K128S3 : W4StreamVariant::kT32K128S3;
+  const int64_t rows = mean_rows(s, pairs);
+  if (rows <= 8) return W4StreamVariant::kW4T8K128S3;
+  return rows <= 16 ? W4StreamVariant::kW4T16K128S3 : W4StreamVariant::kW4T32K128S3;
 }
 
 int sm_count() {
@@ -42,8 +52,8 @@ int sm_count() {
   return sms;
 }
 
-// GEMM2 as the forward runs it, K slices included (none when batch-invariant:
-// one reduction order for every M).
+// GEMM2 as the streaming path runs it, K slices included (none when
+// batch-invariant: one reduction order for every M).
 W4StreamGemm gemm2_of(const ExpertsShape& s, QuantMethod method, int64_t pairs, W4StreamVariant v) {
   W4StreamGemm g;
   g.method = method;
@@ -57,39 +67,29 @@ W4StreamGemm gemm2_of(const ExpertsShape& s, QuantMethod method, int64_t pairs, 
   return g;
 }
 
-}  // namespace
-
-Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
-  const int64_t pairs = num_tokens * s.top_k;
-  Weight4WorkspaceLayout l;
-  size_t c = 0;
-  static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
-  l.intermediate = take_workspace(&c, static_cast<size_t>(pairs * s.intermediate) * 2);
-  l.partials = take_workspace(&c, partial_rows(pairs) * static_cast<size_t>(s.hidden) * sizeof(float));
-  l.total = c;
-  return l;
+int64_t dequant_chunk_experts(const ExpertsShape& s) {
+  const size_t per_expert = static_cast<size_t>(std::max(s.n1() * s.hidden, s.hidden * s.intermediate)) * 2;
+  return std::clamp<int64_t>(static_cast<int64_t>(kDequantChunkBytes / per_expert), 1, s.num_experts);
 }
 
-std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
-  const int64_t pairs = num_tokens * s.top_k;
-  const W4StreamVariant v = variant_for(s, pairs);
-  return std::string("4-bit (") + quant_method_name(method) + ") streaming GEMMs " + w4_stream_variant_name(v) +
-         ", GEMM2 in " + std::to_string(gemm2_of(s, method, pairs, v).k_splits) + " K slice(s)";
+// The bf16 GEMMs of one chunk of `experts` experts (the bf16 pipeline's problems).
+GroupedGemmProblem chunk_gemm1(const ExpertsShape& s, int64_t num_tokens, int64_t experts) {
+  GroupedGemmProblem p = gemm1_problem(s, num_tokens);
+  p.num_groups = experts;
+  p.gather_room = false;  // every buffer of the forward is busy across chunks
+  return p;
+}
+GroupedGemmProblem chunk_gemm2(const ExpertsShape& s, int64_t num_tokens, int64_t experts) {
+  GroupedGemmProblem p = gemm2_problem(s, num_tokens);
+  p.num_groups = experts;
+  return p;
 }
 
-Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
-                           cudaStream_t stream) {
-  const int64_t M = run.num_tokens, pairs = M * s.top_k;
-  const Weight4WorkspaceLayout l = weight4_workspace_layout(s, M);
+Status run_streaming(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
+                     const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
+  const int64_t pairs = run.num_tokens * s.top_k;
   char* ws = run.workspace;
-  MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
-  if (M == 0) return Status::Ok();
-  const auto* group_start = reinterpret_cast<const int32_t*>(ws + l.group_start);
-  const auto* group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows);
-  auto* intermediate = reinterpret_cast<uint16_t*>(ws + l.intermediate);
-  auto* partials = reinterpret_cast<float*>(ws + l.partials);
   const W4StreamVariant v = variant_for(s, pairs);
-
   W4StreamGemm g1;
   g1.method = w.method;
   g1.num_groups = s.num_experts;
@@ -104,28 +104,148 @@ Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w,
   g1.bias = s.expert_bias ? w.w13_bias : nullptr;
   g1.activation = true;
   g1.act = s.activation;
-  g1.c = intermediate;
-  g1.group_start = group_start;
-  g1.group_rows = group_rows;
+  g1.c = ws + l.intermediate;
+  g1.group_start = reinterpret_cast<const int32_t*>(ws + l.group_start);
+  g1.group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows);
   MOEKIT_RETURN_IF_ERROR(w4_streaming_gemm(g1, v, stream));
 
   W4StreamGemm g2 = gemm2_of(s, w.method, pairs, v);
-  g2.a = intermediate;
+  g2.a = reinterpret_cast<const uint16_t*>(ws + l.intermediate);
   g2.b = w.w2;
   g2.b_scale = w.w2_scale;
   g2.mxfp4_max_code = w.mxfp4_max_code;
-  g2.c = partials;
-  g2.group_start = group_start;
-  g2.group_rows = group_rows;
+  g2.c = ws + l.partials;
+  g2.group_start = g1.group_start;
+  g2.group_rows = g1.group_rows;
   MOEKIT_RETURN_IF_ERROR(w4_streaming_gemm(g2, v, stream));
+  fa->expert_partials = reinterpret_cast<const float*>(ws + l.partials);
+  fa->k_splits = g2.k_splits;
+  fa->partial_rows = pairs;
+  return Status::Ok();
+}
 
+Status run_dequant(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
+                   const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
+  const int64_t M = run.num_tokens, E = s.num_experts, N1 = s.n1(), H = s.hidden, I = s.intermediate;
+  char* ws = run.workspace;
+  const auto* group_start = reinterpret_cast<const int32_t*>(ws + l.group_start);
+  const auto* group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows);
+  auto* bf16_weights = reinterpret_cast<uint16_t*>(ws + l.dequant);
+  auto* inter = reinterpret_cast<uint16_t*>(ws + l.intermediate);
+  auto* y = reinterpret_cast<uint16_t*>(ws + l.partials);  // [M·k, H] bf16
+  for (int64_t e0 = 0; e0 < E; e0 += l.chunk_experts) {
+    const int64_t ec = std::min(l.chunk_experts, E - e0);
+    Weight4DequantArgs d;
+    d.method = w.method;
+    d.num_experts = ec;
+    d.first_expert = e0;
+    d.n = N1;
+    d.k = H;
+    d.packed = w.w13;
+    d.scales = w.w13_scale;
+    d.out = bf16_weights;
+    MOEKIT_RETURN_IF_ERROR(dequantize_weight4(d, stream));
+    GroupedGemmArgs g1;
+    g1.a = run.hidden;
+    g1.a_row_index = reinterpret_cast<const int32_t*>(ws + l.row_token);
+    g1.b = bf16_weights;
+    g1.c = s.expert_bias ? static_cast<void*>(ws + l.gemm1_raw) : inter;
+    g1.group_start = group_start + e0;
+    g1.group_rows = group_rows + e0;
+    g1.workspace = ws + l.gemm1_scratch;
+    MOEKIT_RETURN_IF_ERROR(grouped_gemm(chunk_gemm1(s, M, ec), g1, stream));
+    if (s.expert_bias) {
+      BiasActivationArgs ba;
+      ba.max_rows = M * s.top_k;
+      ba.num_groups = ec;
+      ba.n1 = N1;
+      ba.intermediate = I;
+      ba.activation = s.activation;
+      ba.gemm1_out = reinterpret_cast<const uint16_t*>(ws + l.gemm1_raw);
+      ba.bias = w.w13_bias + e0 * N1;
+      ba.group_start = group_start + e0;
+      ba.group_rows = group_rows + e0;
+      ba.inter = inter;
+      MOEKIT_RETURN_IF_ERROR(bias_activation(ba, stream));
+    }
+    d.n = H;
+    d.k = I;
+    d.packed = w.w2;
+    d.scales = w.w2_scale;
+    MOEKIT_RETURN_IF_ERROR(dequantize_weight4(d, stream));
+    GroupedGemmArgs g2;
+    g2.a = inter;
+    g2.b = bf16_weights;
+    g2.c = y;
+    g2.group_start = group_start + e0;
+    g2.group_rows = group_rows + e0;
+    g2.workspace = ws + l.gemm2_scratch;
+    MOEKIT_RETURN_IF_ERROR(grouped_gemm(chunk_gemm2(s, M, ec), g2, stream));
+  }
+  fa->expert_out = y;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, int64_t num_tokens) {
+  const KernelOptions& o = kernel_options_or_environment(s.kernel);
+  if (o.sm90_w4_gemm == "streaming") return Weight4GemmPath::kStreaming;
+  if (o.sm90_w4_gemm == "dequant") return Weight4GemmPath::kDequant;
+  if (s.batch_invariant) return Weight4GemmPath::kStreaming;
+  return mean_rows(s, num_tokens * s.top_k) > kWeight4DequantMinRows ? Weight4GemmPath::kDequant
+                                                                : Weight4GemmPath::kStreaming;
+}
+
+Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
+  const int64_t pairs = num_tokens * s.top_k;
+  Weight4WorkspaceLayout l;
+  size_t c = 0;
+  static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
+  l.intermediate = take_workspace(&c, static_cast<size_t>(pairs * s.intermediate) * 2);
+  l.partials = take_workspace(&c, partial_rows(pairs) * static_cast<size_t>(s.hidden) * sizeof(float));
+  if (weight4_gemm_path(s, num_tokens) == Weight4GemmPath::kDequant) {
+    l.chunk_experts = dequant_chunk_experts(s);
+    const size_t per_expert = static_cast<size_t>(std::max(s.n1() * s.hidden, s.hidden * s.intermediate)) * 2;
+    l.dequant = take_workspace(&c, static_cast<size_t>(l.chunk_experts) * per_expert);
+    if (s.expert_bias) l.gemm1_raw = take_workspace(&c, static_cast<size_t>(pairs * s.n1()) * 2);
+    l.gemm1_scratch = take_workspace(&c, grouped_gemm_workspace_size(chunk_gemm1(s, num_tokens, l.chunk_experts)));
+    l.gemm2_scratch = take_workspace(&c, grouped_gemm_workspace_size(chunk_gemm2(s, num_tokens, l.chunk_experts)));
+  }
+  l.total = c;
+  return l;
+}
+
+std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
+  const int64_t pairs = num_tokens * s.top_k;
+  if (weight4_gemm_path(s, num_tokens) == Weight4GemmPath::kDequant) {
+    const int64_t chunk = dequant_chunk_experts(s);
+    return std::string("4-bit (") + quant_method_name(method) + ") dequantized to bf16, " +
+           std::to_string(chunk) + " expert(s) at a time; GEMM1 " +
+           grouped_gemm_plan(chunk_gemm1(s, num_tokens, chunk)) + "; GEMM2 " +
+           grouped_gemm_plan(chunk_gemm2(s, num_tokens, chunk));
+  }
+  const W4StreamVariant v = variant_for(s, pairs);
+  return std::string("4-bit (") + quant_method_name(method) + ") streaming GEMMs " + w4_stream_variant_name(v) +
+         ", GEMM2 in " + std::to_string(gemm2_of(s, method, pairs, v).k_splits) + " K slice(s)";
+}
+
+Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
+                           cudaStream_t stream) {
+  const int64_t M = run.num_tokens;
+  const Weight4WorkspaceLayout l = weight4_workspace_layout(s, M);
+  char* ws = run.workspace;
+  MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
+  if (M == 0) return Status::Ok();
   FinalizeArgs fa;
+  if (weight4_gemm_path(s, M) == Weight4GemmPath::kDequant) {
+    MOEKIT_RETURN_IF_ERROR(run_dequant(s, w, run, l, &fa, stream));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(run_streaming(s, w, run, l, &fa, stream));
+  }
   fa.num_tokens = M;
   fa.top_k = s.top_k;
   fa.hidden = s.hidden;
-  fa.expert_partials = partials;
-  fa.k_splits = g2.k_splits;
-  fa.partial_rows = pairs;
   fa.pair_row = reinterpret_cast<const int32_t*>(ws + l.pair_row);
   fa.topk_weights = run.topk_weights;
   fa.out = run.out;

@@ -1,12 +1,16 @@
 // The expert stages of the 4-bit weight schemes (mxfp4, int4_g32, int4_g128;
 // W4A16: bf16 activations, f32 accumulation), shared by Sm90Modular and
-// Sm90Monolithic so both give bitwise-equal outputs: align by expert ->
-// GEMM1 on the packed weights with bias and activation in its epilogue (bf16
-// intermediate) -> GEMM2 on the packed weights (f32, K slices where few rows
-// would leave SMs idle) -> weighted top-k reduction with the w2 bias
-// (finalize.h). Both GEMMs stream the packed bytes and unpack them in registers
-// (weight4_streaming_gemm.h). One stream, the caller's workspace, no
-// allocation, no host synchronization.
+// Sm90Monolithic so both give bitwise-equal outputs. Two paths, by rows per
+// expert (weight4_gemm_path):
+//   streaming (decode): align by expert -> GEMM1 on the packed weights with bias
+//     and activation in its epilogue (bf16 intermediate) -> GEMM2 on the packed
+//     weights (f32, K slices where few rows would leave SMs idle) -> weighted
+//     top-k reduction with the w2 bias (finalize.h). Both GEMMs stream the packed
+//     bytes once and unpack them in registers (weight4_streaming_gemm.h).
+//   dequant (prefill): align -> for each chunk of experts, the weights
+//     dequantized to bf16 (weight4_dequant.h) and the bf16 tensor-core grouped
+//     GEMMs of the bf16 pipeline on that chunk's rows -> finalize.
+// One stream, the caller's workspace, no allocation, no host synchronization.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -29,7 +33,13 @@ namespace moekit::cuda {
 // router writes them in the same place whichever pipeline follows.
 struct Weight4WorkspaceLayout : PairWorkspaceLayout {
   size_t intermediate = 0;  // [M·k, I] bf16: act(GEMM1 + bias) per permuted row
-  size_t partials = 0;      // [k_splits, M·k, H] f32: GEMM2's K-slice partial sums
+  size_t partials = 0;      // [k_splits, M·k, H] f32: GEMM2's K-slice partial sums (dequant: [M·k, H] bf16)
+  // The dequant path only (size 0 otherwise):
+  int64_t chunk_experts = 0;  // experts dequantized at a time
+  size_t dequant = 0;         // [chunk_experts, max(N1·H, H·I)] bf16: one chunk's W13, then its W2
+  size_t gemm1_raw = 0;       // [M·k, N1] bf16: GEMM1 before bias and activation (expert_bias)
+  size_t gemm1_scratch = 0;   // grouped_gemm_workspace_size of one chunk's GEMM1
+  size_t gemm2_scratch = 0;
   size_t total = 0;
 };
 Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
@@ -45,6 +55,15 @@ struct Weight4ExpertWeights {
   const float* w13_bias = nullptr;   // [E, N1] f32 in W13's row order, iff s.expert_bias
   const float* w2_bias = nullptr;    // [E, H] f32, iff s.expert_bias
 };
+
+enum class Weight4GemmPath { kStreaming, kDequant };
+// Mean rows per non-empty expert above which the dequant path runs. Measured on
+// the H200 in one process (bench --variant MOEKIT_SM90_W4_GEMM=..., bench/results/h200_v11).
+inline constexpr int64_t kWeight4DequantMinRows = 64;
+// The path of a forward of M tokens: kernel.sm90_w4_gemm (streaming | dequant)
+// when set; else streaming when batch-invariant (one path for every M) or while
+// experts get few rows, dequant above kWeight4DequantMinRows rows per expert.
+Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, int64_t num_tokens);
 
 // The GEMM path and instance of a forward of M tokens, one line (for gemm_plan).
 std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);

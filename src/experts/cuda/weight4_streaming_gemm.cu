@@ -43,11 +43,14 @@ using sm90::detail::nth_taken_group;
 using sm90::detail::smem_addr;
 using sm90::detail::store_out;
 
-constexpr int kRows = 32;  // weight rows per CTA (one warp): one gate/up block pair
+constexpr int kRows = 32;  // weight rows per warp: one gate/up block pair
 constexpr int kSubK = 32;  // columns per sub-block: 16 bytes of a row, two k16 steps
 
-template <int kTokenTiles_, int kStages_, int kBlockK_, int kMinBlocks_>
+template <int kWarps_, int kTokenTiles_, int kStages_, int kBlockK_, int kMinBlocks_>
 struct W4Traits {
+  static constexpr int kWarps = kWarps_;            // warps per CTA, 32 weight rows each, sharing the token tile
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowsCta = kRows * kWarps;
   static constexpr int kTokenTiles = kTokenTiles_;  // n8 MMA tiles per token tile
   static constexpr int kTokens = 8 * kTokenTiles;
   static constexpr int kStages = kStages_;
@@ -56,23 +59,25 @@ struct W4Traits {
   static constexpr int kSubs = kBlockK / kSubK;
   static constexpr int kWRowBytes = kBlockK / 2;    // packed bytes of a row per stage
   static constexpr int kWChunks = kWRowBytes / 16;
-  static constexpr int kWStageBytes = kRows * kWRowBytes;
+  static constexpr int kWStageBytes = kRowsCta * kWRowBytes;
   static constexpr int kXChunks = kBlockK / 8;      // 16-byte chunks of a bf16 token row per stage
   static constexpr int kXStageBytes = kTokens * kBlockK * 2;
-  static constexpr int kSStageBytes = kBlockK * 4;  // scales: at most one f32 per 32 columns per row
+  static constexpr int kSStageBytes = kRowsCta * kBlockK / kSubK * 4;  // at most one f32 per 32 columns per row
   static constexpr int kStageBytes = kWStageBytes + kXStageBytes + kSStageBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  // cp.async of 16 bytes per thread per stage: weights and token rows (whole multiples).
+  static constexpr int kWLoads = kRowsCta * kWChunks / kThreads;
+  static constexpr int kXLoads = (kTokens * kXChunks + kThreads - 1) / kThreads;
   static_assert(kBlockK == 128 || kBlockK == 256, "the weight swizzle is written for 4 or 8 chunks per row");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(2 * kGateUpBlock == kRows, "a warp owns exactly one gate/up block pair");
+  static_assert(kThreads % kWChunks == 0 && kThreads % kXChunks == 0, "a thread keeps its chunk column");
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "the CTAs the registers allow must fit in shared memory");
 
-  // Byte offset of 16-byte chunk `ch` of weight row `row`: the 8 rows of a
-  // quad-row load land in 8 different bank groups.
-  __device__ static int w_off(int row, int ch) {
-    const int sw = kWChunks == 4 ? (row >> 1) & 3 : row & 7;
-    return row * kWRowBytes + ((ch ^ sw) << 4);
-  }
+  // The swizzle of weight row `row`: the 8 rows of a quad-row load land in 8
+  // different bank groups (the same for a lane's 4 rows, 8 apart).
+  __device__ static int w_swizzle(int row) { return kWChunks == 4 ? (row >> 1) & 3 : row & 7; }
+  __device__ static int w_off(int row, int ch) { return row * kWRowBytes + ((ch ^ w_swizzle(row)) << 4); }
   // Token rows: the two rows of a quarter-warp's 16-byte loads in different bank halves.
   __device__ static int x_off(int row, int ch) { return row * (kBlockK * 2) + ((ch ^ ((row & 1) << 2)) << 4); }
 };
@@ -136,21 +141,22 @@ __device__ __forceinline__ uint32_t pow2_bf16x2(int e) {
   return h | (h << 16);
 }
 
-// The 4 scales of a lane's rows (quad_row + 8 i, i = 0..3) in scale group q: the
-// prepared layout stores each 32-row block's row r at (r % 8) * 4 + r / 8
-// (weight4_scale_position), so they are one 4- or 16-byte load.
-template <class S>
-__device__ __forceinline__ void lane_scales(const uint8_t* s_stage, int q, int quad_row, uint32_t& codes,
+// The 4 scales of a lane's rows (quad_row + 8 i, i = 0..3, of its warp's 32) in
+// the stage's scale group q, [groups][rows of the CTA]: the prepared layout stores
+// each 32-row block's row r at (r % 8) * 4 + r / 8 (weight4_scale_position), so
+// they are one 4- or 16-byte load at `lane_at` = 32 * warp + 4 * quad_row.
+template <class S, class Tr>
+__device__ __forceinline__ void lane_scales(const uint8_t* s_stage, int q, int lane_at, uint32_t& codes,
                                             float (&f)[4]) {
   if constexpr (S::kMx) {
-    codes = *reinterpret_cast<const uint32_t*>(s_stage + q * kRows + 4 * quad_row);
+    codes = *reinterpret_cast<const uint32_t*>(s_stage + q * Tr::kRowsCta + lane_at);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t c = (codes >> (8 * i)) & 0xFFu;
       f[i] = c == 0 ? 0x1p-127f : __uint_as_float(c << 23);  // 2^(c - 127); 255 never reaches the GPU
     }
   } else {
-    const float4 v = *reinterpret_cast<const float4*>(s_stage + (q * kRows + 4 * quad_row) * 4);
+    const float4 v = *reinterpret_cast<const float4*>(s_stage + (q * Tr::kRowsCta + lane_at) * 4);
     f[0] = v.x;
     f[1] = v.y;
     f[2] = v.z;
@@ -158,65 +164,98 @@ __device__ __forceinline__ void lane_scales(const uint8_t* s_stage, int q, int q
   }
 }
 
+// bf16 pair of 2^(code - 1) for E8M0 byte i of `codes` (code <= 128): the
+// exponent field code + 126 in both halves.
+__device__ __forceinline__ uint32_t fold_multiplier(uint32_t codes, int i) {
+  const uint32_t c = (codes >> (8 * i)) & 0xFFu;
+  return c * 0x00800080u + 0x3F003F00u;
+}
+
 template <class Tr, QuantMethod kMethod, bool kFold>
-__global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const W4Params p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) w4_streaming_kernel(const W4Params p) {
   using S = Scheme<kMethod, kFold>;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t token_src[Tr::kTokens];  // A row of each token of the tile, -1 = none
 
-  const int lane = threadIdx.x, quad_row = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad_row = lane >> 2, t = lane & 3;
   const int split = blockIdx.x % p.k_splits;
   const int j = blockIdx.x / p.k_splits / p.n_slabs;
   const int slab = blockIdx.x / p.k_splits % p.n_slabs;
   auto taken = [&](int gr) { return p.group_rows[gr] > 0; };
-  const int g = nth_taken_group<32>(j, p.num_groups, taken);
+  const int g = nth_taken_group<Tr::kThreads>(j, p.num_groups, taken);
   if (g < 0) return;
 
   const int rows = p.group_rows[g];
   const int row0 = p.group_start[g];
-  const int n0 = slab * kRows;
+  const int n0 = slab * Tr::kRowsCta;
+  const int cta_rows = min(Tr::kRowsCta, p.n - n0);  // a multiple of 32: warps past it only keep the barriers
+  const bool warp_active = warp * kRows < cta_rows;
   const int kb = p.k / 2;  // packed bytes per weight row
   const uint8_t* w_slab = p.b + (static_cast<int64_t>(g) * p.n + n0) * kb;
-  const int scale_groups = p.k / S::kGroup;
-  const uint8_t* s_expert = p.b_scale + static_cast<int64_t>(g) * scale_groups * p.n * S::kScaleBytes;
+  const int64_t scale_row_bytes = static_cast<int64_t>(p.n) * S::kScaleBytes;  // one scale group's row of b_scale
+  const uint8_t* s_slab = p.b_scale + static_cast<int64_t>(g) * (p.k / S::kGroup) * scale_row_bytes + n0 * S::kScaleBytes;
   const int all_k_tiles = (p.k + Tr::kBlockK - 1) / Tr::kBlockK;
   const int kt_begin = static_cast<int>(static_cast<int64_t>(all_k_tiles) * split / p.k_splits);
   const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (split + 1) / p.k_splits) - kt_begin;
   void* const c_out = p.k_splits > 1 ? static_cast<void*>(static_cast<float*>(p.c) + split * p.c_split_stride) : p.c;
   const uint32_t smem_base = smem_addr(smem);
 
+  // What this thread copies each stage, fixed for the CTA: weight chunks
+  // (row w_row0 + i * kThreads / kWChunks, chunk w_ch), token chunks likewise, and
+  // (for the first threads) one 16-byte piece of the scales.
+  const int w_ch = tid % Tr::kWChunks, w_row0 = tid / Tr::kWChunks;
+  const int x_ch = tid % Tr::kXChunks, x_row0 = tid / Tr::kXChunks;
+  constexpr int kWRowStep = Tr::kThreads / Tr::kWChunks, kXRowStep = Tr::kThreads / Tr::kXChunks;
+  constexpr int kSPiecesPerGroup = Tr::kRowsCta * S::kScaleBytes / 16;
+  constexpr int kSPieces = Tr::kBlockK / S::kGroup * kSPiecesPerGroup;
+  static_assert(kSPieces <= Tr::kThreads, "one scale piece per thread at most");
+  const int s_q = tid / kSPiecesPerGroup, s_piece = tid % kSPiecesPerGroup;
+  const bool s_loads = tid < kSPieces && s_piece * 16 / S::kScaleBytes < cta_rows;
+
+  // Reading: this lane's rows (mt, h) of its warp are w_lane + (16 mt + 8 h) rows, all with one swizzle.
+  const int lane_row = warp * kRows + quad_row;
+  const int w_lane = lane_row * Tr::kWRowBytes + 4 * t, w_sw = Tr::w_swizzle(lane_row);
+  const int x_sw = (quad_row & 1) << 2;
+
   for (int t0 = 0; t0 < rows; t0 += Tr::kTokens) {
     const int tokens = min(Tr::kTokens, rows - t0);
     const int used_tiles = (tokens + 7) / 8;
-    for (int i = lane; i < Tr::kTokens; i += 32) {
+    for (int i = tid; i < Tr::kTokens; i += Tr::kThreads) {
       const int r = row0 + t0 + i;
       token_src[i] = i < tokens ? (p.a_row_index ? p.a_row_index[r] : r) : -1;
     }
-    __syncwarp();
+    __syncthreads();
+    const __nv_bfloat16* x_src[Tr::kXLoads];  // each loaded token row's first column, or null
+#pragma unroll
+    for (int i = 0; i < Tr::kXLoads; ++i) {
+      const int r = x_row0 + i * kXRowStep;
+      const int src = r < used_tiles * 8 ? token_src[r] : -1;
+      x_src[i] = src >= 0 ? p.a + static_cast<int64_t>(src) * p.k + x_ch * 8 : nullptr;
+    }
 
-    // Stage layout: weights (swizzled rows), token rows (swizzled), scales [groups][kRows].
     auto load_stage = [&](int stage, int kt) {
       const int k0 = (kt_begin + kt) * Tr::kBlockK;
       const int k_valid = min(Tr::kBlockK, p.k - k0);  // a multiple of the scale group
       const uint32_t ws = smem_base + stage * Tr::kStageBytes;
       const uint32_t xs = ws + Tr::kWStageBytes, ss = xs + Tr::kXStageBytes;
+      if (w_ch * kSubK < k_valid) {
+        const uint8_t* src = w_slab + k0 / 2 + w_ch * 16;
 #pragma unroll
-      for (int i = lane; i < kRows * Tr::kWChunks; i += 32) {
-        const int r = i / Tr::kWChunks, ch = i % Tr::kWChunks;
-        if (ch * kSubK < k_valid) cp_async_16(ws + Tr::w_off(r, ch), w_slab + static_cast<int64_t>(r) * kb + k0 / 2 + ch * 16, 16);
+        for (int i = 0; i < Tr::kWLoads; ++i) {
+          const int r = w_row0 + i * kWRowStep;
+          if (r < cta_rows) cp_async_16(ws + Tr::w_off(r, w_ch), src + static_cast<int64_t>(r) * kb, 16);
+        }
       }
-      const int groups = k_valid / S::kGroup, chunks_per_group = kRows * S::kScaleBytes / 16;
-      for (int i = lane; i < groups * chunks_per_group; i += 32) {
-        const int q = i / chunks_per_group, ch = i % chunks_per_group;
-        const uint8_t* src = s_expert + (static_cast<int64_t>(k0 / S::kGroup + q) * p.n + n0) * S::kScaleBytes;
-        cp_async_16(ss + q * kRows * S::kScaleBytes + ch * 16, src + ch * 16, 16);
+      if (x_ch * 8 < k_valid) {
+#pragma unroll
+        for (int i = 0; i < Tr::kXLoads; ++i) {
+          const int r = x_row0 + i * kXRowStep;
+          // Rows of used n8 tiles without a token are zero-filled (their products are never stored).
+          if (r < used_tiles * 8) cp_async_16(xs + Tr::x_off(r, x_ch), x_src[i] ? x_src[i] + k0 : p.a, x_src[i] ? 16 : 0);
+        }
       }
-      for (int i = lane; i < used_tiles * 8 * Tr::kXChunks; i += 32) {
-        const int r = i / Tr::kXChunks, ch = i % Tr::kXChunks;
-        if (ch * 8 >= k_valid) continue;
-        const int src = token_src[r];
-        const __nv_bfloat16* ptr = src >= 0 ? p.a + static_cast<int64_t>(src) * p.k + k0 + ch * 8 : p.a;
-        cp_async_16(xs + Tr::x_off(r, ch), ptr, src >= 0 ? 16 : 0);
+      if (s_loads && s_q * S::kGroup < k_valid) {
+        cp_async_16(ss + tid * 16, s_slab + (k0 / S::kGroup + s_q) * scale_row_bytes + s_piece * 16, 16);
       }
     };
 
@@ -235,10 +274,11 @@ __global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const 
     }
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<Tr::kStages - 2>();
-      __syncwarp();  // stage kt landed for every lane; stage kt-1 is no longer read
+      __syncthreads();  // stage kt landed for every thread; stage kt-1 is no longer read
       const int next = kt + Tr::kStages - 1;
       if (next < k_tiles) load_stage(next % Tr::kStages, next);
       cp_async_commit();
+      if (!warp_active) continue;
 
       const int stage = kt % Tr::kStages;
       const uint8_t* w_st = smem + stage * Tr::kStageBytes;
@@ -252,23 +292,22 @@ __global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const 
         const bool group_ends = sub % kSubsPerGroup == kSubsPerGroup - 1;
         uint32_t codes = 0;
         float scale[4];
-        if (kFold || group_ends) lane_scales<S>(s_st, sub / kSubsPerGroup, quad_row, codes, scale);
+        if (kFold || group_ends) lane_scales<S, Tr>(s_st, sub / kSubsPerGroup, warp * kRows + 4 * quad_row, codes, scale);
         // A: the 4 rows of this lane (mt, +8), 8 values each, as the two k16 steps' fragments.
+        const uint8_t* w_sub = w_st + w_lane + ((sub ^ w_sw) << 4);
         uint32_t a[2][2][4];  // [k step][mt][fragment register]
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int row = mt * 16 + h * 8 + quad_row;
-            const uint32_t w = *reinterpret_cast<const uint32_t*>(w_st + Tr::w_off(row, sub) + 4 * t);
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(w_sub + (16 * mt + 8 * h) * Tr::kWRowBytes);
             uint32_t v[4];
             if constexpr (S::kMx) {
               e2m1_nibbles_to_bf16x2(w, v);
               // 2^(code - 1) folds the scale in; 2^126 alone restores the e2m1 value.
-              const uint32_t m = kFold ? pow2_bf16x2(static_cast<int>((codes >> (8 * (2 * mt + h))) & 0xFFu) - 1)
-                                       : pow2_bf16x2(126);
+              const uint32_t m = kFold ? fold_multiplier(codes, 2 * mt + h) : 0x7E807E80u;
 #pragma unroll
-              for (int j = 0; j < 4; ++j) v[j] = bf16x2_mul(v[j], m);
+              for (int jj = 0; jj < 4; ++jj) v[jj] = bf16x2_mul(v[jj], m);
             } else {
               int4_nibbles_to_bf16x2(w, v);
             }
@@ -282,8 +321,9 @@ __global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const 
 #pragma unroll
         for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
           if (nt >= used_tiles) break;
-          const uint4 x =
-              *reinterpret_cast<const uint4*>(x_st + Tr::x_off(nt * 8 + quad_row, sub * 4 + t));  // columns 8t..8t+7
+          // Columns 8t..8t+7 of token row nt*8 + quad_row (x_off with its row's swizzle).
+          const uint4 x = *reinterpret_cast<const uint4*>(x_st + (nt * 8 + quad_row) * (Tr::kBlockK * 2) +
+                                                          (((sub * 4 + t) ^ x_sw) << 4));
           // (column j, column j + 4), as the A registers pair them.
           const uint32_t b[2][2] = {{__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632)},
                                     {__byte_perm(x.y, x.w, 0x5410), __byte_perm(x.y, x.w, 0x7632)}};
@@ -315,54 +355,57 @@ __global__ void __launch_bounds__(32, Tr::kMinBlocks) w4_streaming_kernel(const 
     }
     cp_async_wait<0>();
 
-    // ---- Epilogue. acc[mt][nt][i]: weight row mt*16 + lane/4 (+8 for i >= 2),
+    // ---- Epilogue. acc[mt][nt][i]: weight row n0w + mt*16 + lane/4 (+8 for i >= 2),
     // token nt*8 + 2*(lane%4) + (i & 1).
-    const float* bias = p.bias ? p.bias + static_cast<int64_t>(g) * p.n + n0 : nullptr;
+    if (warp_active) {
+      const int n0w = n0 + warp * kRows;
+      const float* bias = p.bias ? p.bias + static_cast<int64_t>(g) * p.n + n0w : nullptr;
 #pragma unroll
-    for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
-      if (nt >= used_tiles) break;
+      for (int nt = 0; nt < Tr::kTokenTiles; ++nt) {
+        if (nt >= used_tiles) break;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = nt * 8 + 2 * t + (i & 1);
-        if (tok >= tokens) continue;
-        const int64_t out_row = static_cast<int64_t>(row0 + t0 + tok) * p.n_out;
-        const int m = quad_row + (i >= 2 ? 8 : 0);
-        float v0 = acc[0][nt][i], v1 = acc[1][nt][i];
-        if (bias) {
-          v0 += bias[m];
-          v1 += bias[16 + m];
-        }
-        if (p.gated) {  // kGateUpBlock layout: gate rows (mt 0) and up rows (mt 1) of 16 intermediate columns
-          store_out(c_out, p.out_f32, out_row + (n0 >> 1) + m, gated_activation(p.act, v0, v1));
-        } else {
-          if (p.activation) {
-            v0 = plain_activation(p.act, v0);
-            v1 = plain_activation(p.act, v1);
+        for (int i = 0; i < 4; ++i) {
+          const int tok = nt * 8 + 2 * t + (i & 1);
+          if (tok >= tokens) continue;
+          const int64_t out_row = static_cast<int64_t>(row0 + t0 + tok) * p.n_out;
+          const int m = quad_row + (i >= 2 ? 8 : 0);
+          float v0 = acc[0][nt][i], v1 = acc[1][nt][i];
+          if (bias) {
+            v0 += bias[m];
+            v1 += bias[16 + m];
           }
-          store_out(c_out, p.out_f32, out_row + n0 + m, v0);
-          store_out(c_out, p.out_f32, out_row + n0 + 16 + m, v1);
+          if (p.gated) {  // kGateUpBlock layout: gate rows (mt 0) and up rows (mt 1) of 16 intermediate columns
+            store_out(c_out, p.out_f32, out_row + (n0w >> 1) + m, gated_activation(p.act, v0, v1));
+          } else {
+            if (p.activation) {
+              v0 = plain_activation(p.act, v0);
+              v1 = plain_activation(p.act, v1);
+            }
+            store_out(c_out, p.out_f32, out_row + n0w + m, v0);
+            store_out(c_out, p.out_f32, out_row + n0w + 16 + m, v1);
+          }
         }
       }
     }
-    __syncwarp();  // token_src and the stages are reused by the next token tile
+    __syncthreads();  // token_src and the stages are reused by the next token tile
   }
 }
 
-//                             n8 tiles  stages  K per stage  CTAs per SM
-using T8K128S3 = W4Traits<1, 3, 128, 12>;   // 3 x (2 + 2 + 0.5) KB
-using T16K128S3 = W4Traits<2, 3, 128, 10>;  // 3 x (2 + 4 + 0.5) KB
-using T32K128S3 = W4Traits<4, 3, 128, 6>;   // 3 x (2 + 8 + 0.5) KB
-using T8K256S3 = W4Traits<1, 3, 256, 8>;    // 3 x (4 + 4 + 1) KB
+//                           warps  n8 tiles  stages  K per stage  CTAs per SM
+using W1T8K128S3 = W4Traits<1, 1, 3, 128, 12>;  // 3 x (2 + 2 + 0.5) KB
+using W4T8K128S3 = W4Traits<4, 1, 3, 128, 4>;   // 3 x (8 + 2 + 2) KB
+using W4T16K128S3 = W4Traits<4, 2, 3, 128, 4>;  // 3 x (8 + 4 + 2) KB
+using W4T32K128S3 = W4Traits<4, 4, 3, 128, 3>;  // 3 x (8 + 8 + 2) KB
 
 template <class F>
 auto with_traits(W4StreamVariant v, F&& f) {
   switch (v) {
-    case W4StreamVariant::kT8K128S3: return f(T8K128S3{});
-    case W4StreamVariant::kT16K128S3: return f(T16K128S3{});
-    case W4StreamVariant::kT32K128S3: return f(T32K128S3{});
-    case W4StreamVariant::kT8K256S3: return f(T8K256S3{});
+    case W4StreamVariant::kW1T8K128S3: return f(W1T8K128S3{});
+    case W4StreamVariant::kW4T8K128S3: return f(W4T8K128S3{});
+    case W4StreamVariant::kW4T16K128S3: return f(W4T16K128S3{});
+    case W4StreamVariant::kW4T32K128S3: return f(W4T32K128S3{});
   }
-  return f(T8K128S3{});
+  return f(W4T8K128S3{});
 }
 
 template <class Tr, QuantMethod kMethod, bool kFold = false>
@@ -370,7 +413,7 @@ cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
   const auto* kernel = reinterpret_cast<const void*>(w4_streaming_kernel<Tr, kMethod, kFold>);
   const cudaError_t e = ensure_kernel_smem(kernel, Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
-  w4_streaming_kernel<Tr, kMethod, kFold><<<static_cast<unsigned>(blocks), 32, Tr::kSmemBytes, stream>>>(p);
+  w4_streaming_kernel<Tr, kMethod, kFold><<<static_cast<unsigned>(blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -378,10 +421,10 @@ cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
 
 const char* w4_stream_variant_name(W4StreamVariant v) {
   switch (v) {
-    case W4StreamVariant::kT8K128S3: return "t8_k128_s3";
-    case W4StreamVariant::kT16K128S3: return "t16_k128_s3";
-    case W4StreamVariant::kT32K128S3: return "t32_k128_s3";
-    case W4StreamVariant::kT8K256S3: return "t8_k256_s3";
+    case W4StreamVariant::kW1T8K128S3: return "w1_t8_k128_s3";
+    case W4StreamVariant::kW4T8K128S3: return "w4_t8_k128_s3";
+    case W4StreamVariant::kW4T16K128S3: return "w4_t16_k128_s3";
+    case W4StreamVariant::kW4T32K128S3: return "w4_t32_k128_s3";
   }
   return "?";
 }
@@ -404,7 +447,8 @@ int64_t w4_streaming_k_splits(const W4StreamGemm& g, W4StreamVariant v, int sm_c
   const int64_t block_k = with_traits(v, [](auto tr) { return decltype(tr)::kBlockK; });
   const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (smem + 1024), 1, kMaxCtasPerSm);
   const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
-  const int64_t ctas = std::min(g.num_groups, g.max_rows) * (g.n / kRows);
+  const int64_t rows_cta = with_traits(v, [](auto tr) { return decltype(tr)::kRowsCta; });
+  const int64_t ctas = std::min(g.num_groups, g.max_rows) * ((g.n + rows_cta - 1) / rows_cta);
   const int64_t want = (2 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
   const int64_t by_k = (g.k + block_k - 1) / block_k / kMinStagesPerSplit;
   return std::clamp<int64_t>(std::min(want, by_k), 1, kMaxW4StreamKSplits);
@@ -448,7 +492,8 @@ Status w4_streaming_gemm(const W4StreamGemm& g, W4StreamVariant v, cudaStream_t 
   p.n = static_cast<int>(g.n);
   p.k = static_cast<int>(g.k);
   p.n_out = static_cast<int>(g.n_out());
-  p.n_slabs = p.n / kRows;
+  const int rows_cta = with_traits(v, [](auto tr) { return decltype(tr)::kRowsCta; });
+  p.n_slabs = (p.n + rows_cta - 1) / rows_cta;
   p.k_splits = static_cast<int>(g.k_splits);
   p.c_split_stride = g.c_split_stride;
   p.out_f32 = g.out_f32;

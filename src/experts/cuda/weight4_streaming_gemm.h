@@ -33,16 +33,17 @@
 
 namespace moekit::cuda {
 
-// Instances: 32 weight rows per CTA (one warp, one gate/up block pair), token
-// tile x K per stage x pipeline stages.
+// Instances: warps per CTA (32 weight rows each, one gate/up block pair; the
+// warps share the token tile) x token tile x K per stage x pipeline stages.
 enum class W4StreamVariant : uint8_t {
-  kT8K128S3,   // 8-token tile, K 128, 3 stages (12 CTAs per SM)
-  kT16K128S3,  // 16-token tile, K 128, 3 stages (10 CTAs per SM)
-  kT32K128S3,  // 32-token tile, K 128, 3 stages (6 CTAs per SM)
-  kT8K256S3,   // 8-token tile, K 256, 3 stages (8 CTAs per SM; longer bursts per weight row)
+  kW1T8K128S3,   // 1 warp, 8-token tile, K 128, 3 stages (12 CTAs per SM)
+  kW4T8K128S3,   // 4 warps, 8-token tile, K 128, 3 stages (4 CTAs per SM)
+  kW4T16K128S3,  // 4 warps, 16-token tile, K 128, 3 stages (4 CTAs per SM)
+  kW4T32K128S3,  // 4 warps, 32-token tile, K 128, 3 stages (3 CTAs per SM)
 };
 inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
-    W4StreamVariant::kT8K128S3, W4StreamVariant::kT16K128S3, W4StreamVariant::kT32K128S3, W4StreamVariant::kT8K256S3};
+    W4StreamVariant::kW1T8K128S3, W4StreamVariant::kW4T8K128S3, W4StreamVariant::kW4T16K128S3,
+    W4StreamVariant::kW4T32K128S3};
 // mxfp4 layers whose largest E8M0 code is at most this (scales <= 2) multiply the
 // scale into the bf16 weights exactly; others scale each group's f32 partial.
 inline constexpr int kMxfp4FoldMaxCode = 128;

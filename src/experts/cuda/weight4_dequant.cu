@@ -1,0 +1,70 @@
+#include "experts/cuda/weight4_dequant.h"
+
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "core/cuda_check.h"
+#include "experts/cuda/weight4_streaming_gemm.h"
+
+namespace moekit::cuda {
+namespace {
+
+// e2m1 magnitudes by their 3 low bits.
+__constant__ float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// One thread per 16 packed bytes (32 values) of a row, all in one scale group.
+__global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group) {
+  const int64_t chunks_per_row = a.k / 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.num_experts * a.n * chunks_per_row) return;
+  const int64_t row = i / chunks_per_row, chunk = i % chunks_per_row;  // row among the chunk's experts
+  const int64_t e = a.first_expert + row / a.n, r = row % a.n;
+  const uint4 bytes = reinterpret_cast<const uint4*>(a.packed + (e * a.n + r) * (a.k / 2))[chunk];
+  const int64_t scale_index = (e * (a.k / group) + chunk * 32 / group) * a.n + weight4_scale_position(r);
+  float scale;
+  if (a.method == QuantMethod::kMxfp4) {
+    const uint32_t code = static_cast<const uint8_t*>(a.scales)[scale_index];
+    scale = code == 0 ? 0x1p-127f : __uint_as_float(code << 23);
+  } else {
+    scale = static_cast<const float*>(a.scales)[scale_index];
+  }
+  const uint32_t words[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  __nv_bfloat162 out[16];
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (words[wi] >> (8 * b)) & 0xFFu;
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t nib = (byte >> (4 * h)) & 0xFu;
+        v[h] = a.method == QuantMethod::kMxfp4 ? ((nib & 8u) ? -kE2m1[nib & 7u] : kE2m1[nib & 7u])
+                                               : static_cast<float>(static_cast<int>(nib) - 8);
+      }
+      out[wi * 4 + b] = __floats2bfloat162_rn(v[0] * scale, v[1] * scale);
+    }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(a.out + row * a.k + chunk * 32);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dst[q] = reinterpret_cast<const uint4*>(out)[q];
+}
+
+}  // namespace
+
+Status dequantize_weight4(const Weight4DequantArgs& a, cudaStream_t stream) {
+  if (quant_family(a.method) != QuantFamily::kWeight4 || a.n % 32 != 0 || a.k % weight4_group(a.method) != 0) {
+    return InvalidArgument(std::string("dequantize_weight4: ") + quant_method_name(a.method) + " with n=" +
+                           std::to_string(a.n) + ", k=" + std::to_string(a.k));
+  }
+  const int64_t threads = a.num_experts * a.n * (a.k / 32);
+  if (threads == 0) return Status::Ok();
+  constexpr int kBlock = 256;
+  dequantize_weight4_kernel<<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      a, static_cast<int>(weight4_group(a.method)));
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace moekit::cuda
