@@ -2,23 +2,23 @@
 # The 4-bit weights on a CUDA machine: builds the 4-bit tests and the GPU
 # benchmark, runs the tests, then the benchmark on balanced data for bf16,
 # fp8-block and the 4-bit schemes (one process each, back to back on one GPU),
-# the 4-bit GEMM paths against each other in one process, and prints the 4-bit
-# table last (bench/weight4_table.py).
+# mxfp4 with each 4-bit GEMM path forced, and prints the 4-bit tables last
+# (bench/weight4_table.py).
 #
 #   scripts/weight4_round.sh [RESULTS_DIR]     (default bench/results/latest)
 #
 # Environment: BUILD_DIR (default build-gpu), SCHEMES (default "bf16 fp8-block
 # mxfp4 int4_g128"), M (token counts, default the shape list's), TESTS (test
 # binaries, default the 4-bit ones and their neighbours), BENCH_ARGS (extra
-# benchmark arguments), SKIP_TESTS=1, SKIP_BENCH=1, PATHS_M (token counts of the
-# path comparison, default "1 16 64 256"; empty skips it).
+# benchmark arguments), SKIP_TESTS=1, SKIP_BENCH=1, PATHS_M (token counts at
+# which mxfp4 runs with each GEMM path forced, default "64 256 1024 4096"; empty skips it).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
 out="${1:-$root/bench/results/latest}"
 schemes="${SCHEMES:-bf16 fp8-block mxfp4 int4_g128}"
 tests="${TESTS:-test_weight4_cuda test_cpu_weight4 test_fp8_cuda test_layer_cuda oracle_test}"
-paths_m="${PATHS_M-1 16 64 256}"
+paths_m="${PATHS_M-64 256 1024 4096}"
 mkdir -p "$out"
 fail=0
 
@@ -58,14 +58,12 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
       fail=1; echo "bench $s failed:"; tail -5 "$out/$s.txt"; }
   done
   if [[ -n $paths_m ]]; then
-    # The 4-bit paths and instances in one process: each variant's graphs timed
-    # interleaved with the default's (the variant columns are time ratios).
-    # shellcheck disable=SC2086
-    "$bench" --scheme mxfp4 --m $paths_m --json "$out/mxfp4_paths.json" ${BENCH_ARGS:-} \
-      --variant streaming:MOEKIT_SM90_W4_GEMM=streaming --variant dequant:MOEKIT_SM90_W4_GEMM=dequant \
-      --variant w1_t8:MOEKIT_SM90_W4_STREAM=w1_t8_k128_s3 >"$out/mxfp4_paths.txt" 2>&1 || {
-      fail=1; echo "bench paths failed:"; tail -5 "$out/mxfp4_paths.txt"; }
-    grep -A30 '^shape' "$out/mxfp4_paths.txt" | cut -c1-32,100-220
+    # Each 4-bit GEMM path forced, in its own process (their workspaces differ).
+    for path in streaming dequant; do
+      # shellcheck disable=SC2086
+      MOEKIT_SM90_W4_GEMM=$path "$bench" --scheme mxfp4 --m $paths_m --json "$out/mxfp4_$path.json" \
+        ${BENCH_ARGS:-} >"$out/mxfp4_$path.txt" 2>&1 || { fail=1; echo "bench $path failed:"; tail -5 "$out/mxfp4_$path.txt"; }
+    done
   fi
   python3 "$root/bench/weight4_table.py" "$out"
 fi

@@ -40,7 +40,8 @@ W4StreamVariant variant_for(const ExpertsShape& s, int64_t pairs) {
   if (const auto forced = parse_w4_stream_variant(o.sm90_w4_stream)) return *forced;
   const int64_t rows = mean_rows(s, pairs);
   if (rows <= 8) return W4StreamVariant::kW4T8K128S3;
-  return rows <= 16 ? W4StreamVariant::kW4T16K128S3 : W4StreamVariant::kW4T32K128S3;
+  if (rows <= 16) return W4StreamVariant::kW4T16K128S3;
+  return rows <= 32 ? W4StreamVariant::kW4T32K128S3 : W4StreamVariant::kW4T64K128S3;
 }
 
 int sm_count() {

@@ -396,6 +396,7 @@ using W1T8K128S3 = W4Traits<1, 1, 3, 128, 12>;  // 3 x (2 + 2 + 0.5) KB
 using W4T8K128S3 = W4Traits<4, 1, 3, 128, 4>;   // 3 x (8 + 2 + 2) KB
 using W4T16K128S3 = W4Traits<4, 2, 3, 128, 4>;  // 3 x (8 + 4 + 2) KB
 using W4T32K128S3 = W4Traits<4, 4, 3, 128, 3>;  // 3 x (8 + 8 + 2) KB
+using W4T64K128S3 = W4Traits<4, 8, 3, 128, 2>;  // 3 x (8 + 16 + 2) KB
 
 template <class F>
 auto with_traits(W4StreamVariant v, F&& f) {
@@ -404,6 +405,7 @@ auto with_traits(W4StreamVariant v, F&& f) {
     case W4StreamVariant::kW4T8K128S3: return f(W4T8K128S3{});
     case W4StreamVariant::kW4T16K128S3: return f(W4T16K128S3{});
     case W4StreamVariant::kW4T32K128S3: return f(W4T32K128S3{});
+    case W4StreamVariant::kW4T64K128S3: return f(W4T64K128S3{});
   }
   return f(W4T8K128S3{});
 }
@@ -425,6 +427,7 @@ const char* w4_stream_variant_name(W4StreamVariant v) {
     case W4StreamVariant::kW4T8K128S3: return "w4_t8_k128_s3";
     case W4StreamVariant::kW4T16K128S3: return "w4_t16_k128_s3";
     case W4StreamVariant::kW4T32K128S3: return "w4_t32_k128_s3";
+    case W4StreamVariant::kW4T64K128S3: return "w4_t64_k128_s3";
   }
   return "?";
 }

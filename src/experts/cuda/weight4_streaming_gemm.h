@@ -40,10 +40,11 @@ enum class W4StreamVariant : uint8_t {
   kW4T8K128S3,   // 4 warps, 8-token tile, K 128, 3 stages (4 CTAs per SM)
   kW4T16K128S3,  // 4 warps, 16-token tile, K 128, 3 stages (4 CTAs per SM)
   kW4T32K128S3,  // 4 warps, 32-token tile, K 128, 3 stages (3 CTAs per SM)
+  kW4T64K128S3,  // 4 warps, 64-token tile, K 128, 3 stages (2 CTAs per SM)
 };
 inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
     W4StreamVariant::kW1T8K128S3, W4StreamVariant::kW4T8K128S3, W4StreamVariant::kW4T16K128S3,
-    W4StreamVariant::kW4T32K128S3};
+    W4StreamVariant::kW4T32K128S3, W4StreamVariant::kW4T64K128S3};
 // mxfp4 layers whose largest E8M0 code is at most this (scales <= 2) multiply the
 // scale into the bf16 weights exactly; others scale each group's f32 partial.
 inline constexpr int kMxfp4FoldMaxCode = 128;
