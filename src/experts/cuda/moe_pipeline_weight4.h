@@ -58,8 +58,11 @@ struct Weight4ExpertWeights {
 
 enum class Weight4GemmPath { kStreaming, kDequant };
 // Mean rows per non-empty expert above which the dequant path runs. Measured on
-// the H200 in one process (bench --variant MOEKIT_SM90_W4_GEMM=..., bench/results/h200_v11).
-inline constexpr int64_t kWeight4DequantMinRows = 64;
+// the H200 with each path forced (scripts/weight4_round.sh, bench/results/h200_v11):
+// streaming is faster at up to 128 rows on all four benchmark shapes (DeepSeek-V3
+// at 128 rows: 18.6 ms against 27.0 ms), dequant from 256 (Mixtral at 256 rows:
+// 3.7 ms against 4.6 ms; Qwen3-30B-A3B: 1.79 ms against 2.31 ms).
+inline constexpr int64_t kWeight4DequantMinRows = 128;
 // The path of a forward of M tokens: kernel.sm90_w4_gemm (streaming | dequant)
 // when set; else streaming when batch-invariant (one path for every M) or while
 // experts get few rows, dequant above kWeight4DequantMinRows rows per expert.
