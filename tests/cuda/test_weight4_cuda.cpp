@@ -33,9 +33,9 @@ using cuda_test::DeviceTensor;
 using testing::Weight4Layer;
 using testing::Weight4Shape;
 
-// The dequant path rounds each int4 weight (value * f32 scale) to bf16 once
-// (mxfp4 weights are exact in bf16): 2^-9 of a weight, within the bound below
-// with the intermediate rounding it shares a share of the margin with.
+// The dequant path (large M) also rounds each int4 weight (value * f32 scale) to
+// bf16 once (mxfp4 weights are exact in bf16): a fourth rounding of at most 2^-9,
+// inside the margin of counting each of the three below as 2^-8.
 // Bound (relative L2) against the cpu emulation, which keeps f32 from the
 // decoded weights to the output. The GPU multiplies the exact bf16 weight
 // values on tensor cores with f32 accumulation and scales each group's f32
@@ -89,6 +89,11 @@ std::vector<W4Case> w4_cases() {
   }
   for (const Weight4Shape& shape : {Weight4Shape{1, 8, 2, 256, 128}, Weight4Shape{37, 16, 4, 288, 160}}) {
     cases.push_back({QuantMethod::kMxfp4, A::kSwigluOai, shape, "", true});
+  }
+  // GEMM2 long enough (I = 1024) for the decode path to cut it into K slices.
+  for (QuantMethod m : kMethods) {
+    cases.push_back({m, A::kSiluGated, {1, 8, 2, 256, 1024}, ""});
+    cases.push_back({m, A::kSwigluOai, {3, 8, 2, 256, 1024}, ""});
   }
   // The dequant path (bf16 tensor-core GEMMs on dequantized chunks of experts), forced at every size.
   for (QuantMethod m : kMethods) {
@@ -244,8 +249,9 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   const double err_ref = testing::rel_l2_error(gpu, ref);
   EXPECT_LE(err_cpu, kVsCpuBound) << "vs the cpu backend's emulation";
   EXPECT_LE(err_ref, kVsReferenceBound) << "vs the fp64 reference";
-  std::printf("[ weight4  ] %-50s vs cpu %.2e, vs fp64 %.2e  (%s)\n", c.name().c_str(), err_cpu, err_ref,
-              modular->gemm_plan(s.M).c_str());
+  const std::string plan = modular->gemm_plan(s.M);
+  if (s.I == 1024) EXPECT_EQ(plan.find("in 1 K slice"), std::string::npos) << "the K-slice case ran unsliced: " << plan;
+  std::printf("[ weight4  ] %-50s vs cpu %.2e, vs fp64 %.2e  (%s)\n", c.name().c_str(), err_cpu, err_ref, plan.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, CudaWeight4Grid, ::testing::ValuesIn(w4_cases()),

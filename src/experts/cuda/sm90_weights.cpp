@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/weight4.h"
 #include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "experts/cuda/weight_layout.h"
 #include "experts/cuda/weight_values.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
-#include "core/weight4.h"
 #include "experts/quant_weights.h"
 
 namespace moekit::cuda {

@@ -1,9 +1,11 @@
 // The 4-bit weight-streaming grouped GEMM (weight4_streaming_gemm.h).
 //
-// Shape of the kernel (as streaming_gemm.cuh, whose helpers it uses): one warp
-// per CTA owns 32 weight rows of one expert (a gate/up block pair) and streams
-// them over K once through a cp.async pipeline, the expert's gathered token rows
-// riding along as the mma.sync m16n8k16 B operand.
+// Shape of the kernel (as streaming_gemm.cuh, whose helpers it uses): each warp
+// of a CTA (one or four) owns 32 weight rows of one expert (a gate/up block pair)
+// and streams them over K once through a cp.async pipeline; the expert's gathered
+// token rows, loaded once per CTA, ride along as the mma.sync m16n8k16 B operand.
+// Each thread's copies are fixed for the CTA (rows, chunks, token rows), so a
+// stage costs an add and a cp.async per 16 bytes.
 //
 // Unpacking without a dequantized copy: in a 32-column sub-block a row holds 16
 // bytes, and lane t of a quad reads the 4 bytes [4t, 4t + 4) (columns 8t..8t+7)
@@ -135,11 +137,8 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// 2^e as a bf16 pair's bits, for e in [-127, 127] (2^-127 subnormal).
-__device__ __forceinline__ uint32_t pow2_bf16x2(int e) {
-  const uint32_t h = e >= -126 ? static_cast<uint32_t>(e + 127) << 7 : 0x0040u;
-  return h | (h << 16);
-}
+// 2^126 in both halves of a bf16 pair: turns e2m1_nibbles_to_bf16x2's values into the e2m1 values.
+constexpr uint32_t kBf16x2Pow2_126 = 0x7E807E80u;
 
 // The 4 scales of a lane's rows (quad_row + 8 i, i = 0..3, of its warp's 32) in
 // the stage's scale group q, [groups][rows of the CTA]: the prepared layout stores
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) w4_streaming_ker
             if constexpr (S::kMx) {
               e2m1_nibbles_to_bf16x2(w, v);
               // 2^(code - 1) folds the scale in; 2^126 alone restores the e2m1 value.
-              const uint32_t m = kFold ? fold_multiplier(codes, 2 * mt + h) : 0x7E807E80u;
+              const uint32_t m = kFold ? fold_multiplier(codes, 2 * mt + h) : kBf16x2Pow2_126;
 #pragma unroll
               for (int jj = 0; jj < 4; ++jj) v[jj] = bf16x2_mul(v[jj], m);
             } else {
