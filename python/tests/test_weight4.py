@@ -94,6 +94,31 @@ def test_weight4_bad_scales_are_refused_by_name():
         moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=48, quant="mxfp4")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
+def test_weight4_cuda_layer_matches_the_cpu_layer_and_replays(scheme):
+    """The same packed weights on cuda_sm90 (unpacked in registers) and on the cpu
+    backend (decoded once to f32): the same ids, outputs within the bound of
+    tests/cuda/test_weight4_cuda.cpp (fp32 order plus three bf16 roundings), replay
+    bit for bit."""
+    gen = torch.Generator().manual_seed(seed_of("weight4 cuda", scheme))
+    p13, s13 = random_packed((E, 2 * I, H), scheme, gen)
+    p2, s2 = random_packed((E, H, I), scheme, gen)
+    hidden = torch.randn((M, H), generator=gen).bfloat16()
+    logits = tie_free_logits(M, E, gen)
+    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
+                           max_num_tokens=M, quant=scheme)
+    cpu = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
+    gpu = moekit.MoeLayer(cfg, p13.cuda(), p2.cuda(), w13_scale=s13.cuda(), w2_scale=s2.cuda(), device="cuda")
+    assert gpu.backend == "cuda_sm90"
+    out_cpu, ids_cpu = cpu(hidden, logits, return_ids=True)
+    out, ids = gpu(hidden.cuda(), logits.cuda(), return_ids=True)
+    assert torch.equal(ids.cpu().long(), ids_cpu.long())
+    err = ((out.cpu().double() - out_cpu.double()).norm() / out_cpu.double().norm()).item()
+    assert err <= 3 * 2 ** -8 + 2.3e-5, err
+    assert torch.equal(gpu(hidden.cuda(), logits.cuda(), forced_ids=ids), out)
+
+
 
 def test_int4_folder_packed_by_compressed_tensors_matches_the_dequantized_layer(tmp_path):
     """A Qwen3-MoE-shaped folder whose experts compressed-tensors' own packer
