@@ -30,6 +30,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
+#include "experts/cuda/instance_names.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda {
@@ -374,10 +375,7 @@ const char* fp8_stream_variant_name(Fp8StreamVariant v) {
 }
 
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name) {
-  for (Fp8StreamVariant v : kAllFp8StreamVariants) {
-    if (name == fp8_stream_variant_name(v)) return v;
-  }
-  return std::nullopt;
+  return parse_instance_name(kAllFp8StreamVariants, &fp8_stream_variant_name, name);
 }
 
 int64_t fp8_streaming_k_splits(const Fp8StreamGemm& g, Fp8StreamVariant v, int sm_count) {

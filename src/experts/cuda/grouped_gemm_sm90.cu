@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/instance_names.h"
 #include "experts/cuda/streaming_gemm.h"
 
 namespace moekit::cuda {
@@ -126,10 +127,7 @@ const char* cutlass_tile_name(CutlassTile t) {
 }
 
 std::optional<CutlassTile> parse_cutlass_tile(std::string_view name) {
-  for (CutlassTile t : kAllCutlassTiles) {
-    if (name == cutlass_tile_name(t)) return t;
-  }
-  return std::nullopt;
+  return parse_instance_name(kAllCutlassTiles, &cutlass_tile_name, name);
 }
 
 std::string Sm90GemmChoice::to_string() const {

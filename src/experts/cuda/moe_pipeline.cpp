@@ -23,6 +23,15 @@ constexpr int64_t kMaxKSplits = 8;  // as sm90::kMaxStreamKSplits; the pipeline 
 size_t split_partial_rows(int64_t pairs) { return static_cast<size_t>(kMaxKSplits * std::min(pairs, kSplitMaxRows)); }
 }  // namespace
 
+int current_sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 0;
+  }
+  return sms;
+}
+
 size_t take_workspace(size_t* cursor, size_t bytes) {
   const size_t at = *cursor;
   *cursor += (bytes + kAlign - 1) / kAlign * kAlign;

@@ -50,6 +50,10 @@ std::string experts_gemm_plan(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_tokens);
 GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_tokens);
 
+// The current device's SM count (0 when it cannot be asked): what K-slice
+// choices size their grids by.
+int current_sm_count();
+
 // Reserves `bytes` at *cursor, rounded up to 256 bytes; returns their offset.
 size_t take_workspace(size_t* cursor, size_t bytes);
 

@@ -60,15 +60,6 @@ std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, const K
   return rows <= 16 ? Fp8StreamVariant::kW1T16K128S2 : Fp8StreamVariant::kW1T32K256S2;
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 0;
-  }
-  return sms;
-}
-
 }  // namespace
 
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights) {
@@ -256,7 +247,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     g2.b_scale = w.w2_scale;
     g2.c = y;
     if (pairs <= kSplitMaxRows) {
-      g2.k_splits = fp8_streaming_k_splits(g2, v, sm_count());
+      g2.k_splits = fp8_streaming_k_splits(g2, v, current_sm_count());
       g2.c_split_stride = pairs * H;
     }
     MOEKIT_RETURN_IF_ERROR(fp8_streaming_gemm(g2, v, stream));

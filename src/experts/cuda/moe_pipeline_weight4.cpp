@@ -44,15 +44,6 @@ W4StreamVariant variant_for(const ExpertsShape& s, int64_t pairs) {
   return rows <= 32 ? W4StreamVariant::kW4T32K128S3 : W4StreamVariant::kW4T64K128S3;
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 0;
-  }
-  return sms;
-}
-
 // GEMM2 as the streaming path runs it, K slices included (none when
 // batch-invariant: one reduction order for every M).
 W4StreamGemm gemm2_of(const ExpertsShape& s, QuantMethod method, int64_t pairs, W4StreamVariant v) {
@@ -64,7 +55,7 @@ W4StreamGemm gemm2_of(const ExpertsShape& s, QuantMethod method, int64_t pairs, 
   g.max_rows = pairs;
   g.out_f32 = true;
   g.c_split_stride = pairs * s.hidden;
-  if (!s.batch_invariant && pairs <= kSplitMaxRows) g.k_splits = w4_streaming_k_splits(g, v, sm_count());
+  if (!s.batch_invariant && pairs <= kSplitMaxRows) g.k_splits = w4_streaming_k_splits(g, v, current_sm_count());
   return g;
 }
 

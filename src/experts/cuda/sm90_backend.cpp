@@ -15,6 +15,7 @@
 #include "experts/cuda/fp8_streaming_gemm.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/instance_names.h"
 #include "experts/cuda/sm90_support.h"
 #include "experts/cuda/streaming_gemm.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
@@ -26,31 +27,23 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// "a, b, c": every name of an instance enum.
-template <typename T, size_t N>
-std::string names(const T (&all)[N], const char* (*name)(T)) {
-  std::string out;
-  for (T v : all) out += (out.empty() ? "" : ", ") + std::string(name(v));
-  return out;
-}
-
 // ok, or which instance name among the kernel options (in effect) this backend does not have.
 Support check_instance_names(const KernelOptions& o) {
   if (!o.sm90_stream.empty() && !sm90::parse_stream_variant(o.sm90_stream)) {
     return Support::no("kernel.sm90_stream '" + o.sm90_stream + "': no such streaming instance (" +
-                       names(sm90::kAllStreamVariants, &sm90::stream_variant_name) + ")");
+                       instance_names(sm90::kAllStreamVariants, &sm90::stream_variant_name) + ")");
   }
   if (!o.sm90_cutlass.empty() && !parse_cutlass_tile(o.sm90_cutlass)) {
     return Support::no("kernel.sm90_cutlass '" + o.sm90_cutlass + "': no such CUTLASS tile (" +
-                       names(kAllCutlassTiles, &cutlass_tile_name) + ")");
+                       instance_names(kAllCutlassTiles, &cutlass_tile_name) + ")");
   }
   if (!o.sm90_w4_stream.empty() && !parse_w4_stream_variant(o.sm90_w4_stream)) {
     return Support::no("kernel.sm90_w4_stream '" + o.sm90_w4_stream + "': no such 4-bit streaming instance (" +
-                       names(kAllW4StreamVariants, &w4_stream_variant_name) + ")");
+                       instance_names(kAllW4StreamVariants, &w4_stream_variant_name) + ")");
   }
   if (!o.sm90_fp8_stream.empty() && o.sm90_fp8_stream != "off" && !parse_fp8_stream_variant(o.sm90_fp8_stream)) {
     return Support::no("kernel.sm90_fp8_stream '" + o.sm90_fp8_stream + "': no such fp8 streaming instance (off, " +
-                       names(kAllFp8StreamVariants, &fp8_stream_variant_name) + ")");
+                       instance_names(kAllFp8StreamVariants, &fp8_stream_variant_name) + ")");
   }
   return Support::yes();
 }

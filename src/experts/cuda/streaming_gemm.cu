@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "experts/cuda/instance_names.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda::sm90 {
@@ -58,10 +59,7 @@ const char* stream_variant_name(StreamVariant v) {
 }
 
 std::optional<StreamVariant> parse_stream_variant(std::string_view name) {
-  for (StreamVariant v : kAllStreamVariants) {
-    if (name == stream_variant_name(v)) return v;
-  }
-  return std::nullopt;
+  return parse_instance_name(kAllStreamVariants, &stream_variant_name, name);
 }
 
 int stream_variant_rows(StreamVariant v) {

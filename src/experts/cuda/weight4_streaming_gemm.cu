@@ -32,6 +32,7 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "experts/cuda/instance_names.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda {
@@ -432,14 +433,7 @@ const char* w4_stream_variant_name(W4StreamVariant v) {
 }
 
 std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name) {
-  for (W4StreamVariant v : kAllW4StreamVariants) {
-    if (name == w4_stream_variant_name(v)) return v;
-  }
-  return std::nullopt;
-}
-
-int w4_stream_variant_tokens(W4StreamVariant v) {
-  return with_traits(v, [](auto tr) { return decltype(tr)::kTokens; });
+  return parse_instance_name(kAllW4StreamVariants, &w4_stream_variant_name, name);
 }
 
 int64_t w4_streaming_k_splits(const W4StreamGemm& g, W4StreamVariant v, int sm_count) {

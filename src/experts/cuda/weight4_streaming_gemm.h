@@ -50,7 +50,6 @@ inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
 inline constexpr int kMxfp4FoldMaxCode = 128;
 const char* w4_stream_variant_name(W4StreamVariant v);  // "t8_k128_s4", ...
 std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name);
-int w4_stream_variant_tokens(W4StreamVariant v);
 
 // Where scale row r (of N, a multiple of 32) sits within its scale group's row of b_scale.
 constexpr int64_t weight4_scale_position(int64_t r) { return r / 32 * 32 + r % 8 * 4 + r % 32 / 8; }
