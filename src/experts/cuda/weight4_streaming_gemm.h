@@ -5,8 +5,9 @@
 // Per group g with rows, for each row r and output column n:
 //   C[r, n] = epilogue( sum over scale groups q of  s_g(n, q) * sum_{c in q} A[r, c] * v_g(n, c) )
 // where v is the e2m1 value (mxfp4) or nibble - 8 (int4), exact in bf16, so
-// the tensor cores multiply the stored values themselves; each scale group's
-// f32 partial is scaled once (E8M0 2^(code - 127) exactly, or the f32 scale).
+// the tensor cores multiply exact weight values: mxfp4 with its power-of-two
+// scale multiplied into the bf16 weight (exact for codes <= kMxfp4FoldMaxCode),
+// int4 (and mxfp4 with larger codes) with each scale group's f32 partial scaled once.
 // The packed bytes are unpacked in registers straight from shared memory: one
 // read of the weights, no dequantized copy.
 //
