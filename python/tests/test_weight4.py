@@ -54,15 +54,21 @@ def random_packed(shape, scheme, gen):
     return packed, scales
 
 
-@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
-def test_weight4_layer_matches_the_decoded_float64_layer(scheme):
-    gen = torch.Generator().manual_seed(seed_of("weight4", scheme))
+def packed_layer_inputs(scheme, seed):
+    """A silu layer's config, packed weights with scales, bf16 hidden and tie-free logits."""
+    gen = torch.Generator().manual_seed(seed)
     p13, s13 = random_packed((E, 2 * I, H), scheme, gen)
     p2, s2 = random_packed((E, H, I), scheme, gen)
     hidden = torch.randn((M, H), generator=gen).bfloat16()
     logits = tie_free_logits(M, E, gen)
     cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
                            max_num_tokens=M, quant=scheme)
+    return cfg, p13, s13, p2, s2, hidden, logits
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
+def test_weight4_layer_matches_the_decoded_float64_layer(scheme):
+    cfg, p13, s13, p2, s2, hidden, logits = packed_layer_inputs(scheme, seed_of("weight4", scheme))
     assert cfg.quant == scheme and cfg.weight_dtype == "u8"
     layer = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
     out, ids = layer(hidden, logits, return_ids=True)
@@ -101,13 +107,7 @@ def test_weight4_cuda_layer_matches_the_cpu_layer_and_replays(scheme):
     backend (decoded once to f32): the same ids, outputs within the bound of
     tests/cuda/test_weight4_cuda.cpp (fp32 order plus three bf16 roundings), replay
     bit for bit."""
-    gen = torch.Generator().manual_seed(seed_of("weight4 cuda", scheme))
-    p13, s13 = random_packed((E, 2 * I, H), scheme, gen)
-    p2, s2 = random_packed((E, H, I), scheme, gen)
-    hidden = torch.randn((M, H), generator=gen).bfloat16()
-    logits = tie_free_logits(M, E, gen)
-    cfg = moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, routing="renormalize",
-                           max_num_tokens=M, quant=scheme)
+    cfg, p13, s13, p2, s2, hidden, logits = packed_layer_inputs(scheme, seed_of("weight4 cuda", scheme))
     cpu = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
     gpu = moekit.MoeLayer(cfg, p13.cuda(), p2.cuda(), w13_scale=s13.cuda(), w2_scale=s2.cuda(), device="cuda")
     assert gpu.backend == "cuda_sm90"

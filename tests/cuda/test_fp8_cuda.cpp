@@ -13,13 +13,12 @@
 
 #include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
-#include "experts/cpu/cpu_modular.h"
+#include "cuda/kernel_runs.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
 #include "reference/reference.h"
-#include "routing/cuda/route_cuda.h"
 #include "util/fp8_test_layer.h"
 #include "util/reference_params.h"
 #include "util/test_util.h"
@@ -128,68 +127,36 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   ASSERT_TRUE(cuda_test::sm90_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
 
   // Routing on the host (the spec's ids), the cpu emulation on those ids.
-  HostTensor ids(DType::kI32, {s.M, s.k}), wts(DType::kF32, {s.M, s.k}), out_cpu(DType::kBF16, {s.M, s.H});
-  RoutingArgs ra;
-  ra.logits = layer.logits.view();
-  ra.topk_ids = ids.view();
-  ra.topk_weights = wts.view();
-  ASSERT_TRUE(route_cpu(cfg.routing, ra).ok());
-  cpu::CpuModular cpu_kernel(cfg);
-  ASSERT_TRUE(cpu_kernel.prepare_weights(layer.weights()).ok());
-  std::vector<unsigned char> cpu_ws(cpu_kernel.workspace_size(s.M));
-  MoeRunArgs ca;
-  ca.hidden = layer.hidden.view();
-  ca.out = out_cpu.view();
-  ca.topk_ids = ids.view();
-  ca.topk_weights = wts.view();
-  ASSERT_TRUE(cpu_kernel.run(ca, Workspace{cpu_ws.data(), cpu_ws.size()}, nullptr).ok());
+  const StatusOr<cuda_test::CpuRun> cpu = cuda_test::cpu_modular_run(cfg, layer.weights(), layer.hidden, layer.logits);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  const HostTensor& ids = cpu->ids;
 
   std::vector<DeviceTensor> keep;
   const MoeWeights dw = device_weights(layer, keep);
   // The modular kernel gets the device's routing, as the monolithic one computes
   // it: device and host softmax weights may differ in the last bit (routing
   // tests bound that), and the two kernels are compared bit for bit.
-  DeviceTensor hidden(layer.hidden), logits(layer.logits), d_ids(DType::kI32, {s.M, s.k}), d_wts(DType::kF32, {s.M, s.k});
-  RoutingArgs dra;
-  dra.logits = logits.view();
-  dra.topk_ids = d_ids.view();
-  dra.topk_weights = d_wts.view();
-  ASSERT_TRUE(cuda::route_cuda(cfg.routing, dra, nullptr).ok());
-  EXPECT_EQ(cuda_test::first_difference(d_ids.download(), ids), "") << "device ids differ from route_cpu's";
+  DeviceTensor hidden(layer.hidden), logits(layer.logits);
+  const StatusOr<cuda_test::DeviceRoute> route = cuda_test::device_route(cfg, logits, s.M);
+  ASSERT_TRUE(route.ok()) << route.status().to_string();
+  EXPECT_EQ(cuda_test::first_difference(route->ids.download(), ids), "") << "device ids differ from route_cpu's";
 
   auto modular = cuda_test::sm90_kernel_class("Sm90Modular").create(cfg, Platform::probe());
   ASSERT_TRUE(modular.ok()) << modular.status().to_string();
   Status st = (*modular)->prepare_weights(dw);
   ASSERT_TRUE(st.ok()) << st.to_string();
-  DeviceTensor out_mod(DType::kBF16, {s.M, s.H});
-  out_mod.poison();
-  DeviceBytes ws_mod((*modular)->workspace_size(s.M));
-  MoeRunArgs ma;
-  ma.hidden = hidden.view();
-  ma.out = out_mod.view();
-  ma.topk_ids = d_ids.view();
-  ma.topk_weights = d_wts.view();
-  st = (*modular)->run(ma, Workspace{ws_mod.data(), ws_mod.bytes()}, nullptr);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const HostTensor mod_out = out_mod.download();
+  const StatusOr<HostTensor> mod = cuda_test::modular_run(**modular, hidden, *route, s.M, s.H);
+  ASSERT_TRUE(mod.ok()) << mod.status().to_string();
+  const HostTensor& mod_out = *mod;
 
   auto mono = cuda_test::sm90_kernel_class("Sm90Monolithic").create(cfg, Platform::probe());
   ASSERT_TRUE(mono.ok()) << mono.status().to_string();
   ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());  // host weights: copied to the device
-  DeviceTensor out_mono(DType::kBF16, {s.M, s.H}), capture(DType::kI16, {s.M, s.k}), forced(DType::kI32, {s.M, s.k});
-  out_mono.poison();
+  DeviceTensor capture(DType::kI16, {s.M, s.k}), forced(DType::kI32, {s.M, s.k});
   capture.poison();
-  DeviceBytes ws_mono((*mono)->workspace_size(s.M));
-  MoeRunArgs oa;
-  oa.hidden = hidden.view();
-  oa.out = out_mono.view();
-  oa.router_logits = logits.view();
-  oa.routing_replay_out = capture.view();
-  st = (*mono)->run(oa, Workspace{ws_mono.data(), ws_mono.bytes()}, nullptr);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const HostTensor mono_out = out_mono.download();
+  const StatusOr<HostTensor> mono_run = cuda_test::monolithic_run(**mono, hidden, logits, s.M, s.H, capture.view());
+  ASSERT_TRUE(mono_run.ok()) << mono_run.status().to_string();
+  const HostTensor& mono_out = *mono_run;
   const std::vector<double> cap = testing::to_double(capture.download().view());
   EXPECT_EQ(cap, testing::to_double(ids.view())) << "captured ids differ from the spec's";
   EXPECT_EQ(cuda_test::first_difference(mono_out, mod_out), "") << "monolithic and modular outputs differ";
@@ -198,18 +165,12 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   HostTensor forced_host(DType::kI32, {s.M, s.k});
   for (int64_t i = 0; i < s.M * s.k; ++i) forced_host.data<int32_t>()[i] = static_cast<int32_t>(cap[i]);
   forced.upload(forced_host);
-  DeviceTensor out_replay(DType::kBF16, {s.M, s.H});
-  out_replay.poison();
-  oa.out = out_replay.view();
-  oa.routing_replay_out = {};
-  oa.forced_ids = forced.view();
-  st = (*mono)->run(oa, Workspace{ws_mono.data(), ws_mono.bytes()}, nullptr);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cuda_test::first_difference(out_replay.download(), mono_out), "") << "replay differs";
+  const StatusOr<HostTensor> replay = cuda_test::monolithic_run(**mono, hidden, logits, s.M, s.H, {}, forced.view());
+  ASSERT_TRUE(replay.ok()) << replay.status().to_string();
+  EXPECT_EQ(cuda_test::first_difference(*replay, mono_out), "") << "replay differs";
 
   const std::vector<double> gpu = testing::to_double(mod_out.view());
-  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(out_cpu.view()));
+  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(cpu->out.view()));
   const moekit_ref::RoutingResult rr = moekit_ref::route(testing::ref_routing(cfg.routing), layer.logits_exact, s.M, s.E);
   const std::vector<double> ref = moekit_ref::moe_layer_fp8(
       testing::ref_layer(cfg), layer.ref_params(), layer.hidden_exact, s.M, layer.bytes(layer.w13),

@@ -14,13 +14,12 @@
 
 #include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
-#include "experts/cpu/cpu_modular.h"
+#include "cuda/kernel_runs.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
 #include "reference/reference.h"
-#include "routing/cuda/route_cuda.h"
 #include "util/reference_params.h"
 #include "util/test_util.h"
 #include "util/weight4_test_layer.h"
@@ -136,24 +135,12 @@ std::unique_ptr<MoeKernel> prepared_kernel(const char* name, const MoeConfig& cf
   return st.ok() ? std::move(*k) : nullptr;
 }
 
-// One monolithic forward of `layer` on rows [0, M) of its inputs; the bf16 output.
+// A monolithic forward that must succeed (cuda_test::monolithic_run).
 HostTensor monolithic_forward(MoeKernel& mono, const DeviceTensor& hidden, const DeviceTensor& logits, int64_t M,
                               int64_t H, const TensorView& capture = {}, const TensorView& forced = {}) {
-  DeviceTensor out(DType::kBF16, {M, H});
-  out.poison();
-  DeviceBytes ws(mono.workspace_size(M));
-  MoeRunArgs a;
-  a.hidden = hidden.view();
-  a.hidden.shape[0] = M;
-  a.router_logits = logits.view();
-  a.router_logits.shape[0] = M;
-  a.out = out.view();
-  a.routing_replay_out = capture;
-  a.forced_ids = forced;
-  const Status st = mono.run(a, Workspace{ws.data(), ws.bytes()}, nullptr);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return out.download();
+  StatusOr<HostTensor> out = cuda_test::monolithic_run(mono, hidden, logits, M, H, capture, forced);
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  return out.ok() ? std::move(*out) : HostTensor(DType::kBF16, {M, H});
 }
 
 class CudaWeight4Grid : public ::testing::TestWithParam<W4Case> {};
@@ -177,48 +164,23 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   const MoeConfig& cfg = layer.config;
   ASSERT_TRUE(cfg.validate().ok()) << cfg.validate().to_string();
 
-  // The cpu emulation on the spec's ids.
-  HostTensor ids(DType::kI32, {s.M, s.k}), wts(DType::kF32, {s.M, s.k}), out_cpu(DType::kBF16, {s.M, s.H});
-  RoutingArgs ra;
-  ra.logits = layer.logits.view();
-  ra.topk_ids = ids.view();
-  ra.topk_weights = wts.view();
-  ASSERT_TRUE(route_cpu(cfg.routing, ra).ok());
-  cpu::CpuModular cpu_kernel(cfg);
-  ASSERT_TRUE(cpu_kernel.prepare_weights(layer.weights()).ok());
-  std::vector<unsigned char> cpu_ws(cpu_kernel.workspace_size(s.M));
-  MoeRunArgs ca;
-  ca.hidden = layer.hidden.view();
-  ca.out = out_cpu.view();
-  ca.topk_ids = ids.view();
-  ca.topk_weights = wts.view();
-  ASSERT_TRUE(cpu_kernel.run(ca, Workspace{cpu_ws.data(), cpu_ws.size()}, nullptr).ok());
-
-  // Modular on the device's routing (device weights), monolithic (host weights).
+  // The cpu emulation on the spec's ids; modular on the device's routing (device
+  // weights), monolithic (host weights).
+  const StatusOr<cuda_test::CpuRun> cpu = cuda_test::cpu_modular_run(cfg, layer.weights(), layer.hidden, layer.logits);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  const HostTensor& ids = cpu->ids;
   std::vector<DeviceTensor> keep;
   const MoeWeights dw = device_weights(layer, keep);
-  DeviceTensor hidden(layer.hidden), logits(layer.logits), d_ids(DType::kI32, {s.M, s.k}), d_wts(DType::kF32, {s.M, s.k});
-  RoutingArgs dra;
-  dra.logits = logits.view();
-  dra.topk_ids = d_ids.view();
-  dra.topk_weights = d_wts.view();
-  ASSERT_TRUE(cuda::route_cuda(cfg.routing, dra, nullptr).ok());
-  EXPECT_EQ(cuda_test::first_difference(d_ids.download(), ids), "") << "device ids differ from route_cpu's";
+  DeviceTensor hidden(layer.hidden), logits(layer.logits);
+  const StatusOr<cuda_test::DeviceRoute> route = cuda_test::device_route(cfg, logits, s.M);
+  ASSERT_TRUE(route.ok()) << route.status().to_string();
+  EXPECT_EQ(cuda_test::first_difference(route->ids.download(), ids), "") << "device ids differ from route_cpu's";
 
   const auto modular = prepared_kernel("Sm90Modular", cfg, dw);
   ASSERT_NE(modular, nullptr);
-  DeviceTensor out_mod(DType::kBF16, {s.M, s.H});
-  out_mod.poison();
-  DeviceBytes ws_mod(modular->workspace_size(s.M));
-  MoeRunArgs ma;
-  ma.hidden = hidden.view();
-  ma.out = out_mod.view();
-  ma.topk_ids = d_ids.view();
-  ma.topk_weights = d_wts.view();
-  const Status st = modular->run(ma, Workspace{ws_mod.data(), ws_mod.bytes()}, nullptr);
-  ASSERT_TRUE(st.ok()) << st.to_string();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const HostTensor mod_out = out_mod.download();
+  const StatusOr<HostTensor> mod = cuda_test::modular_run(*modular, hidden, *route, s.M, s.H);
+  ASSERT_TRUE(mod.ok()) << mod.status().to_string();
+  const HostTensor& mod_out = *mod;
 
   const auto mono = prepared_kernel("Sm90Monolithic", cfg, layer.weights());
   ASSERT_NE(mono, nullptr);
@@ -237,7 +199,7 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
       << "replay differs";
 
   const std::vector<double> gpu = testing::to_double(mod_out.view());
-  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(out_cpu.view()));
+  const double err_cpu = testing::rel_l2_error(gpu, testing::to_double(cpu->out.view()));
   const moekit_ref::RoutingResult rr =
       moekit_ref::route(testing::ref_routing(cfg.routing), layer.logits_exact, s.M, s.E);
   moekit_ref::LayerExtras extras;

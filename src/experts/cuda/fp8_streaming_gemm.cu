@@ -31,6 +31,7 @@
 #include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
 #include "experts/cuda/instance_names.h"
+#include "experts/cuda/stream_k_splits.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda {
@@ -380,17 +381,17 @@ std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name) 
 
 int64_t fp8_streaming_k_splits(const Fp8StreamGemm& g, Fp8StreamVariant v, int sm_count) {
   if (g.activation || g.max_rows == 0) return 1;
-  constexpr int64_t kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 32, kMinKBlocksPerSplit = 4;
   const auto [smem, warps, per_stage] = with_traits(v, [](auto t) {
     using Tr = decltype(t);
     return std::tuple<int64_t, int64_t, int64_t>{Tr::kSmemBytes, Tr::kWarps, Tr::kBlocksPerStage};
   });
-  const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (smem + 1024), 1, kMaxCtasPerSm);
-  const int64_t slots = sm_count * per_sm;
-  const int64_t ctas = std::min(g.num_groups, g.max_rows) * slabs_of(g, static_cast<int>(warps));
-  const int64_t want = (4 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
-  const int64_t by_k = (g.k + kScaleBlock * per_stage - 1) / (kScaleBlock * per_stage) * per_stage / kMinKBlocksPerSplit;
-  return std::clamp<int64_t>(std::min(want, by_k), 1, kMaxFp8StreamKSplits);
+  StreamKSplitRule r;  // steps counted in 128-deep scale blocks, whole stages
+  r.ctas = std::min(g.num_groups, g.max_rows) * slabs_of(g, static_cast<int>(warps));
+  r.smem_per_cta = smem;
+  r.max_ctas_per_sm = 32;
+  r.k_steps = (g.k + kScaleBlock * per_stage - 1) / (kScaleBlock * per_stage) * per_stage;
+  r.max_splits = kMaxFp8StreamKSplits;
+  return stream_k_splits(r, sm_count);
 }
 
 Status fp8_streaming_gemm(const Fp8StreamGemm& g, Fp8StreamVariant v, cudaStream_t stream) {

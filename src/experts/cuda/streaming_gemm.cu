@@ -6,6 +6,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/instance_names.h"
+#include "experts/cuda/stream_k_splits.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda::sm90 {
@@ -77,13 +78,13 @@ int stream_variant_smem_bytes(StreamVariant v) {
 
 int streaming_k_splits(const GroupedGemmProblem& pr, StreamVariant v, int sm_count) {
   if (pr.epilogue != GemmEpilogue::kNone || pr.max_rows == 0) return 1;
-  constexpr int kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 16, kMinKStepsPerSplit = 4;
-  const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (stream_variant_smem_bytes(v) + 1024), 1, kMaxCtasPerSm);
-  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
-  const int64_t ctas = std::min(pr.num_groups, pr.max_rows) * (pr.n / stream_variant_rows(v));
-  const int64_t want = (4 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
-  const int64_t by_k = pr.k / stream_variant_block_k(v) / kMinKStepsPerSplit;
-  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(want, by_k), 1, kMaxStreamKSplits));
+  StreamKSplitRule r;
+  r.ctas = std::min(pr.num_groups, pr.max_rows) * (pr.n / stream_variant_rows(v));
+  r.smem_per_cta = stream_variant_smem_bytes(v);
+  r.max_ctas_per_sm = 16;
+  r.k_steps = pr.k / stream_variant_block_k(v);
+  r.max_splits = kMaxStreamKSplits;
+  return static_cast<int>(stream_k_splits(r, sm_count));
 }
 
 Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {

@@ -33,6 +33,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/instance_names.h"
+#include "experts/cuda/stream_k_splits.h"
 #include "experts/cuda/streaming_gemm.cuh"
 
 namespace moekit::cuda {
@@ -438,16 +439,17 @@ std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name) {
 
 int64_t w4_streaming_k_splits(const W4StreamGemm& g, W4StreamVariant v, int sm_count) {
   if (g.activation || g.bias != nullptr || g.max_rows == 0) return 1;
-  constexpr int64_t kSmemPerSm = 227 * 1024, kMaxCtasPerSm = 24, kMinStagesPerSplit = 4;
-  const int64_t smem = with_traits(v, [](auto tr) { return decltype(tr)::kSmemBytes; });
-  const int64_t block_k = with_traits(v, [](auto tr) { return decltype(tr)::kBlockK; });
-  const int64_t per_sm = std::clamp<int64_t>(kSmemPerSm / (smem + 1024), 1, kMaxCtasPerSm);
-  const int64_t slots = static_cast<int64_t>(sm_count) * per_sm;
-  const int64_t rows_cta = with_traits(v, [](auto tr) { return decltype(tr)::kRowsCta; });
-  const int64_t ctas = std::min(g.num_groups, g.max_rows) * ((g.n + rows_cta - 1) / rows_cta);
-  const int64_t want = (2 * slots + ctas - 1) / std::max<int64_t>(1, ctas);
-  const int64_t by_k = (g.k + block_k - 1) / block_k / kMinStagesPerSplit;
-  return std::clamp<int64_t>(std::min(want, by_k), 1, kMaxW4StreamKSplits);
+  return with_traits(v, [&](auto tr) {
+    using Tr = decltype(tr);
+    StreamKSplitRule r;
+    r.ctas = std::min(g.num_groups, g.max_rows) * ((g.n + Tr::kRowsCta - 1) / Tr::kRowsCta);
+    r.smem_per_cta = Tr::kSmemBytes;
+    r.max_ctas_per_sm = 24;  // as measured (bench/results/h200_v11): shared memory sets the slots
+    r.k_steps = (g.k + Tr::kBlockK - 1) / Tr::kBlockK;
+    r.waves = 2;
+    r.max_splits = kMaxW4StreamKSplits;
+    return stream_k_splits(r, sm_count);
+  });
 }
 
 Status w4_streaming_gemm_check(const W4StreamGemm& g) {
