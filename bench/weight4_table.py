@@ -30,13 +30,16 @@ def main(folder):
             t = c["time_us"]
             vs = [f"{d[(shape, m)]['time_us'] / t:8.2f}" if (shape, m) in d else f"{'-':>8}" for d in (bf16, fp8)]
             print(f"{shape:<20}{m:>6}{t:>10.1f}{100 * c['frac_floor']:>8.1f}{vs[0]}{vs[1]}")
-    paths = {p: cases(folder / f"mxfp4_{p}.json") for p in ("streaming", "dequant")}
-    if all(paths.values()):
-        auto = cases(folder / "mxfp4.json")
-        print("\nmxfp4 by GEMM path (each forced in its own process): us, and bf16's")
-        print(f"{'shape':<20}{'M':>6}{'auto':>10}{'stream':>10}{'dequant':>10}{'bf16':>10}")
-        for key in sorted(paths["streaming"], key=lambda k: (k[0], k[1])):
-            row = [d[key]["time_us"] if key in d else float("nan") for d in (auto, paths["streaming"], paths["dequant"], bf16)]
+    for scheme in ("mxfp4", "int4_g32", "int4_g128"):
+        paths = {p: cases(folder / f"{scheme}_{p}.json") for p in ("streaming", "mixed", "dequant")}
+        paths = {p: d for p, d in paths.items() if d}
+        if not paths:
+            continue
+        auto = cases(folder / f"{scheme}.json")
+        print(f"\n{scheme} by GEMM path (each forced in its own process): us, and bf16's")
+        print(f"{'shape':<20}{'M':>6}{'auto':>10}" + "".join(f"{p:>10}" for p in paths) + f"{'bf16':>10}")
+        for key in sorted(next(iter(paths.values())), key=lambda k: (k[0], k[1])):
+            row = [d[key]["time_us"] if key in d else float("nan") for d in (auto, *paths.values(), bf16)]
             print(f"{key[0]:<20}{key[1]:>6}" + "".join(f"{v:>10.1f}" for v in row))
 
 

@@ -2,8 +2,8 @@
 # The 4-bit weights on a CUDA machine: builds the 4-bit tests and the GPU
 # benchmark, runs the tests, then the benchmark on balanced data for bf16,
 # fp8-block and the 4-bit schemes (one process each, back to back on one GPU),
-# mxfp4 with each 4-bit GEMM path forced, and prints the 4-bit tables last
-# (bench/weight4_table.py).
+# mxfp4 and int4_g128 with each of their 4-bit GEMM paths forced, and prints the
+# 4-bit tables last (bench/weight4_table.py).
 #
 #   scripts/weight4_round.sh [RESULTS_DIR]     (default bench/results/latest)
 #
@@ -11,7 +11,8 @@
 # mxfp4 int4_g128"), M (token counts, default the shape list's), TESTS (test
 # binaries, default the 4-bit ones and their neighbours), BENCH_ARGS (extra
 # benchmark arguments), SKIP_TESTS=1, SKIP_BENCH=1, PATHS_M (token counts at
-# which mxfp4 runs with each GEMM path forced, default "64 256 1024 4096"; empty skips it).
+# which the paths are forced, default "64 256 1024 4096"; empty skips them),
+# PATH_RUNS (scheme:path pairs forced, default every path of mxfp4 and int4_g128).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -59,10 +60,12 @@ if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   done
   if [[ -n $paths_m ]]; then
     # Each 4-bit GEMM path forced, in its own process (their workspaces differ).
-    for path in streaming dequant; do
+    for run in ${PATH_RUNS:-mxfp4:streaming mxfp4:dequant int4_g128:streaming int4_g128:mixed int4_g128:dequant}; do
+      s=${run%%:*} path=${run#*:} only=()
+      [[ $s == int4_g128 ]] && only=(--only mixtral-8x7b qwen3-30b-a3b deepseek-v3)
       # shellcheck disable=SC2086
-      MOEKIT_SM90_W4_GEMM=$path "$bench" --scheme mxfp4 --m $paths_m --json "$out/mxfp4_$path.json" \
-        ${BENCH_ARGS:-} >"$out/mxfp4_$path.txt" 2>&1 || { fail=1; echo "bench $path failed:"; tail -5 "$out/mxfp4_$path.txt"; }
+      MOEKIT_SM90_W4_GEMM=$path "$bench" --scheme "$s" --m $paths_m --json "$out/${s}_$path.json" "${only[@]}" \
+        ${BENCH_ARGS:-} >"$out/${s}_$path.txt" 2>&1 || { fail=1; echo "bench $run failed:"; tail -5 "$out/${s}_$path.txt"; }
     done
   fi
   python3 "$root/bench/weight4_table.py" "$out"

@@ -221,7 +221,7 @@ struct KernelOptions {
   std::string sm90_fp8_gemm;    // fp8 GEMM path: cuda_core | cutlass | streaming
   std::string sm90_fp8_stream;  // fp8 streaming instance, or off
   std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
-  std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | dequant (moe_pipeline_weight4.h)
+  std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | mixed | dequant (moe_pipeline_weight4.h)
   std::string sm90_w4_stream;   // 4-bit streaming instance (weight4_streaming_gemm.h names)
   std::string cpu_gemm;         // cpu GEMM path: blas (f32 BLAS) | packed_bf16
 

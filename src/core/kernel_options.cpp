@@ -28,7 +28,7 @@ constexpr std::array<Knob, 9> kKnobs = {{
     {&KernelOptions::sm90_fp8_gemm, "sm90_fp8_gemm", "MOEKIT_SM90_FP8_GEMM", {"cuda_core", "cutlass", "streaming"}},
     {&KernelOptions::sm90_fp8_stream, "sm90_fp8_stream", "MOEKIT_SM90_FP8_STREAM", {}},
     {&KernelOptions::sm90_fp8_tile, "sm90_fp8_tile", "MOEKIT_SM90_FP8_TILE", {"m128n128", "m64n128"}},
-    {&KernelOptions::sm90_w4_gemm, "sm90_w4_gemm", "MOEKIT_SM90_W4_GEMM", {"streaming", "dequant"}},
+    {&KernelOptions::sm90_w4_gemm, "sm90_w4_gemm", "MOEKIT_SM90_W4_GEMM", {"streaming", "mixed", "dequant"}},
     {&KernelOptions::sm90_w4_stream, "sm90_w4_stream", "MOEKIT_SM90_W4_STREAM", {}},
     {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed_bf16"}},
 }};

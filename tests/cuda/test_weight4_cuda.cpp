@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_model_util.h"
@@ -50,6 +51,10 @@ constexpr double kVsCpuBound = 3 * 0.00390625 + 2.3e-5;
 // bf16 bound (test_cpu_weight4.cpp, one output rounding, folded into the
 // three above) plus the same terms.
 constexpr double kVsReferenceBound = kVsCpuBound + 2e-5;
+// The mixed-input path (int4_g128, large M) takes the scales as bf16: an f32
+// scale that is not a bf16 value is rounded once more (at most 2^-9 relative,
+// the same for every weight of its group), counted as one more 2^-8.
+constexpr double kBf16ScaleTerm = 0.00390625;
 
 constexpr QuantMethod kMethods[] = {QuantMethod::kMxfp4, QuantMethod::kInt4G32, QuantMethod::kInt4G128};
 
@@ -62,6 +67,7 @@ struct W4Case {
   // partials instead of folding the scale into the bf16 weights.
   bool large_codes = false;
   std::string path;  // kernel.sm90_w4_gemm; "" = the pipeline's choice
+  std::string plan_has;  // the GEMM plan must name this ("" = anything)
   std::string name() const {
     return std::string(quant_method_name(method)) + "_" + activation_name(act) + "_M" + std::to_string(shape.M) +
            "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" + std::to_string(shape.H) + "_I" +
@@ -104,6 +110,17 @@ std::vector<W4Case> w4_cases() {
       }
     }
   }
+  // The mixed-input path (CUTLASS, int4 converted in registers), forced at every size, and
+  // chosen on its own above 128 rows per expert (600 tokens x 2 / 8 experts = 150).
+  for (A act : {A::kSiluGated, A::kSwigluOai, A::kRelu2}) {
+    for (const Weight4Shape& shape : {Weight4Shape{5, 8, 2, 256, 128}, Weight4Shape{300, 16, 4, 384, 256}}) {
+      cases.push_back({QuantMethod::kInt4G128, act, shape, "", false, "mixed", "mixed-input"});
+    }
+    cases.push_back({QuantMethod::kInt4G128, act, {600, 8, 2, 256, 128}, "", false, "", "mixed-input"});
+  }
+  // Above 128 rows per expert, the schemes in groups of 32 take the dequant path.
+  cases.push_back({QuantMethod::kMxfp4, A::kSwigluOai, {600, 8, 2, 256, 128}, "", false, "", "dequantized"});
+  cases.push_back({QuantMethod::kInt4G32, A::kSiluGated, {600, 8, 2, 256, 128}, "", false, "", "dequantized"});
   return cases;
 }
 
@@ -209,9 +226,11 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
                                                         layer.w13_exact, layer.w2_exact, rr.ids, rr.weights,
                                                         static_cast<int>(s.k), extras);
   const double err_ref = testing::rel_l2_error(gpu, ref);
-  EXPECT_LE(err_cpu, kVsCpuBound) << "vs the cpu backend's emulation";
-  EXPECT_LE(err_ref, kVsReferenceBound) << "vs the fp64 reference";
   const std::string plan = modular->gemm_plan(s.M);
+  const double scale_term = plan.find("mixed-input") != std::string::npos ? kBf16ScaleTerm : 0.0;
+  EXPECT_LE(err_cpu, kVsCpuBound + scale_term) << "vs the cpu backend's emulation";
+  EXPECT_LE(err_ref, kVsReferenceBound + scale_term) << "vs the fp64 reference";
+  if (!c.plan_has.empty()) EXPECT_NE(plan.find(c.plan_has), std::string::npos) << plan;
   if (s.I == 1024) EXPECT_EQ(plan.find("in 1 K slice"), std::string::npos) << "the K-slice case ran unsliced: " << plan;
   std::printf("[ weight4  ] %-50s vs cpu %.2e, vs fp64 %.2e  (%s)\n", c.name().c_str(), err_cpu, err_ref, plan.c_str());
 }
@@ -219,13 +238,35 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
 INSTANTIATE_TEST_SUITE_P(Sm90, CudaWeight4Grid, ::testing::ValuesIn(w4_cases()),
                          [](const ::testing::TestParamInfo<W4Case>& info) { return info.param.name(); });
 
+// The mixed-input GEMM takes one scale per K tile of 64: forced on a scheme in
+// groups of 32, the forward fails and says why, and the plan says so too.
+TEST(CudaWeight4, MixedPathForcedOnGroupsOf32IsRefusedByName) {
+  MOEKIT_REQUIRE_SM90();
+  for (QuantMethod m : {QuantMethod::kMxfp4, QuantMethod::kInt4G32}) {
+    const Weight4Shape s{64, 8, 2, 256, 128};
+    Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({64, int64_t(m), 9}));
+    layer.config.kernel.sm90_w4_gemm = "mixed";
+    const auto mono = prepared_kernel("Sm90Monolithic", layer.config, layer.weights());
+    ASSERT_NE(mono, nullptr);
+    EXPECT_NE(mono->gemm_plan(s.M).find("unavailable"), std::string::npos) << mono->gemm_plan(s.M);
+    DeviceTensor hidden(layer.hidden), logits(layer.logits);
+    const StatusOr<HostTensor> out = cuda_test::monolithic_run(*mono, hidden, logits, s.M, s.H);
+    ASSERT_FALSE(out.ok()) << quant_method_name(m);
+    EXPECT_NE(out.status().message().find("int4_g128 only"), std::string::npos) << out.status().to_string();
+  }
+}
+
 // run() allocates nothing and never waits on the host: a CUDA graph of it
 // replays the eager output bit for bit.
 TEST(CudaWeight4, GraphReplayEqualsEager) {
   MOEKIT_REQUIRE_SM90();
-  for (QuantMethod m : kMethods) {
-    const Weight4Shape s{48, 16, 4, 256, 128};
-    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({48, int64_t(m), 8}));
+  // Every scheme on the streaming path; int4_g128 on the mixed-input one too (150 rows per expert).
+  const std::pair<QuantMethod, Weight4Shape> runs[] = {{QuantMethod::kMxfp4, {48, 16, 4, 256, 128}},
+                                                       {QuantMethod::kInt4G32, {48, 16, 4, 256, 128}},
+                                                       {QuantMethod::kInt4G128, {48, 16, 4, 256, 128}},
+                                                       {QuantMethod::kInt4G128, {600, 8, 2, 256, 128}}};
+  for (const auto& [m, s] : runs) {
+    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({s.M, int64_t(m), 8}));
     const auto mono = prepared_kernel("Sm90Monolithic", layer.config, layer.weights());
     ASSERT_NE(mono, nullptr);
     DeviceTensor hidden(layer.hidden), logits(layer.logits), out_graph(DType::kBF16, {s.M, s.H});

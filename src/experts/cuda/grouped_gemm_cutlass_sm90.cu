@@ -1,6 +1,7 @@
 // The CUTLASS path's adapter (grouped_gemm_cutlass_sm90.h): validates, lays out
 // the workspace, gathers A and applies the activation around the instantiated
-// GEMM (grouped_gemm_cutlass_sm90_<tile>.cu). Includes no CUTLASS header.
+// GEMM (grouped_gemm_cutlass_sm90_<tile>.cu, bf16 or 4-bit weights). Includes
+// no CUTLASS header.
 //
 // Gather and activation run blocks per (group, part): a block visits rows
 // lo + part, lo + part + parts, ... of its group's rows inside the chunk only,
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/cuda_check.h"
@@ -57,7 +59,8 @@ CutlassPlan plan(const GroupedGemmProblem& pr) {
     p.chunk_rows = std::clamp<int64_t>(budget / scratch_per_row, 1, p.chunk_rows);
   }
   p.chunks = (pr.max_rows + p.chunk_rows - 1) / p.chunk_rows;
-  size_t c = 0;
+  // The instantiated GEMM's tables come first: room for the largest kernel's.
+  size_t c = round_up(sm90::cutlass_w4_int4_workspace_size(pr.num_groups));
   for (CutlassTile t : kAllCutlassTiles) c = std::max(c, round_up(sm90::cutlass_gemm_workspace_size(t, pr.num_groups)));
   p.gemm = 0;
   if (own_gather) {
@@ -214,16 +217,19 @@ Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
 
 size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& pr) { return plan(pr).total; }
 
-Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, CutlassTile tile,
-                            cudaStream_t stream, int min_group_rows) {
-  const Support sup = cutlass_grouped_gemm_supports(pr);
-  if (!sup.ok) return Unsupported(sup.reason);
-  if (args.a == nullptr || args.b == nullptr || args.c == nullptr || args.group_start == nullptr ||
+namespace {
+
+// Both entry points: validation, then per chunk of rows the gather, the
+// instantiated GEMM (`gemm`, given a launch with everything but the weights'
+// own fields) and the activation. `b` stands for the weights in the checks.
+Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, const void* b, cudaStream_t stream,
+                  int min_group_rows, const std::function<Status(sm90::CutlassGemmLaunch&)>& gemm) {
+  if (args.a == nullptr || b == nullptr || args.c == nullptr || args.group_start == nullptr ||
       args.group_rows == nullptr || args.workspace == nullptr || (pr.gather_a && args.a_row_index == nullptr) ||
       (pr.gather_a && pr.gather_room && args.gather_room == nullptr)) {
     return InvalidArgument("CUTLASS grouped GEMM: a required pointer is null in " + pr.to_string());
   }
-  if (!aligned16(args.a) || !aligned16(args.b) || !aligned16(args.c) || !aligned16(args.workspace) ||
+  if (!aligned16(args.a) || !aligned16(b) || !aligned16(args.c) || !aligned16(args.workspace) ||
       !aligned16(args.gather_room)) {
     return InvalidArgument("CUTLASS grouped GEMM: a, b, c, gather_room and workspace must be 16-byte aligned");
   }
@@ -256,14 +262,14 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
     l.row_end = row_end;
     l.a = pr.gather_a ? gathered : args.a;
     l.a_row0 = pr.gather_a ? row_begin : 0;
-    l.b = args.b;
+    l.b = b;
     l.d = activation ? pre_act : static_cast<uint16_t*>(args.c);
     l.d_row0 = activation ? row_begin : 0;
     l.group_start = args.group_start;
     l.group_rows = args.group_rows;
     l.min_group_rows = min_group_rows;
     l.workspace = ws + w.gemm;
-    MOEKIT_RETURN_IF_ERROR(sm90::cutlass_gemm(tile, l, stream));
+    MOEKIT_RETURN_IF_ERROR(gemm(l));
     if (activation) {
       const RowSweep s{args.group_start, args.group_rows, row_begin, row_end, static_cast<int>(pr.n_out() / kVec),
                        min_group_rows};
@@ -275,6 +281,47 @@ Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs&
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, CutlassTile tile,
+                            cudaStream_t stream, int min_group_rows) {
+  const Support sup = cutlass_grouped_gemm_supports(pr);
+  if (!sup.ok) return Unsupported(sup.reason);
+  return run_chunks(pr, args, args.b, stream, min_group_rows,
+                    [&](sm90::CutlassGemmLaunch& l) { return sm90::cutlass_gemm(tile, l, stream); });
+}
+
+Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& pr, QuantMethod method) {
+  if (method != QuantMethod::kInt4G128) {
+    return Support::no(std::string("CUTLASS 4-bit grouped GEMM: ") + quant_method_name(method) +
+                       " (the sm90 mixed-input mainloop takes one scale per row per K tile of at least 64: "
+                       "int4_g128 only)");
+  }
+  const Support sup = cutlass_grouped_gemm_supports(pr);
+  if (!sup.ok) return sup;
+  if (pr.k % weight4_group(method) != 0) {
+    return Support::no("CUTLASS 4-bit grouped GEMM: K=" + std::to_string(pr.k) + " is not in whole " +
+                       quant_method_name(method) + " scale groups");
+  }
+  return Support::yes();
+}
+
+size_t cutlass_weight4_grouped_gemm_workspace_size(const GroupedGemmProblem& pr) { return plan(pr).total; }
+
+Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
+                                    const CutlassWeight4& weights, cudaStream_t stream) {
+  const Support sup = cutlass_weight4_grouped_gemm_supports(pr, weights.method);
+  if (!sup.ok) return Unsupported(sup.reason);
+  if (weights.scales == nullptr || !aligned16(weights.scales)) {
+    return InvalidArgument("CUTLASS 4-bit grouped GEMM: scales null or not 16-byte aligned");
+  }
+  return run_chunks(pr, args, weights.packed, stream, /*min_group_rows=*/1, [&](sm90::CutlassGemmLaunch& l) {
+    l.b_scale = weights.scales;
+    l.scale_group = static_cast<int>(weight4_group(weights.method));
+    return sm90::cutlass_w4_int4_gemm(l, stream);
+  });
 }
 
 }  // namespace moekit::cuda

@@ -15,7 +15,9 @@
 // group of (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of
 // H. A gathered A in the caller's gather_room takes none of it.
 // Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
-// in four tile shapes, one per .cu file.
+// in four tile shapes, one per .cu file; and a mixed-input kernel for int4
+// weights in scale groups of 128 (cutlass_weight4_grouped_gemm), where B is
+// packed 4-bit weights with a bf16 scale per (weight row, scale group).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,6 +28,7 @@
 #include <string_view>
 
 #include "experts/cuda/grouped_gemm.h"
+#include "moekit/config.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
 
@@ -58,11 +61,28 @@ size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
 Status cutlass_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, CutlassTile tile,
                             cudaStream_t stream, int min_group_rows = 1);
 
+// The 4-bit weights of cutlass_weight4_grouped_gemm (in place of GroupedGemmArgs::b).
+struct CutlassWeight4 {
+  QuantMethod method = QuantMethod::kInt4G128;  // the schemes cutlass_weight4_grouped_gemm_supports takes
+  const uint8_t* packed = nullptr;   // [G, N, K/2]: int4 in two's complement, two a byte, even column in the low nibble
+  const uint16_t* scales = nullptr;  // [G, K/group, N] bf16: weight = value · scale (one bf16 rounding)
+};
+
+// ok, or why the 4-bit kernel cannot serve the scheme or the problem: int4_g128
+// only (the mainloop's K tile of 64 takes one scale per row, so mxfp4's and
+// int4_g32's groups of 32 do not fit), K in whole groups.
+Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& problem, QuantMethod method);
+size_t cutlass_weight4_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
+// As cutlass_grouped_gemm, with 4-bit weights; weight rows on the 128-wide tile side, 128 token rows.
+Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args,
+                                    const CutlassWeight4& weights, cudaStream_t stream);
+
 namespace sm90 {
 
 // One launch of an instantiated kernel (grouped_gemm_cutlass_sm90_<tile>.cu):
 // for the rows r of each group g inside [row_begin, row_end),
-//   D[r - d_row0] = A[r - a_row0] · B[g]ᵀ,  bf16 in, fp32 accumulate, bf16 out.
+//   D[r - d_row0] = A[r - a_row0] · B[g]ᵀ,  bf16 in, fp32 accumulate, bf16 out
+// (4-bit kernels: B[g] converted from packed values and scales).
 struct CutlassGemmLaunch {
   int num_groups = 0;                    // G
   int n = 0;                             // N
@@ -71,7 +91,9 @@ struct CutlassGemmLaunch {
   int row_begin = 0, row_end = 0;        // the rows of this launch (a chunk of [0, max_rows))
   int a_row0 = 0, d_row0 = 0;            // the row held by a[0] / d[0]
   const uint16_t* a = nullptr;           // [.., K] bf16
-  const uint16_t* b = nullptr;           // [G, N, K] bf16
+  const void* b = nullptr;               // [G, N, K] bf16; 4-bit kernels: [G, N, K/2] packed
+  const uint16_t* b_scale = nullptr;     // 4-bit kernels: [G, K/scale_group, N] bf16
+  int scale_group = 0;                   // 4-bit kernels: K columns per scale
   uint16_t* d = nullptr;                 // [.., N] bf16; only the launch's group rows written
   const int32_t* group_start = nullptr;  // [G] i32
   const int32_t* group_rows = nullptr;   // [G] i32, may be 0
@@ -95,6 +117,9 @@ size_t cutlass_swap_n32_workspace_size(int64_t num_groups);
 Status cutlass_swap_n32_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 size_t cutlass_swap_n64_workspace_size(int64_t num_groups);
 Status cutlass_swap_n64_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+// Mixed input (int4, bf16 scales), swapped: 128 weight rows x 128 token rows x 64 of K.
+size_t cutlass_w4_int4_workspace_size(int64_t num_groups);
+Status cutlass_w4_int4_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace moekit::cuda

@@ -9,6 +9,7 @@
 #include "experts/cuda/expert_extras.h"
 #include "experts/cuda/finalize.h"
 #include "experts/cuda/grouped_gemm.h"
+#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
 #include "experts/cuda/weight4_dequant.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
 
@@ -116,6 +117,69 @@ Status run_streaming(const ExpertsShape& s, const Weight4ExpertWeights& w, const
   return Status::Ok();
 }
 
+// The gate/up bias and the activation over GEMM1's plain output (expert_bias),
+// for `experts` experts from first_expert on.
+Status bias_then_activation(const ExpertsShape& s, const Weight4ExpertWeights& w, const Weight4WorkspaceLayout& l,
+                            char* ws, int64_t num_tokens, int64_t first_expert, int64_t experts, cudaStream_t stream) {
+  BiasActivationArgs ba;
+  ba.max_rows = num_tokens * s.top_k;
+  ba.num_groups = experts;
+  ba.n1 = s.n1();
+  ba.intermediate = s.intermediate;
+  ba.activation = s.activation;
+  ba.gemm1_out = reinterpret_cast<const uint16_t*>(ws + l.gemm1_raw);
+  ba.bias = w.w13_bias + first_expert * s.n1();
+  ba.group_start = reinterpret_cast<const int32_t*>(ws + l.group_start) + first_expert;
+  ba.group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows) + first_expert;
+  ba.inter = reinterpret_cast<uint16_t*>(ws + l.intermediate);
+  return bias_activation(ba, stream);
+}
+
+// The scales of `packed` ([E, n, k/2]) as bf16 in the workspace, for the mixed-input GEMM.
+Status bf16_scales_of(const ExpertsShape& s, QuantMethod method, const void* scales, int64_t n, int64_t k,
+                      uint16_t* out, cudaStream_t stream) {
+  Weight4DequantArgs d;
+  d.method = method;
+  d.num_experts = s.num_experts;
+  d.n = n;
+  d.k = k;
+  d.scales = scales;
+  d.out = out;
+  return weight4_bf16_scales(d, stream);
+}
+
+#if MOEKIT_HAVE_CUTLASS
+Status run_mixed(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
+                 const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
+  const int64_t M = run.num_tokens, N1 = s.n1(), H = s.hidden, I = s.intermediate;
+  char* ws = run.workspace;
+  auto* scales = reinterpret_cast<uint16_t*>(ws + l.bf16_scales);
+  auto* inter = reinterpret_cast<uint16_t*>(ws + l.intermediate);
+  auto* y = reinterpret_cast<uint16_t*>(ws + l.partials);  // [M·k, H] bf16
+  MOEKIT_RETURN_IF_ERROR(bf16_scales_of(s, w.method, w.w13_scale, N1, H, scales, stream));
+  GroupedGemmArgs g1;
+  g1.a = run.hidden;
+  g1.a_row_index = reinterpret_cast<const int32_t*>(ws + l.row_token);
+  g1.c = s.expert_bias ? static_cast<void*>(ws + l.gemm1_raw) : inter;
+  g1.group_start = reinterpret_cast<const int32_t*>(ws + l.group_start);
+  g1.group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows);
+  g1.gather_room = y;  // GEMM2 fills it only later
+  g1.workspace = ws + l.gemm1_scratch;
+  MOEKIT_RETURN_IF_ERROR(cutlass_weight4_grouped_gemm(gemm1_problem(s, M), g1, {w.method, w.w13, scales}, stream));
+  if (s.expert_bias) MOEKIT_RETURN_IF_ERROR(bias_then_activation(s, w, l, ws, M, 0, s.num_experts, stream));
+  MOEKIT_RETURN_IF_ERROR(bf16_scales_of(s, w.method, w.w2_scale, H, I, scales, stream));
+  GroupedGemmArgs g2;
+  g2.a = inter;
+  g2.c = y;
+  g2.group_start = g1.group_start;
+  g2.group_rows = g1.group_rows;
+  g2.workspace = ws + l.gemm2_scratch;
+  MOEKIT_RETURN_IF_ERROR(cutlass_weight4_grouped_gemm(gemm2_problem(s, M), g2, {w.method, w.w2, scales}, stream));
+  fa->expert_out = y;
+  return Status::Ok();
+}
+#endif
+
 Status run_dequant(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
                    const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
   const int64_t M = run.num_tokens, E = s.num_experts, N1 = s.n1(), H = s.hidden, I = s.intermediate;
@@ -146,20 +210,7 @@ Status run_dequant(const ExpertsShape& s, const Weight4ExpertWeights& w, const E
     g1.group_rows = group_rows + e0;
     g1.workspace = ws + l.gemm1_scratch;
     MOEKIT_RETURN_IF_ERROR(grouped_gemm(chunk_gemm1(s, M, ec), g1, stream));
-    if (s.expert_bias) {
-      BiasActivationArgs ba;
-      ba.max_rows = M * s.top_k;
-      ba.num_groups = ec;
-      ba.n1 = N1;
-      ba.intermediate = I;
-      ba.activation = s.activation;
-      ba.gemm1_out = reinterpret_cast<const uint16_t*>(ws + l.gemm1_raw);
-      ba.bias = w.w13_bias + e0 * N1;
-      ba.group_start = group_start + e0;
-      ba.group_rows = group_rows + e0;
-      ba.inter = inter;
-      MOEKIT_RETURN_IF_ERROR(bias_activation(ba, stream));
-    }
+    if (s.expert_bias) MOEKIT_RETURN_IF_ERROR(bias_then_activation(s, w, l, ws, M, e0, ec, stream));
     d.n = H;
     d.k = I;
     d.packed = w.w2;
@@ -180,37 +231,70 @@ Status run_dequant(const ExpertsShape& s, const Weight4ExpertWeights& w, const E
 
 }  // namespace
 
-Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, int64_t num_tokens) {
-  const KernelOptions& o = kernel_options_or_environment(s.kernel);
-  if (o.sm90_w4_gemm == "streaming") return Weight4GemmPath::kStreaming;
-  if (o.sm90_w4_gemm == "dequant") return Weight4GemmPath::kDequant;
-  if (s.batch_invariant) return Weight4GemmPath::kStreaming;
-  return mean_rows(s, num_tokens * s.top_k) > kWeight4DequantMinRows ? Weight4GemmPath::kDequant
-                                                                : Weight4GemmPath::kStreaming;
+Support weight4_mixed_gemm_supports(const ExpertsShape& s, QuantMethod method) {
+#if MOEKIT_HAVE_CUTLASS
+  const Support g1 = cutlass_weight4_grouped_gemm_supports(gemm1_problem(s, 1), method);
+  return g1.ok ? cutlass_weight4_grouped_gemm_supports(gemm2_problem(s, 1), method) : g1;
+#else
+  (void)s;
+  (void)method;
+  return Support::no("4-bit mixed-input GEMM: this build has no CUTLASS kernels");
+#endif
 }
 
-Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
+Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
+  const KernelOptions& o = kernel_options_or_environment(s.kernel);
+  if (o.sm90_w4_gemm == "streaming") return Weight4GemmPath::kStreaming;
+  if (o.sm90_w4_gemm == "mixed") return Weight4GemmPath::kMixed;
+  if (o.sm90_w4_gemm == "dequant") return Weight4GemmPath::kDequant;
+  if (s.batch_invariant || mean_rows(s, num_tokens * s.top_k) <= kWeight4DequantMinRows) {
+    return Weight4GemmPath::kStreaming;
+  }
+  return weight4_mixed_gemm_supports(s, method).ok ? Weight4GemmPath::kMixed : Weight4GemmPath::kDequant;
+}
+
+Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
   const int64_t pairs = num_tokens * s.top_k;
   Weight4WorkspaceLayout l;
   size_t c = 0;
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.intermediate = take_workspace(&c, static_cast<size_t>(pairs * s.intermediate) * 2);
   l.partials = take_workspace(&c, partial_rows(pairs) * static_cast<size_t>(s.hidden) * sizeof(float));
-  if (weight4_gemm_path(s, num_tokens) == Weight4GemmPath::kDequant) {
+  const Weight4GemmPath path = weight4_gemm_path(s, method, num_tokens);
+  if (path == Weight4GemmPath::kStreaming) {
+    l.total = c;
+    return l;
+  }
+  if (path == Weight4GemmPath::kDequant) {
     l.chunk_experts = dequant_chunk_experts(s);
     const size_t per_expert = static_cast<size_t>(std::max(s.n1() * s.hidden, s.hidden * s.intermediate)) * 2;
     l.dequant = take_workspace(&c, static_cast<size_t>(l.chunk_experts) * per_expert);
-    if (s.expert_bias) l.gemm1_raw = take_workspace(&c, static_cast<size_t>(pairs * s.n1()) * 2);
     l.gemm1_scratch = take_workspace(&c, grouped_gemm_workspace_size(chunk_gemm1(s, num_tokens, l.chunk_experts)));
     l.gemm2_scratch = take_workspace(&c, grouped_gemm_workspace_size(chunk_gemm2(s, num_tokens, l.chunk_experts)));
+  } else {
+#if MOEKIT_HAVE_CUTLASS
+    const int64_t g = weight4_group(method);
+    l.bf16_scales = take_workspace(
+        &c, static_cast<size_t>(s.num_experts * std::max(s.hidden / g * s.n1(), s.intermediate / g * s.hidden)) * 2);
+    l.gemm1_scratch = take_workspace(&c, cutlass_weight4_grouped_gemm_workspace_size(gemm1_problem(s, num_tokens)));
+    l.gemm2_scratch = take_workspace(&c, cutlass_weight4_grouped_gemm_workspace_size(gemm2_problem(s, num_tokens)));
+#endif
   }
+  if (s.expert_bias) l.gemm1_raw = take_workspace(&c, static_cast<size_t>(pairs * s.n1()) * 2);
   l.total = c;
   return l;
 }
 
 std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
   const int64_t pairs = num_tokens * s.top_k;
-  if (weight4_gemm_path(s, num_tokens) == Weight4GemmPath::kDequant) {
+  const Weight4GemmPath path = weight4_gemm_path(s, method, num_tokens);
+  if (path == Weight4GemmPath::kMixed) {
+    const Support sup = weight4_mixed_gemm_supports(s, method);
+    return std::string("4-bit (") + quant_method_name(method) + ") " +
+           (sup.ok ? "CUTLASS mixed-input GEMMs (int4 converted in registers, 128x128x64 tiles)"
+                   : "mixed-input GEMMs forced, unavailable: " + sup.reason);
+  }
+  if (path == Weight4GemmPath::kDequant) {
     const int64_t chunk = dequant_chunk_experts(s);
     return std::string("4-bit (") + quant_method_name(method) + ") dequantized to bf16, " +
            std::to_string(chunk) + " expert(s) at a time; GEMM1 " +
@@ -225,15 +309,22 @@ std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t
 Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
                            cudaStream_t stream) {
   const int64_t M = run.num_tokens;
-  const Weight4WorkspaceLayout l = weight4_workspace_layout(s, M);
+  const Weight4WorkspaceLayout l = weight4_workspace_layout(s, w.method, M);
   char* ws = run.workspace;
   MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
   if (M == 0) return Status::Ok();
   FinalizeArgs fa;
-  if (weight4_gemm_path(s, M) == Weight4GemmPath::kDequant) {
-    MOEKIT_RETURN_IF_ERROR(run_dequant(s, w, run, l, &fa, stream));
-  } else {
-    MOEKIT_RETURN_IF_ERROR(run_streaming(s, w, run, l, &fa, stream));
+  switch (weight4_gemm_path(s, w.method, M)) {
+    case Weight4GemmPath::kStreaming: MOEKIT_RETURN_IF_ERROR(run_streaming(s, w, run, l, &fa, stream)); break;
+    case Weight4GemmPath::kMixed: {
+      const Support sup = weight4_mixed_gemm_supports(s, w.method);
+      if (!sup.ok) return Unsupported(sup.reason);
+#if MOEKIT_HAVE_CUTLASS
+      MOEKIT_RETURN_IF_ERROR(run_mixed(s, w, run, l, &fa, stream));
+#endif
+      break;
+    }
+    case Weight4GemmPath::kDequant: MOEKIT_RETURN_IF_ERROR(run_dequant(s, w, run, l, &fa, stream)); break;
   }
   fa.num_tokens = M;
   fa.top_k = s.top_k;

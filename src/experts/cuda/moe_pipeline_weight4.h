@@ -7,9 +7,12 @@
 //     weights (f32, K slices where few rows would leave SMs idle) -> weighted
 //     top-k reduction with the w2 bias (finalize.h). Both GEMMs stream the packed
 //     bytes once and unpack them in registers (weight4_streaming_gemm.h).
-//   dequant (prefill): align -> for each chunk of experts, the weights
-//     dequantized to bf16 (weight4_dequant.h) and the bf16 tensor-core grouped
-//     GEMMs of the bf16 pipeline on that chunk's rows -> finalize.
+//   mixed (prefill, int4_g128): align -> the scales as bf16 (weight4_dequant.h)
+//     -> CUTLASS's mixed-input grouped GEMMs, which read the packed weights once
+//     and convert them in registers (grouped_gemm_cutlass_sm90.h) -> finalize.
+//   dequant (prefill, the other schemes): align -> for each chunk of experts, the
+//     weights dequantized to bf16 (weight4_dequant.h) and the bf16 tensor-core
+//     grouped GEMMs of the bf16 pipeline on that chunk's rows -> finalize.
 // One stream, the caller's workspace, no allocation, no host synchronization.
 #pragma once
 
@@ -37,12 +40,15 @@ struct Weight4WorkspaceLayout : PairWorkspaceLayout {
   // The dequant path only (size 0 otherwise):
   int64_t chunk_experts = 0;  // experts dequantized at a time
   size_t dequant = 0;         // [chunk_experts, max(N1·H, H·I)] bf16: one chunk's W13, then its W2
+  // The mixed path only (size 0 otherwise):
+  size_t bf16_scales = 0;     // [E, max(H/group·N1, I/group·H)] bf16: W13's scales, then W2's
+  // Both:
   size_t gemm1_raw = 0;       // [M·k, N1] bf16: GEMM1 before bias and activation (expert_bias)
-  size_t gemm1_scratch = 0;   // grouped_gemm_workspace_size of one chunk's GEMM1
+  size_t gemm1_scratch = 0;   // workspace of (one chunk's) GEMM1
   size_t gemm2_scratch = 0;
   size_t total = 0;
 };
-Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, int64_t num_tokens);
+Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);
 
 // The prepared 4-bit weights on the device (sm90_weights.h has the layouts).
 struct Weight4ExpertWeights {
@@ -56,17 +62,21 @@ struct Weight4ExpertWeights {
   const float* w2_bias = nullptr;    // [E, H] f32, iff s.expert_bias
 };
 
-enum class Weight4GemmPath { kStreaming, kDequant };
-// Mean rows per non-empty expert above which the dequant path runs. Measured on
+enum class Weight4GemmPath { kStreaming, kMixed, kDequant };
+// Mean rows per non-empty expert above which a large-M path runs. Measured on
 // the H200 with each path forced (scripts/weight4_round.sh, bench/results/h200_v11):
-// streaming is faster at up to 128 rows on all four benchmark shapes (DeepSeek-V3
-// at 128 rows: 18.6 ms against 27.0 ms), dequant from 256 (Mixtral at 256 rows:
-// 3.7 ms against 4.6 ms; Qwen3-30B-A3B: 1.79 ms against 2.31 ms).
+// streaming is faster than dequant at up to 128 rows on all four benchmark shapes
+// (DeepSeek-V3 at 128 rows: 18.6 ms against 27.0 ms), dequant from 256 (Mixtral
+// at 256 rows: 3.7 ms against 4.6 ms; Qwen3-30B-A3B: 1.79 ms against 2.31 ms).
 inline constexpr int64_t kWeight4DequantMinRows = 128;
-// The path of a forward of M tokens: kernel.sm90_w4_gemm (streaming | dequant)
-// when set; else streaming when batch-invariant (one path for every M) or while
-// experts get few rows, dequant above kWeight4DequantMinRows rows per expert.
-Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, int64_t num_tokens);
+// Whether this build and `method` have the mixed-input GEMM (int4_g128 with the
+// CUTLASS kernels built), and why not.
+Support weight4_mixed_gemm_supports(const ExpertsShape& s, QuantMethod method);
+// The path of a forward of M tokens: kernel.sm90_w4_gemm (streaming | mixed |
+// dequant) when set; else streaming when batch-invariant (one path for every M)
+// or while experts get few rows; above kWeight4DequantMinRows rows per expert
+// mixed where it is supported, else dequant.
+Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);
 
 // The GEMM path and instance of a forward of M tokens, one line (for gemm_plan).
 std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);

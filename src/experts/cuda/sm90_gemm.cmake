@@ -1,6 +1,7 @@
 # The Hopper grouped GEMM paths behind grouped_gemm.h (grouped_gemm_sm90.h):
-# the weight-streaming kernel always, the CUTLASS kernels (bf16, and the fp8
-# blockwise one of moe_pipeline_fp8) when the CUTLASS headers were found
+# the weight-streaming kernel always, the CUTLASS kernels (bf16, the fp8
+# blockwise one of moe_pipeline_fp8, the int4 mixed-input one of
+# moe_pipeline_weight4) when the CUTLASS headers were found
 # (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
 if(MOEKIT_WITH_CUDA)
   target_sources(moekit_experts PRIVATE
@@ -16,6 +17,7 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_swap_n32.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_swap_n64.cu
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_w4_int4.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m64n128.cu
@@ -24,7 +26,8 @@ if(MOEKIT_WITH_CUDA)
     target_sources(moekit_experts PRIVATE ${MOEKIT_CUTLASS_SOURCES})
     target_include_directories(moekit_experts SYSTEM PRIVATE ${MOEKIT_CUTLASS_INCLUDE})
     set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
-                                ${CMAKE_CURRENT_LIST_DIR}/moe_pipeline_fp8.cpp ${MOEKIT_CUTLASS_SOURCES}
+                                ${CMAKE_CURRENT_LIST_DIR}/moe_pipeline_fp8.cpp
+                                ${CMAKE_CURRENT_LIST_DIR}/moe_pipeline_weight4.cpp ${MOEKIT_CUTLASS_SOURCES}
                                 PROPERTIES COMPILE_DEFINITIONS MOEKIT_HAVE_CUTLASS=1)
   endif()
 endif()

@@ -74,7 +74,7 @@ size_t Sm90Kernel::workspace_size(int64_t num_tokens) const {
   switch (pipeline_) {
     case Sm90Pipeline::kBf16: return experts_workspace_layout(shape_, num_tokens).total;
     case Sm90Pipeline::kFp8: return fp8_workspace_layout(shape_, num_tokens).total;
-    case Sm90Pipeline::kWeight4: return weight4_workspace_layout(shape_, num_tokens).total;
+    case Sm90Pipeline::kWeight4: return weight4_workspace_layout(shape_, config_.quant.method, num_tokens).total;
   }
   return 0;
 }

@@ -222,6 +222,7 @@ Status prepare_weight4(const MoeConfig& config, const ExpertsShape& shape, Devic
   MOEKIT_RETURN_IF_ERROR(check_quant_scales(config, w, w_dev));  // dtypes and shapes; host values
   MOEKIT_RETURN_IF_ERROR(check_extras(shape, dev, w));
   MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> w13, host_bytes(w.w13));
+  MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> w2, host_bytes(w.w2));
   MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> s13, host_bytes(w.w13_scale));
   MOEKIT_ASSIGN_OR_RETURN(std::vector<uint8_t> s2, host_bytes(w.w2_scale));
   if (w_dev.type == DeviceType::kCuda) {  // device scales: their values checked on the host copies
@@ -242,10 +243,15 @@ Status prepare_weight4(const MoeConfig& config, const ExpertsShape& shape, Devic
                   row_bytes);
     }
   }
+  if (method != QuantMethod::kMxfp4) {
+    // int4 nibbles hold v + 8; the kernels (and CUTLASS's int4b_t) take v in two's complement.
+    for (uint8_t& b : w13_prepared) b ^= 0x88u;
+    for (uint8_t& b : w2) b ^= 0x88u;
+  }
   const std::vector<uint8_t> s13_t = transpose_scales(s13, E, N1, H / group, elem, w13_row);
   const std::vector<uint8_t> s2_t = transpose_scales(s2, E, H, I / group, elem, [](int64_t r) { return r; });
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13, dev, w13_prepared.data(), w13_prepared.size()));
-  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w2.data(), w2.size()));
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13_scale, dev, s13_t.data(), s13_t.size()));
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2_scale, dev, s2_t.data(), s2_t.size()));
   MOEKIT_RETURN_IF_ERROR(prepare_extras(shape, kind, dev, w, out));

@@ -4,7 +4,7 @@
 //         extras (biases widened to f32, a shared expert re-laid-out like W13).
 //   fp8:  e4m3 weights in the checkpoint layout, their scales as given and as
 //         the tensor-core GEMM reads them (fp8_expand_weight_scales).
-//   4-bit: the packed bytes as stored, W13's rows in the kGateUpBlock order of
+//   4-bit: the packed bytes as stored (int4 as two's complement nibbles), W13's rows in the kGateUpBlock order of
 //         the bf16 layout; the scales transposed to [E, K/group, N] (rows
 //         permuted alike) so the rows of one scale group are contiguous; the
 //         biases as for bf16 (weight4_streaming_gemm.h).

@@ -41,7 +41,7 @@ __global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group)
       for (int h = 0; h < 2; ++h) {
         const uint32_t nib = (byte >> (4 * h)) & 0xFu;
         v[h] = a.method == QuantMethod::kMxfp4 ? ((nib & 8u) ? -kE2m1[nib & 7u] : kE2m1[nib & 7u])
-                                               : static_cast<float>(static_cast<int>(nib) - 8);
+                                               : static_cast<float>(static_cast<int>(nib ^ 8u) - 8);  // two's complement
       }
       out[wi * 4 + b] = __floats2bfloat162_rn(v[0] * scale, v[1] * scale);
     }
@@ -51,10 +51,44 @@ __global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group)
   for (int q = 0; q < 4; ++q) dst[q] = reinterpret_cast<const uint4*>(out)[q];
 }
 
+// One thread per output scale.
+__global__ void bf16_scales_kernel(const Weight4DequantArgs a, int64_t groups) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.num_experts * groups * a.n) return;
+  const int64_t row = i / a.n, r = i % a.n;  // row = e * groups + q
+  const int64_t at = (a.first_expert * groups + row) * a.n + weight4_scale_position(r);
+  uint16_t bits;
+  if (a.method == QuantMethod::kMxfp4) {
+    const uint32_t code = static_cast<const uint8_t*>(a.scales)[at];
+    bits = static_cast<uint16_t>(code == 0 ? 0x0040u : code << 7);  // 2^-127 is a bf16 subnormal
+  } else {
+    const __nv_bfloat16 b = __float2bfloat16_rn(static_cast<const float*>(a.scales)[at]);
+    bits = *reinterpret_cast<const uint16_t*>(&b);
+  }
+  a.out[i] = bits;
+}
+
+bool shape_ok(const Weight4DequantArgs& a) {
+  return quant_family(a.method) == QuantFamily::kWeight4 && a.n % 32 == 0 && a.k % weight4_group(a.method) == 0;
+}
+
 }  // namespace
 
+Status weight4_bf16_scales(const Weight4DequantArgs& a, cudaStream_t stream) {
+  if (!shape_ok(a)) {
+    return InvalidArgument(std::string("weight4_bf16_scales: ") + quant_method_name(a.method) + " with n=" +
+                           std::to_string(a.n) + ", k=" + std::to_string(a.k));
+  }
+  const int64_t groups = a.k / weight4_group(a.method), threads = a.num_experts * groups * a.n;
+  if (threads == 0) return Status::Ok();
+  constexpr int kBlock = 256;
+  bf16_scales_kernel<<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(a, groups);
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
 Status dequantize_weight4(const Weight4DequantArgs& a, cudaStream_t stream) {
-  if (quant_family(a.method) != QuantFamily::kWeight4 || a.n % 32 != 0 || a.k % weight4_group(a.method) != 0) {
+  if (!shape_ok(a)) {
     return InvalidArgument(std::string("dequantize_weight4: ") + quant_method_name(a.method) + " with n=" +
                            std::to_string(a.n) + ", k=" + std::to_string(a.k));
   }

@@ -14,7 +14,8 @@
 // columns pair up in a register is free as long as the B (token) fragment pairs
 // the same columns: both schemes pair nibbles j and j+4 of the word (columns j,
 // j+4), 16 bits apart, so one shift lines both up:
-//   int4:  0x4300 | v is the bf16 128 + v exactly; one bf16 subtraction leaves v - 8;
+//   int4:  0x4300 | (nibble ^ 8) is the bf16 136 + v exactly (two's complement v);
+//          one bf16 subtraction leaves v;
 //   mxfp4: sign -> bit 15, exponent and mantissa bits -> bits 8..6 make the bf16
 //          e2m1 * 2^-126 exactly (e2m1's subnormal 0.5 lands on bf16's subnormal
 //          2^-127), and one bf16 multiply by 2^(code - 1) gives e2m1 * 2^(code - 127),
@@ -121,13 +122,14 @@ __device__ __forceinline__ void e2m1_nibbles_to_bf16x2(uint32_t w, uint32_t (&ou
   out[3] = ((w >> 6) & 0x01C001C0u) | (w & 0x80008000u);
 }
 
-// int4 (nibble - 8) of the nibbles of `w` as bf16 pairs: out[j] = (v(nibble j), v(nibble j + 4)).
+// int4 (two's complement nibbles) of `w` as bf16 pairs: out[j] = (v(nibble j), v(nibble j + 4)).
 __device__ __forceinline__ void int4_nibbles_to_bf16x2(uint32_t w, uint32_t (&out)[4]) {
-  // bf16 0x4300 | v is 128 + v exactly for v < 16, so subtracting 136 leaves v - 8.
+  // nibble ^ 8 is u = v + 8 in [0, 16); bf16 0x4300 | u is 128 + u exactly, so
+  // subtracting 136 leaves v. The xor with 0x4308 does both in one step.
   const __nv_bfloat162 bias = __floats2bfloat162_rn(136.0f, 136.0f);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t biased = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+    const uint32_t biased = ((w >> (4 * j)) & 0x000F000Fu) ^ 0x43084308u;
     const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), bias);
     out[j] = *reinterpret_cast<const uint32_t*>(&v);
   }

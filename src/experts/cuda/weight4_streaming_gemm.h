@@ -4,7 +4,7 @@
 //
 // Per group g with rows, for each row r and output column n:
 //   C[r, n] = epilogue( sum over scale groups q of  s_g(n, q) * sum_{c in q} A[r, c] * v_g(n, c) )
-// where v is the e2m1 value (mxfp4) or nibble - 8 (int4), exact in bf16, so
+// where v is the e2m1 value (mxfp4) or the signed nibble (int4), exact in bf16, so
 // the tensor cores multiply exact weight values: mxfp4 with its power-of-two
 // scale multiplied into the bf16 weight (exact for codes <= kMxfp4FoldMaxCode),
 // int4 (and mxfp4 with larger codes) with each scale group's f32 partial scaled once.
@@ -12,7 +12,8 @@
 // read of the weights, no dequantized copy.
 //
 // Weights as prepare_sm90_weights lays them out (sm90_weights.h):
-//   b       [G, N, K/2] u8, the checkpoint's bytes (low nibble = even column),
+//   b       [G, N, K/2] u8, the checkpoint's bytes (low nibble = even column;
+//           int4 re-biased to two's complement, nibble ^ 8, as CUTLASS's int4b_t),
 //           W13's rows in the kGateUpBlock order of the bf16 pipeline;
 //   b_scale [G, K/group, N]: the scales transposed so a CTA's rows of one scale
 //           group are contiguous (u8 E8M0 for mxfp4, f32 for int4), rows permuted
