@@ -21,7 +21,7 @@ struct Knob {
   std::array<const char*, 4> values;
 };
 
-constexpr std::array<Knob, 9> kKnobs = {{
+constexpr std::array<Knob, 10> kKnobs = {{
     {&KernelOptions::sm90_gemm, "sm90_gemm", "MOEKIT_SM90_GEMM", {"reference", "streaming", "cutlass"}},
     {&KernelOptions::sm90_stream, "sm90_stream", "MOEKIT_SM90_STREAM", {}},
     {&KernelOptions::sm90_cutlass, "sm90_cutlass", "MOEKIT_SM90_CUTLASS", {}},
@@ -30,6 +30,7 @@ constexpr std::array<Knob, 9> kKnobs = {{
     {&KernelOptions::sm90_fp8_tile, "sm90_fp8_tile", "MOEKIT_SM90_FP8_TILE", {"m128n128", "m64n128"}},
     {&KernelOptions::sm90_w4_gemm, "sm90_w4_gemm", "MOEKIT_SM90_W4_GEMM", {"streaming", "mixed", "dequant"}},
     {&KernelOptions::sm90_w4_stream, "sm90_w4_stream", "MOEKIT_SM90_W4_STREAM", {}},
+    {&KernelOptions::sm90_w4_tile, "sm90_w4_tile", "MOEKIT_SM90_W4_TILE", {"n128", "n256"}},
     {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed_bf16"}},
 }};
 

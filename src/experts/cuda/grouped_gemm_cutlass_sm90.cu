@@ -60,7 +60,8 @@ CutlassPlan plan(const GroupedGemmProblem& pr) {
   }
   p.chunks = (pr.max_rows + p.chunk_rows - 1) / p.chunk_rows;
   // The instantiated GEMM's tables come first: room for the largest kernel's.
-  size_t c = round_up(sm90::cutlass_w4_int4_workspace_size(pr.num_groups));
+  size_t c = std::max(round_up(sm90::cutlass_w4_int4_n128_workspace_size(pr.num_groups)),
+                      round_up(sm90::cutlass_w4_int4_n256_workspace_size(pr.num_groups)));
   for (CutlassTile t : kAllCutlassTiles) c = std::max(c, round_up(sm90::cutlass_gemm_workspace_size(t, pr.num_groups)));
   p.gemm = 0;
   if (own_gather) {
@@ -311,7 +312,7 @@ Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& pr, Quan
 size_t cutlass_weight4_grouped_gemm_workspace_size(const GroupedGemmProblem& pr) { return plan(pr).total; }
 
 Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args,
-                                    const CutlassWeight4& weights, cudaStream_t stream) {
+                                    const CutlassWeight4& weights, CutlassW4Tile tile, cudaStream_t stream) {
   const Support sup = cutlass_weight4_grouped_gemm_supports(pr, weights.method);
   if (!sup.ok) return Unsupported(sup.reason);
   if (weights.scales == nullptr || !aligned16(weights.scales)) {
@@ -320,7 +321,8 @@ Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& pr, const GroupedG
   return run_chunks(pr, args, weights.packed, stream, /*min_group_rows=*/1, [&](sm90::CutlassGemmLaunch& l) {
     l.b_scale = weights.scales;
     l.scale_group = static_cast<int>(weight4_group(weights.method));
-    return sm90::cutlass_w4_int4_gemm(l, stream);
+    return tile == CutlassW4Tile::kN256 ? sm90::cutlass_w4_int4_n256_gemm(l, stream)
+                                        : sm90::cutlass_w4_int4_n128_gemm(l, stream);
   });
 }
 

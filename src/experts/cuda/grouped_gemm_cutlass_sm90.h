@@ -15,7 +15,7 @@
 // group of (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of
 // H. A gathered A in the caller's gather_room takes none of it.
 // Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
-// in four tile shapes, one per .cu file; and a mixed-input kernel for int4
+// in four tile shapes, one per .cu file; and mixed-input kernels for int4
 // weights in scale groups of 128 (cutlass_weight4_grouped_gemm), where B is
 // packed 4-bit weights with a bf16 scale per (weight row, scale group).
 #pragma once
@@ -61,6 +61,12 @@ size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
 Status cutlass_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args, CutlassTile tile,
                             cudaStream_t stream, int min_group_rows = 1);
 
+// The 4-bit kernels' tiles: 128 weight rows x this many token rows x 64 of K.
+enum class CutlassW4Tile : uint8_t {
+  kN128,  // no cluster
+  kN256,  // clusters of 2 along the weight rows, sharing the token tile
+};
+
 // The 4-bit weights of cutlass_weight4_grouped_gemm (in place of GroupedGemmArgs::b).
 struct CutlassWeight4 {
   QuantMethod method = QuantMethod::kInt4G128;  // the schemes cutlass_weight4_grouped_gemm_supports takes
@@ -73,9 +79,9 @@ struct CutlassWeight4 {
 // int4_g32's groups of 32 do not fit), K in whole groups.
 Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& problem, QuantMethod method);
 size_t cutlass_weight4_grouped_gemm_workspace_size(const GroupedGemmProblem& problem);
-// As cutlass_grouped_gemm, with 4-bit weights; weight rows on the 128-wide tile side, 128 token rows.
+// As cutlass_grouped_gemm, with 4-bit weights (weight rows on the 128-wide MMA side).
 Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& problem, const GroupedGemmArgs& args,
-                                    const CutlassWeight4& weights, cudaStream_t stream);
+                                    const CutlassWeight4& weights, CutlassW4Tile tile, cudaStream_t stream);
 
 namespace sm90 {
 
@@ -117,9 +123,11 @@ size_t cutlass_swap_n32_workspace_size(int64_t num_groups);
 Status cutlass_swap_n32_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 size_t cutlass_swap_n64_workspace_size(int64_t num_groups);
 Status cutlass_swap_n64_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
-// Mixed input (int4, bf16 scales), swapped: 128 weight rows x 128 token rows x 64 of K.
-size_t cutlass_w4_int4_workspace_size(int64_t num_groups);
-Status cutlass_w4_int4_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+// Mixed input (int4, bf16 scales), swapped: CutlassW4Tile.
+size_t cutlass_w4_int4_n128_workspace_size(int64_t num_groups);
+Status cutlass_w4_int4_n128_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
+size_t cutlass_w4_int4_n256_workspace_size(int64_t num_groups);
+Status cutlass_w4_int4_n256_gemm(const CutlassGemmLaunch& launch, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace moekit::cuda

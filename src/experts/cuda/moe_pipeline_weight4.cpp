@@ -148,6 +148,13 @@ Status bf16_scales_of(const ExpertsShape& s, QuantMethod method, const void* sca
   return weight4_bf16_scales(d, stream);
 }
 
+// The mixed-input tile: forced by kernel.sm90_w4_tile, else by the mean rows per expert.
+CutlassW4Tile mixed_tile(const ExpertsShape& s, int64_t num_tokens) {
+  const KernelOptions& o = kernel_options_or_environment(s.kernel);
+  if (!o.sm90_w4_tile.empty()) return o.sm90_w4_tile == "n256" ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
+  return mean_rows(s, num_tokens * s.top_k) >= kWeight4MixedWideRows ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
+}
+
 #if MOEKIT_HAVE_CUTLASS
 Status run_mixed(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
                  const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
@@ -165,7 +172,9 @@ Status run_mixed(const ExpertsShape& s, const Weight4ExpertWeights& w, const Exp
   g1.group_rows = reinterpret_cast<const int32_t*>(ws + l.group_rows);
   g1.gather_room = y;  // GEMM2 fills it only later
   g1.workspace = ws + l.gemm1_scratch;
-  MOEKIT_RETURN_IF_ERROR(cutlass_weight4_grouped_gemm(gemm1_problem(s, M), g1, {w.method, w.w13, scales}, stream));
+  const CutlassW4Tile tile = mixed_tile(s, M);
+  MOEKIT_RETURN_IF_ERROR(
+      cutlass_weight4_grouped_gemm(gemm1_problem(s, M), g1, {w.method, w.w13, scales}, tile, stream));
   if (s.expert_bias) MOEKIT_RETURN_IF_ERROR(bias_then_activation(s, w, l, ws, M, 0, s.num_experts, stream));
   MOEKIT_RETURN_IF_ERROR(bf16_scales_of(s, w.method, w.w2_scale, H, I, scales, stream));
   GroupedGemmArgs g2;
@@ -174,7 +183,8 @@ Status run_mixed(const ExpertsShape& s, const Weight4ExpertWeights& w, const Exp
   g2.group_start = g1.group_start;
   g2.group_rows = g1.group_rows;
   g2.workspace = ws + l.gemm2_scratch;
-  MOEKIT_RETURN_IF_ERROR(cutlass_weight4_grouped_gemm(gemm2_problem(s, M), g2, {w.method, w.w2, scales}, stream));
+  MOEKIT_RETURN_IF_ERROR(
+      cutlass_weight4_grouped_gemm(gemm2_problem(s, M), g2, {w.method, w.w2, scales}, tile, stream));
   fa->expert_out = y;
   return Status::Ok();
 }
@@ -247,10 +257,10 @@ Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, QuantMethod method, int
   if (o.sm90_w4_gemm == "streaming") return Weight4GemmPath::kStreaming;
   if (o.sm90_w4_gemm == "mixed") return Weight4GemmPath::kMixed;
   if (o.sm90_w4_gemm == "dequant") return Weight4GemmPath::kDequant;
-  if (s.batch_invariant || mean_rows(s, num_tokens * s.top_k) <= kWeight4DequantMinRows) {
-    return Weight4GemmPath::kStreaming;
-  }
-  return weight4_mixed_gemm_supports(s, method).ok ? Weight4GemmPath::kMixed : Weight4GemmPath::kDequant;
+  if (s.batch_invariant) return Weight4GemmPath::kStreaming;
+  const int64_t rows = mean_rows(s, num_tokens * s.top_k);
+  if (rows >= kWeight4MixedMinRows && weight4_mixed_gemm_supports(s, method).ok) return Weight4GemmPath::kMixed;
+  return rows > kWeight4DequantMinRows ? Weight4GemmPath::kDequant : Weight4GemmPath::kStreaming;
 }
 
 Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, QuantMethod method, int64_t num_tokens) {
@@ -291,7 +301,8 @@ std::string weight4_gemm_plan(const ExpertsShape& s, QuantMethod method, int64_t
   if (path == Weight4GemmPath::kMixed) {
     const Support sup = weight4_mixed_gemm_supports(s, method);
     return std::string("4-bit (") + quant_method_name(method) + ") " +
-           (sup.ok ? "CUTLASS mixed-input GEMMs (int4 converted in registers, 128x128x64 tiles)"
+           (sup.ok ? std::string("CUTLASS mixed-input GEMMs (int4 converted in registers, 128x") +
+                         (mixed_tile(s, num_tokens) == CutlassW4Tile::kN256 ? "256" : "128") + "x64 tiles)"
                    : "mixed-input GEMMs forced, unavailable: " + sup.reason);
   }
   if (path == Weight4GemmPath::kDequant) {

@@ -63,19 +63,28 @@ struct Weight4ExpertWeights {
 };
 
 enum class Weight4GemmPath { kStreaming, kMixed, kDequant };
-// Mean rows per non-empty expert above which a large-M path runs. Measured on
-// the H200 with each path forced (scripts/weight4_round.sh, bench/results/h200_v11):
-// streaming is faster than dequant at up to 128 rows on all four benchmark shapes
-// (DeepSeek-V3 at 128 rows: 18.6 ms against 27.0 ms), dequant from 256 (Mixtral
-// at 256 rows: 3.7 ms against 4.6 ms; Qwen3-30B-A3B: 1.79 ms against 2.31 ms).
+// Mean rows per non-empty expert from which the mixed-input GEMM replaces
+// streaming. Measured on the H200 with each path forced (scripts/weight4_round.sh,
+// int4_g128, bench/results/h200_v12): at 32 rows mixed is faster on DeepSeek-V3
+// (5.48 against 5.66 ms) and Mixtral-8x7B (0.81 against 0.90 ms); at 16 rows
+// streaming is (Qwen3-30B-A3B: 0.30 against 0.39 ms).
+inline constexpr int64_t kWeight4MixedMinRows = 32;
+// ... and from which its 256-token tile replaces the 128-token one.
+inline constexpr int64_t kWeight4MixedWideRows = 256;
+// Mean rows per non-empty expert above which dequant replaces streaming (the
+// schemes the mixed-input GEMM does not take). Measured with each path forced
+// (bench/results/h200_v11): streaming is faster up to 128 rows on all four
+// benchmark shapes (DeepSeek-V3 at 128 rows: 18.6 ms against 27.0 ms), dequant
+// from 256 (Mixtral at 256 rows: 3.7 ms against 4.6 ms; Qwen3-30B-A3B: 1.79 ms
+// against 2.31 ms).
 inline constexpr int64_t kWeight4DequantMinRows = 128;
 // Whether this build and `method` have the mixed-input GEMM (int4_g128 with the
 // CUTLASS kernels built), and why not.
 Support weight4_mixed_gemm_supports(const ExpertsShape& s, QuantMethod method);
 // The path of a forward of M tokens: kernel.sm90_w4_gemm (streaming | mixed |
-// dequant) when set; else streaming when batch-invariant (one path for every M)
-// or while experts get few rows; above kWeight4DequantMinRows rows per expert
-// mixed where it is supported, else dequant.
+// dequant) when set; else streaming when batch-invariant (one path for every M);
+// else mixed where supported from kWeight4MixedMinRows rows per expert, dequant
+// above kWeight4DequantMinRows, streaming below.
 Weight4GemmPath weight4_gemm_path(const ExpertsShape& s, QuantMethod method, int64_t num_tokens);
 
 // The GEMM path and instance of a forward of M tokens, one line (for gemm_plan).

@@ -17,7 +17,8 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_m64n256.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_swap_n32.cu
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_swap_n64.cu
-    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_w4_int4.cu
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_w4_int4_n128.cu
+    ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90_w4_int4_n256.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m128n128.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_gemm_cutlass_sm90_m64n128.cu
