@@ -86,7 +86,8 @@ std::vector<W4Case> w4_cases() {
     for (A act : {A::kSiluGated, A::kSwigluOai, A::kRelu2}) {
       cases.push_back({m, act, {1, 8, 2, 256, 128}, ""});   // one token: GEMM2 in K slices
       cases.push_back({m, act, tail, ""});
-      cases.push_back({m, act, {300, 8, 2, 256, 128}, ""});  // ~75 rows per expert: several token tiles
+      // ~75 rows per expert: several token tiles (int4_g128 would take the mixed-input path)
+      cases.push_back({m, act, {300, 8, 2, 256, 128}, "", false, g128 ? "streaming" : ""});
     }
     for (cuda::W4StreamVariant v : cuda::kAllW4StreamVariants) {
       cases.push_back({m, A::kSiluGated, tail, cuda::w4_stream_variant_name(v)});
@@ -111,13 +112,13 @@ std::vector<W4Case> w4_cases() {
     }
   }
   // The mixed-input path (CUTLASS, int4 converted in registers), forced at every size, and
-  // chosen on its own: 150 rows per expert (600 tokens x 2 / 8 experts) on 128-token
+  // chosen on its own: 75 rows per expert (300 tokens x 2 / 8 experts) on 128-token
   // tiles, 275 on 256-token tiles.
   for (A act : {A::kSiluGated, A::kSwigluOai, A::kRelu2}) {
     for (const Weight4Shape& shape : {Weight4Shape{5, 8, 2, 256, 128}, Weight4Shape{300, 16, 4, 384, 256}}) {
       cases.push_back({QuantMethod::kInt4G128, act, shape, "", false, "mixed", "mixed-input"});
     }
-    cases.push_back({QuantMethod::kInt4G128, act, {600, 8, 2, 256, 128}, "", false, "", "128x128x64"});
+    cases.push_back({QuantMethod::kInt4G128, act, {300, 8, 2, 256, 128}, "", false, "", "128x128x64"});
     cases.push_back({QuantMethod::kInt4G128, act, {1100, 8, 2, 384, 256}, "", false, "", "128x256x64"});
   }
   // Above 128 rows per expert, the schemes in groups of 32 take the dequant path.
@@ -262,11 +263,11 @@ TEST(CudaWeight4, MixedPathForcedOnGroupsOf32IsRefusedByName) {
 // replays the eager output bit for bit.
 TEST(CudaWeight4, GraphReplayEqualsEager) {
   MOEKIT_REQUIRE_SM90();
-  // Every scheme on the streaming path; int4_g128 on both mixed-input tiles too (150 and 275 rows per expert).
+  // Every scheme on the streaming path; int4_g128 on both mixed-input tiles too (75 and 275 rows per expert).
   const std::pair<QuantMethod, Weight4Shape> runs[] = {{QuantMethod::kMxfp4, {48, 16, 4, 256, 128}},
                                                        {QuantMethod::kInt4G32, {48, 16, 4, 256, 128}},
                                                        {QuantMethod::kInt4G128, {48, 16, 4, 256, 128}},
-                                                       {QuantMethod::kInt4G128, {600, 8, 2, 256, 128}},
+                                                       {QuantMethod::kInt4G128, {300, 8, 2, 256, 128}},
                                                        {QuantMethod::kInt4G128, {1100, 8, 2, 256, 128}}};
   for (const auto& [m, s] : runs) {
     const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({s.M, int64_t(m), 8}));

@@ -69,8 +69,10 @@ enum class Weight4GemmPath { kStreaming, kMixed, kDequant };
 // (5.48 against 5.66 ms) and Mixtral-8x7B (0.81 against 0.90 ms); at 16 rows
 // streaming is (Qwen3-30B-A3B: 0.30 against 0.39 ms).
 inline constexpr int64_t kWeight4MixedMinRows = 32;
-// ... and from which its 256-token tile replaces the 128-token one.
-inline constexpr int64_t kWeight4MixedWideRows = 256;
+// ... and from which its 256-token tile replaces the 128-token one (measured with
+// each tile forced: at 128 rows 0.92x the time on Mixtral-8x7B, 0.96x on DeepSeek-V3;
+// at 64 rows 1.30x on Qwen3-30B-A3B).
+inline constexpr int64_t kWeight4MixedWideRows = 128;
 // Mean rows per non-empty expert above which dequant replaces streaming (the
 // schemes the mixed-input GEMM does not take). Measured with each path forced
 // (bench/results/h200_v11): streaming is faster up to 128 rows on all four
