@@ -10,8 +10,13 @@
 namespace moekit::cuda {
 namespace {
 
-// e2m1 magnitudes by their 3 low bits.
-__constant__ float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+// The e2m1 value of a nibble, exactly: its sign to bit 31 and its exponent and
+// mantissa bits to bits 24..22 make the f32 e2m1 * 2^-126 (e2m1's subnormal 0.5
+// lands on f32's subnormal 2^-127), and 2^126 restores it. Arithmetic, not a
+// table: a lookup indexed by each thread's nibble would serialize.
+__device__ __forceinline__ float e2m1_value(uint32_t nib) {
+  return __uint_as_float(((nib & 8u) << 28) | ((nib & 7u) << 22)) * 0x1p126f;
+}
 
 // One thread per 16 packed bytes (32 values) of a row, all in one scale group.
 __global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group) {
@@ -40,7 +45,7 @@ __global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t nib = (byte >> (4 * h)) & 0xFu;
-        v[h] = a.method == QuantMethod::kMxfp4 ? ((nib & 8u) ? -kE2m1[nib & 7u] : kE2m1[nib & 7u])
+        v[h] = a.method == QuantMethod::kMxfp4 ? e2m1_value(nib)
                                                : static_cast<float>(static_cast<int>(nib ^ 8u) - 8);  // two's complement
       }
       out[wi * 4 + b] = __floats2bfloat162_rn(v[0] * scale, v[1] * scale);
