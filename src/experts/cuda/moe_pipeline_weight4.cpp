@@ -135,7 +135,15 @@ Status bias_then_activation(const ExpertsShape& s, const Weight4ExpertWeights& w
   return bias_activation(ba, stream);
 }
 
-// The scales of `packed` ([E, n, k/2]) as bf16 in the workspace, for the mixed-input GEMM.
+// The mixed-input tile: forced by kernel.sm90_w4_tile, else by the mean rows per expert.
+CutlassW4Tile mixed_tile(const ExpertsShape& s, int64_t num_tokens) {
+  const KernelOptions& o = kernel_options_or_environment(s.kernel);
+  if (!o.sm90_w4_tile.empty()) return o.sm90_w4_tile == "n256" ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
+  return mean_rows(s, num_tokens * s.top_k) >= kWeight4MixedWideRows ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
+}
+
+#if MOEKIT_HAVE_CUTLASS
+// The prepared scales of an [E, n, k] weight as bf16 in plain row order, for the mixed-input GEMM.
 Status bf16_scales_of(const ExpertsShape& s, QuantMethod method, const void* scales, int64_t n, int64_t k,
                       uint16_t* out, cudaStream_t stream) {
   Weight4DequantArgs d;
@@ -148,14 +156,6 @@ Status bf16_scales_of(const ExpertsShape& s, QuantMethod method, const void* sca
   return weight4_bf16_scales(d, stream);
 }
 
-// The mixed-input tile: forced by kernel.sm90_w4_tile, else by the mean rows per expert.
-CutlassW4Tile mixed_tile(const ExpertsShape& s, int64_t num_tokens) {
-  const KernelOptions& o = kernel_options_or_environment(s.kernel);
-  if (!o.sm90_w4_tile.empty()) return o.sm90_w4_tile == "n256" ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
-  return mean_rows(s, num_tokens * s.top_k) >= kWeight4MixedWideRows ? CutlassW4Tile::kN256 : CutlassW4Tile::kN128;
-}
-
-#if MOEKIT_HAVE_CUTLASS
 Status run_mixed(const ExpertsShape& s, const Weight4ExpertWeights& w, const ExpertsRun& run,
                  const Weight4WorkspaceLayout& l, FinalizeArgs* fa, cudaStream_t stream) {
   const int64_t M = run.num_tokens, N1 = s.n1(), H = s.hidden, I = s.intermediate;
