@@ -270,7 +270,8 @@ TEST(CudaWeight4, GraphReplayEqualsEager) {
                                                        {QuantMethod::kInt4G128, {300, 8, 2, 256, 128}},
                                                        {QuantMethod::kInt4G128, {1100, 8, 2, 256, 128}}};
   for (const auto& [m, s] : runs) {
-    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, testing::seed_from({s.M, int64_t(m), 8}));
+    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16,
+                             testing::seed_from({s.M, int64_t(m), 8}));
     const auto mono = prepared_kernel("Sm90Monolithic", layer.config, layer.weights());
     ASSERT_NE(mono, nullptr);
     DeviceTensor hidden(layer.hidden), logits(layer.logits), out_graph(DType::kBF16, {s.M, s.H});

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "core/cuda_check.h"
@@ -223,8 +222,9 @@ namespace {
 // Both entry points: validation, then per chunk of rows the gather, the
 // instantiated GEMM (`gemm`, given a launch with everything but the weights'
 // own fields) and the activation. `b` stands for the weights in the checks.
+template <class Gemm>  // Status(sm90::CutlassGemmLaunch&)
 Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, const void* b, cudaStream_t stream,
-                  int min_group_rows, const std::function<Status(sm90::CutlassGemmLaunch&)>& gemm) {
+                  int min_group_rows, Gemm&& gemm) {
   if (args.a == nullptr || b == nullptr || args.c == nullptr || args.group_start == nullptr ||
       args.group_rows == nullptr || args.workspace == nullptr || (pr.gather_a && args.a_row_index == nullptr) ||
       (pr.gather_a && pr.gather_room && args.gather_room == nullptr)) {

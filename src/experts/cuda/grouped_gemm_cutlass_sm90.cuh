@@ -156,11 +156,12 @@ __global__ void setup_kernel(CutlassGemmLaunch p, typename G::TablePointers tp) 
   const int start = p.group_start[g];
   const int lo = max(start, p.row_begin), hi = min(start + p.group_rows[g], p.row_end);
   const int rows = p.group_rows[g] >= p.min_group_rows ? max(0, hi - lo) : 0;
-  const auto* tokens = reinterpret_cast<const uint16_t*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k;
+  const auto* tokens = reinterpret_cast<const char*>(p.a) + static_cast<int64_t>(lo - p.a_row0) * p.k * 2;
   // Group g's weights: N·K bf16, or N·K/2 bytes packed two to a byte.
-  const auto* weights = static_cast<const char*>(p.b) + static_cast<int64_t>(g) * p.n * p.k * (G::kWeight4 ? 1 : 4) / 2;
-  tp.ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(G::kSwapAB ? weights : reinterpret_cast<const char*>(tokens));
-  tp.ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(G::kSwapAB ? reinterpret_cast<const char*>(tokens) : weights);
+  const int64_t weight_bytes = static_cast<int64_t>(p.n) * p.k * (G::kWeight4 ? 1 : 4) / 2;
+  const auto* weights = static_cast<const char*>(p.b) + g * weight_bytes;
+  tp.ptr_a[g] = reinterpret_cast<const typename G::ElementA*>(G::kSwapAB ? weights : tokens);
+  tp.ptr_b[g] = reinterpret_cast<const typename G::ElementB*>(G::kSwapAB ? tokens : weights);
   tp.ptr_d[g] = reinterpret_cast<typename G::ElementD*>(p.d) + static_cast<int64_t>(lo - p.d_row0) * p.n;
   typename G::StrideA sa{};
   cute::get<0>(sa) = p.k;  // A: row stride K (M mode), K mode unit

@@ -45,8 +45,8 @@ __global__ void dequantize_weight4_kernel(const Weight4DequantArgs a, int group)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t nib = (byte >> (4 * h)) & 0xFu;
-        v[h] = a.method == QuantMethod::kMxfp4 ? e2m1_value(nib)
-                                               : static_cast<float>(static_cast<int>(nib ^ 8u) - 8);  // two's complement
+        // int4 nibbles are two's complement: nibble ^ 8 is v + 8.
+        v[h] = a.method == QuantMethod::kMxfp4 ? e2m1_value(nib) : static_cast<float>(static_cast<int>(nib ^ 8u) - 8);
       }
       out[wi * 4 + b] = __floats2bfloat162_rn(v[0] * scale, v[1] * scale);
     }
