@@ -1,5 +1,6 @@
 #include "io/layer_reader.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "io/checkpoint_text.h"
 #include "io/fp8_scales.h"
 #include "io/mxfp4.h"
+#include "moekit/parallel_for.h"
 
 namespace moekit::io {
 namespace {
@@ -508,19 +510,35 @@ class BlockReader {
                            shape_text(transposed) + " from config.json");
   }
 
-  // t [E, r, c] -> [E, c, r]
+  // t [E, r, c] -> [E, c, r], in square tiles (each tile's rows and columns stay
+  // in cache) spread over the thread pool: a checkpoint's expert tensors are GBs.
   static HostTensor transpose_last(const HostTensor& t) {
     const int64_t E = t.shape()[0], r = t.shape()[1], c = t.shape()[2];
     HostTensor out(t.dtype(), {E, c, r});
-    const size_t el = dtype_size(t.dtype());
-    const unsigned char* src = t.data<unsigned char>();
-    unsigned char* dst = out.data<unsigned char>();
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t i = 0; i < r; ++i) {
-        for (int64_t j = 0; j < c; ++j) std::memcpy(dst + ((e * c + j) * r + i) * el, src + ((e * r + i) * c + j) * el, el);
-      }
+    switch (dtype_size(t.dtype())) {
+      case 1: transpose_tiles(t.data<uint8_t>(), out.data<uint8_t>(), E, r, c); break;
+      case 2: transpose_tiles(t.data<uint16_t>(), out.data<uint16_t>(), E, r, c); break;
+      default: transpose_tiles(t.data<uint32_t>(), out.data<uint32_t>(), E, r, c); break;
     }
     return out;
+  }
+  template <typename T>
+  static void transpose_tiles(const T* src, T* dst, int64_t E, int64_t r, int64_t c) {
+    constexpr int64_t kTile = 64;
+    const int64_t row_tiles = (r + kTile - 1) / kTile;
+    parallel_for(E * row_tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t e = item / row_tiles, i0 = item % row_tiles * kTile, i1 = std::min(r, i0 + kTile);
+        const T* s = src + e * r * c;
+        T* d = dst + e * r * c;
+        for (int64_t j0 = 0; j0 < c; j0 += kTile) {
+          const int64_t j1 = std::min(c, j0 + kTile);
+          for (int64_t j = j0; j < j1; ++j) {
+            for (int64_t i = i0; i < i1; ++i) d[j * r + i] = s[i * c + j];
+          }
+        }
+      }
+    });
   }
 
   // experts.gate_up_proj / experts.down_proj (+ _bias): transformers v5's
@@ -552,8 +570,8 @@ class BlockReader {
     MOEKIT_RETURN_IF_ERROR(check_fused_biases());
     MOEKIT_RETURN_IF_ERROR(size_check(check_size, 2 * I));
     // In moekit's orientation a borrowed image's tensors are used in place.
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, gu_t ? files_.read(gu) : files_.read_in_place(gu));
-    MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, dn_t ? files_.read(dn) : files_.read_in_place(dn));
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w13, files_.read_in_place(gu));  // transposed: read once, into the transpose
+    MOEKIT_ASSIGN_OR_RETURN(HostTensor w2, files_.read_in_place(dn));
     // Rows keep their order: chunked rows are moekit's gated layout, interleaved
     // rows are swiglu_oai's (kernel.h), which is the only activation such families use.
     out_->w13 = gu_t ? transpose_last(w13) : std::move(w13);

@@ -125,6 +125,31 @@ TEST_F(ModelFolder, GptOssFusedTransposedWithBiases) {
   }
 }
 
+// The transposed fused tensors of layer sizes that cross the transpose's 64-square tiles
+// (H = 96, 2I = 144: whole and partial tiles both ways), element for element.
+TEST_F(ModelFolder, GptOssTransposeAcrossTiles) {
+  constexpr int64_t H = 96, I = 72;
+  write_config(R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "hidden_size": 96, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 72, "swiglu_limit": 7.0})");
+  HostTensor gu = rand({kE, H, 2 * I}), dn = rand({kE, I, H});
+  write_weights({{"model.layers.0.mlp.experts.gate_up_proj", gu},
+                 {"model.layers.0.mlp.experts.gate_up_proj_bias", rand({kE, 2 * I})},
+                 {"model.layers.0.mlp.experts.down_proj", dn},
+                 {"model.layers.0.mlp.experts.down_proj_bias", rand({kE, H})},
+                 {"model.layers.0.mlp.router.weight", rand({kE, H})},
+                 {"model.layers.0.mlp.router.bias", rand({kE})}});
+  auto ck = load(0);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  for (int e = 0; e < kE; ++e) {
+    for (int64_t r = 0; r < 2 * I; ++r) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(at(ck->w13, {e, r, h}), at(gu, {e, h, r}));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < I; ++i) ASSERT_EQ(at(ck->w2, {e, h, i}), at(dn, {e, i, h}));
+    }
+  }
+}
+
 // DeepSeek-V3: fused in moekit's orientation, selection bias, shared experts, dense first layer.
 TEST_F(ModelFolder, DeepseekFusedSharedAndDenseLayer) {
   write_config(R"({"model_type": "deepseek_v3", "num_hidden_layers": 3, "hidden_size": 16, "n_routed_experts": 4,
