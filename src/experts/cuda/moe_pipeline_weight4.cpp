@@ -270,12 +270,12 @@ Weight4WorkspaceLayout weight4_workspace_layout(const ExpertsShape& s, QuantMeth
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.intermediate = take_workspace(&c, static_cast<size_t>(pairs * s.intermediate) * 2);
   l.partials = take_workspace(&c, partial_rows(pairs) * static_cast<size_t>(s.hidden) * sizeof(float));
-  const Weight4GemmPath path = weight4_gemm_path(s, method, num_tokens);
-  if (path == Weight4GemmPath::kStreaming) {
+  l.path = weight4_gemm_path(s, method, num_tokens);
+  if (l.path == Weight4GemmPath::kStreaming) {
     l.total = c;
     return l;
   }
-  if (path == Weight4GemmPath::kDequant) {
+  if (l.path == Weight4GemmPath::kDequant) {
     l.chunk_experts = dequant_chunk_experts(s);
     const size_t per_expert = static_cast<size_t>(std::max(s.n1() * s.hidden, s.hidden * s.intermediate)) * 2;
     l.dequant = take_workspace(&c, static_cast<size_t>(l.chunk_experts) * per_expert);
@@ -325,7 +325,7 @@ Status run_experts_weight4(const ExpertsShape& s, const Weight4ExpertWeights& w,
   MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));
   if (M == 0) return Status::Ok();
   FinalizeArgs fa;
-  switch (weight4_gemm_path(s, w.method, M)) {
+  switch (l.path) {
     case Weight4GemmPath::kStreaming: MOEKIT_RETURN_IF_ERROR(run_streaming(s, w, run, l, &fa, stream)); break;
     case Weight4GemmPath::kMixed: {
       const Support sup = weight4_mixed_gemm_supports(s, w.method);

@@ -30,11 +30,15 @@
 
 namespace moekit::cuda {
 
+// The GEMMs of a forward: the decode kernel, CUTLASS's mixed-input GEMM, or dequantize-then-GEMM.
+enum class Weight4GemmPath { kStreaming, kMixed, kDequant };
+
 // Byte offsets in the workspace for M tokens, each 256-byte aligned.
 // NOTE: topk_ids and topk_weights come first, at the offsets
 // experts_workspace_layout gives them (take_pair_workspace), so the monolithic
 // router writes them in the same place whichever pipeline follows.
 struct Weight4WorkspaceLayout : PairWorkspaceLayout {
+  Weight4GemmPath path = Weight4GemmPath::kStreaming;  // weight4_gemm_path of the forward it lays out
   size_t intermediate = 0;  // [M·k, I] bf16: act(GEMM1 + bias) per permuted row
   size_t partials = 0;      // [k_splits, M·k, H] f32: GEMM2's K-slice partial sums (dequant: [M·k, H] bf16)
   // The dequant path only (size 0 otherwise):
@@ -62,7 +66,6 @@ struct Weight4ExpertWeights {
   const float* w2_bias = nullptr;    // [E, H] f32, iff s.expert_bias
 };
 
-enum class Weight4GemmPath { kStreaming, kMixed, kDequant };
 // Mean rows per non-empty expert from which the mixed-input GEMM replaces
 // streaming. Measured on the H200 with each path forced (scripts/weight4_round.sh,
 // int4_g128, bench/results/h200_v12): at 32 rows mixed is faster on DeepSeek-V3
