@@ -54,6 +54,19 @@ float at(const HostTensor& t, std::vector<int64_t> idx) {
   return t.data<float>()[off];
 }
 
+// ck's w13 [E, 2I, H] and w2 [E, H, I] are gpt-oss's gu [E, H, 2I] and dn [E, I, H] transposed, element for element.
+void expect_transposed(const CheckpointLayer& ck, const HostTensor& gu, const HostTensor& dn) {
+  const int64_t E = gu.shape()[0], H = gu.shape()[1], I2 = gu.shape()[2], I = dn.shape()[1];
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < I2; ++r) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(at(ck.w13, {e, r, h}), at(gu, {e, h, r}));  // rows stay interleaved
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < I; ++i) ASSERT_EQ(at(ck.w2, {e, h, i}), at(dn, {e, i, h}));
+    }
+  }
+}
+
 TEST_F(ModelFolder, PerExpertNamingStacksGateThenUp) {
   write_config(qwen3_config());
   std::vector<std::pair<std::string, HostTensor>> w;
@@ -115,14 +128,7 @@ TEST_F(ModelFolder, GptOssFusedTransposedWithBiases) {
   EXPECT_EQ(ck->config.routing.method, RoutingMethod::kRenormalize);
   EXPECT_TRUE(ck->config.has_expert_bias);
   EXPECT_EQ(ck->router_bias.shape(), (std::vector<int64_t>{kE}));
-  for (int e = 0; e < kE; ++e) {
-    for (int64_t r = 0; r < 2 * kI; ++r) {
-      for (int64_t h = 0; h < kH; ++h) ASSERT_EQ(at(ck->w13, {e, r, h}), at(gu, {e, h, r}));  // rows stay interleaved
-    }
-    for (int64_t h = 0; h < kH; ++h) {
-      for (int64_t i = 0; i < kI; ++i) ASSERT_EQ(at(ck->w2, {e, h, i}), at(dn, {e, i, h}));
-    }
-  }
+  expect_transposed(*ck, gu, dn);
 }
 
 // The transposed fused tensors of layer sizes that cross the transpose's 64-square tiles
@@ -140,14 +146,7 @@ TEST_F(ModelFolder, GptOssTransposeAcrossTiles) {
                  {"model.layers.0.mlp.router.bias", rand({kE})}});
   auto ck = load(0);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
-  for (int e = 0; e < kE; ++e) {
-    for (int64_t r = 0; r < 2 * I; ++r) {
-      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(at(ck->w13, {e, r, h}), at(gu, {e, h, r}));
-    }
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < I; ++i) ASSERT_EQ(at(ck->w2, {e, h, i}), at(dn, {e, i, h}));
-    }
-  }
+  expect_transposed(*ck, gu, dn);
 }
 
 // DeepSeek-V3: fused in moekit's orientation, selection bias, shared experts, dense first layer.
