@@ -76,8 +76,9 @@ class ExpertParallelLayer : public RoutedLayer {
 
   const MoeConfig& config() const override { return config_; }
   Device device() const override;
-  // The experts stage's workspace (RoutedLayer). rebalance() keeps it, grown
-  // in place when the new placement needs more (host ranks only rebalance).
+  // The experts stage's workspace (RoutedLayer). rebalance() keeps it (host
+  // ranks: grown in place when the new placement needs more; GPU ranks: when
+  // the placement keeps its slots per rank).
   size_t workspace_bytes() const override;
   const std::shared_ptr<DeviceBuffer>& workspace_buffer() const override;
   Status use_workspace(std::shared_ptr<DeviceBuffer> buffer) override;
@@ -115,8 +116,12 @@ class ExpertParallelLayer : public RoutedLayer {
 
   // Collective: moves to `placement` (e.g. from plan_eplb): the weights of
   // every new slot come from the lowest rank that held that expert, over the
-  // communicator. Every rank must pass the same placement, covering every
-  // logical expert. On error nothing changes.
+  // communicator (device to device on GPU ranks). Every rank must pass the same
+  // placement, covering every logical expert. On a bad placement nothing
+  // changes. GPU ranks with the same slots per rank re-prepare in place: the
+  // experts' buffers, workspace and dispatch buffers keep their addresses; if
+  // that fails the error says so and the layer must be created again. Other
+  // placements build the experts stage anew, then swap it in.
   Status rebalance(const ExpertPlacement& placement);
 
   // Writes new weights of logical expert `logical` (w13 [n1, H], w2 [H, I],

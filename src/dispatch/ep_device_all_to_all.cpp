@@ -35,25 +35,14 @@ StatusOr<std::unique_ptr<EpDeviceAllToAll>> EpDeviceAllToAll::create(
                            std::to_string(shape.ranks) + ", communicator is rank " + std::to_string(comm.rank()) +
                            " of " + std::to_string(comm.size()));
   }
-  if (static_cast<int64_t>(replicas.size()) != shape.num_logical) {
-    return InvalidArgument("ep device all-to-all: replicas for " + std::to_string(replicas.size()) +
-                           " experts, shape has " + std::to_string(shape.num_logical));
-  }
-  MOEKIT_ASSIGN_OR_RETURN(ReplicaTable table, make_replica_table(replicas));
-  for (int32_t slot : table.slots) {
-    if (slot < 0 || slot >= shape.ranks * shape.slots_per_rank) {
-      return InvalidArgument("ep device all-to-all: physical slot " + std::to_string(slot) + " not in [0, " +
-                             std::to_string(shape.ranks * shape.slots_per_rank) + ")");
-    }
-  }
   std::unique_ptr<EpDeviceAllToAll> a(new EpDeviceAllToAll(comm, shape));
   const size_t N = static_cast<size_t>(shape.ranks), T = static_cast<size_t>(shape.max_tokens);
   const size_t H = static_cast<size_t>(shape.hidden), k = static_cast<size_t>(shape.top_k);
   const size_t rows = N * T, lk = static_cast<size_t>(shape.local_top_k());
-  MOEKIT_ASSIGN_OR_RETURN(a->replica_offsets_, DeviceBuffer::copy_of(dev, TensorView::contiguous(
-      table.offsets.data(), DType::kI32, {static_cast<int64_t>(table.offsets.size())})));
-  MOEKIT_ASSIGN_OR_RETURN(a->replica_slots_, DeviceBuffer::copy_of(dev, TensorView::contiguous(
-      table.slots.data(), DType::kI32, {static_cast<int64_t>(table.slots.size())})));
+  // The replica table, sized for its largest form: E + 1 offsets, one entry per physical slot.
+  MOEKIT_RETURN_IF_ERROR(allocate(&a->replica_offsets_, dev, (shape.num_logical + 1) * sizeof(int32_t)));
+  MOEKIT_RETURN_IF_ERROR(allocate(&a->replica_slots_, dev, N * shape.slots_per_rank * sizeof(int32_t)));
+  MOEKIT_RETURN_IF_ERROR(a->use_replicas(replicas));
   MOEKIT_RETURN_IF_ERROR(allocate(&a->physical_ids_, dev, T * k * sizeof(int32_t)));
   MOEKIT_RETURN_IF_ERROR(allocate(&a->needs_rank_, dev, rows * sizeof(int32_t)));
   MOEKIT_RETURN_IF_ERROR(allocate(&a->row_of_, dev, rows * sizeof(int32_t)));
@@ -70,6 +59,32 @@ StatusOr<std::unique_ptr<EpDeviceAllToAll>> EpDeviceAllToAll::create(
   MOEKIT_RETURN_IF_ERROR(allocate(&a->computed_pairs_, dev, sizeof(unsigned long long)));
   MOEKIT_RETURN_IF_ERROR(a->reset_computed_pairs());
   return a;
+}
+
+Status EpDeviceAllToAll::use_replicas(const std::vector<std::vector<int32_t>>& replicas) {
+  if (static_cast<int64_t>(replicas.size()) != s_.num_logical) {
+    return InvalidArgument("ep device all-to-all: replicas for " + std::to_string(replicas.size()) +
+                           " experts, shape has " + std::to_string(s_.num_logical));
+  }
+  MOEKIT_ASSIGN_OR_RETURN(ReplicaTable table, make_replica_table(replicas));
+  const int64_t physical = s_.ranks * s_.slots_per_rank;
+  if (static_cast<int64_t>(table.slots.size()) > physical) {
+    return InvalidArgument("ep device all-to-all: " + std::to_string(table.slots.size()) + " replicas for " +
+                           std::to_string(physical) + " physical slots");
+  }
+  for (int32_t slot : table.slots) {
+    if (slot < 0 || slot >= physical) {
+      return InvalidArgument("ep device all-to-all: physical slot " + std::to_string(slot) + " not in [0, " +
+                             std::to_string(physical) + ")");
+    }
+  }
+  const Device dev = comm_.device(), host = Device::cpu();
+  // In place: the device may still be reading the table of an earlier forward.
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::copy_bytes(replica_offsets_.data(), dev, table.offsets.data(), host,
+                                                  table.offsets.size() * sizeof(int32_t)));
+  return DeviceBuffer::copy_bytes(replica_slots_.data(), dev, table.slots.data(), host,
+                                  table.slots.size() * sizeof(int32_t));
 }
 
 StatusOr<EpExpertsInputs> EpDeviceAllToAll::prepare(const EpDeviceTokens& in, cudaStream_t stream) {
@@ -116,7 +131,8 @@ StatusOr<EpExpertsInputs> EpDeviceAllToAll::prepare(const EpDeviceTokens& in, cu
   return x;
 }
 
-Status EpDeviceAllToAll::finalize(const int32_t* topk_ids, uint16_t* out, cudaStream_t stream) {
+Status EpDeviceAllToAll::finalize(const int32_t* topk_ids, uint16_t* out, const uint16_t* shared_out,
+                                  const float* shared_gate, cudaStream_t stream) {
   // Received block s holds rank s's tokens in the order it sent them; the
   // partials go back block for block, so rank s finds its row r at [me, r].
   MOEKIT_RETURN_IF_ERROR(comm_.all_to_all_v(partial_.data(), ptr<const int32_t>(recv_counts_), returned_.data(),
@@ -128,6 +144,8 @@ Status EpDeviceAllToAll::finalize(const int32_t* topk_ids, uint16_t* out, cudaSt
   ca.row_of = ptr<const int32_t>(row_of_);
   ca.returned = ptr<const uint16_t>(returned_);
   ca.out = out;
+  ca.shared_out = shared_out;
+  ca.shared_gate = shared_gate;
   return cuda::ep_combine_partials(s_, ca, stream);
 }
 

@@ -53,11 +53,17 @@ class EpDeviceAllToAll {
   static StatusOr<std::unique_ptr<EpDeviceAllToAll>> create(Communicator& comm, const cuda::EpDeviceShape& shape,
                                                             const std::vector<std::vector<int32_t>>& replicas);
 
+  // A new placement's replicas with the same slots per rank (EPLB rebalance):
+  // written over the table in place, after the device finished reading it.
+  Status use_replicas(const std::vector<std::vector<int32_t>>& replicas);
+
   // Collective (all_to_all_v).
   StatusOr<EpExpertsInputs> prepare(const EpDeviceTokens& tokens, cudaStream_t stream);
   // Collective. After the experts stage filled EpExpertsInputs::out: out [m, H]
-  // bf16 of the tokens of the last prepare(); topk_ids as given to it.
-  Status finalize(const int32_t* topk_ids, uint16_t* out, cudaStream_t stream);
+  // bf16 of the tokens of the last prepare(); topk_ids as given to it;
+  // shared_out/shared_gate (optional): the shared expert's addend (cuda::CombineArgs).
+  Status finalize(const int32_t* topk_ids, uint16_t* out, const uint16_t* shared_out, const float* shared_gate,
+                  cudaStream_t stream);
 
   // (row, slot) pairs this rank's experts were given since create/reset
   // (reads the device: waits for the work enqueued so far).
@@ -73,7 +79,7 @@ class EpDeviceAllToAll {
   cuda::EpDeviceShape s_;
   int64_t num_tokens_ = 0;         // m of the last prepare
   DeviceBuffer replica_offsets_;   // [E + 1] i32
-  DeviceBuffer replica_slots_;     // [replicas] i32
+  DeviceBuffer replica_slots_;     // [N·S] i32: the replicas first
   DeviceBuffer physical_ids_;      // [T, k] i32
   DeviceBuffer needs_rank_;        // [N, T] i32 0/1
   DeviceBuffer row_of_;            // [N, T] i32: row in the block sent to each rank, or -1

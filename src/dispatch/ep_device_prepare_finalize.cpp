@@ -16,7 +16,8 @@ namespace {
 
 class EpDevicePrepareFinalize final : public PrepareFinalize {
  public:
-  explicit EpDevicePrepareFinalize(std::unique_ptr<EpDeviceAllToAll> a2a) : a2a_(std::move(a2a)) {}
+  EpDevicePrepareFinalize(std::unique_ptr<EpDeviceAllToAll> a2a, DeviceSharedExpertPass shared)
+      : a2a_(std::move(a2a)), shared_(std::move(shared)) {}
   ~EpDevicePrepareFinalize() override {
     for (cudaEvent_t e : phase_) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -57,14 +58,23 @@ class EpDevicePrepareFinalize final : public PrepareFinalize {
   Status finalize(const RoutedTokens& tokens, const Status& experts, const TensorView& out, Stream stream) override {
     MOEKIT_RETURN_IF_ERROR(experts);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    MOEKIT_RETURN_IF_ERROR(mark(2, s));
     const bool any = tokens.num_tokens > 0;
+    // The shared expert on this rank's own tokens, timed with the experts. A
+    // failure still takes part in the collective, so no other rank waits.
+    StatusOr<DeviceSharedAddend> shared = DeviceSharedAddend{};
+    if (shared_ && any) shared = shared_(tokens.hidden, stream);
+    const DeviceSharedAddend addend = shared.ok() ? *shared : DeviceSharedAddend{};
+    MOEKIT_RETURN_IF_ERROR(mark(2, s));
     MOEKIT_RETURN_IF_ERROR(a2a_->finalize(any ? tokens.topk_ids.ptr<const int32_t>() : nullptr,
-                                          any ? out.ptr<uint16_t>() : nullptr, s));
+                                          any ? out.ptr<uint16_t>() : nullptr, addend.out, addend.gate, s));
+    MOEKIT_RETURN_IF_ERROR(shared.status());
     return mark(3, s);
   }
 
   StatusOr<int64_t> computed_pairs() const override { return a2a_->computed_pairs(); }
+  Status use_replicas(const std::vector<std::vector<int32_t>>& replicas) override {
+    return a2a_->use_replicas(replicas);
+  }
   Status reset_computed_pairs() override { return a2a_->reset_computed_pairs(); }
 
   Status set_phase_timing(bool on) override {
@@ -105,6 +115,7 @@ class EpDevicePrepareFinalize final : public PrepareFinalize {
   }
 
   std::unique_ptr<EpDeviceAllToAll> a2a_;
+  DeviceSharedExpertPass shared_;  // the shared expert on this rank's tokens, or empty
   // Before prepare, after prepare, before finalize (after the experts), after finalize.
   cudaEvent_t phase_[4] = {nullptr, nullptr, nullptr, nullptr};
   bool recorded_ = false;  // the last forward recorded them
@@ -114,7 +125,7 @@ class EpDevicePrepareFinalize final : public PrepareFinalize {
 
 StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_device_prepare_finalize(
     Communicator& comm, const EpShape& shape, const ExpertPlacement& placement,
-    const std::vector<std::vector<int32_t>>& replicas) {
+    const std::vector<std::vector<int32_t>>& replicas, DeviceSharedExpertPass shared) {
   if (shape.act_dtype != DType::kBF16) {
     return Unsupported(std::string("expert parallel on GPUs: the device all-to-all moves bf16 rows, got ") +
                        dtype_name(shape.act_dtype));
@@ -128,7 +139,7 @@ StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_device_prepare_finalize(
   s.num_logical = placement.num_logical;
   s.slots_per_rank = placement.slots_per_rank;
   MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<EpDeviceAllToAll> a2a, EpDeviceAllToAll::create(comm, s, replicas));
-  return std::unique_ptr<PrepareFinalize>(new EpDevicePrepareFinalize(std::move(a2a)));
+  return std::unique_ptr<PrepareFinalize>(new EpDevicePrepareFinalize(std::move(a2a), std::move(shared)));
 }
 
 }  // namespace moekit::dispatch
@@ -138,7 +149,8 @@ StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_device_prepare_finalize(
 namespace moekit::dispatch {
 
 StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_device_prepare_finalize(
-    Communicator& comm, const EpShape&, const ExpertPlacement&, const std::vector<std::vector<int32_t>>&) {
+    Communicator& comm, const EpShape&, const ExpertPlacement&, const std::vector<std::vector<int32_t>>&,
+    DeviceSharedExpertPass) {
   return Unsupported(std::string("expert parallel: the ") + comm.name() + " communicator is on " +
                      comm.device().to_string() + ", and this build has no CUDA support");
 }

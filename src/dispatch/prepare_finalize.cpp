@@ -9,6 +9,10 @@ Status PrepareFinalize::set_phase_timing(bool) {
   return Unsupported(std::string("phase timing: the ") + name() + " prepare/finalize does not time its phases");
 }
 
+Status PrepareFinalize::use_replicas(const std::vector<std::vector<int32_t>>&) {
+  return Unsupported(std::string("the ") + name() + " prepare/finalize takes a new placement only when rebuilt");
+}
+
 Status PrepareFinalize::last_phase_times(double*, double*, double*) const {
   return Unsupported(std::string("phase timing: the ") + name() + " prepare/finalize does not time its phases");
 }

@@ -61,6 +61,9 @@ class PrepareFinalize {
   // Benchmarks: with timing on, each eager forward records how long prepare,
   // the experts and finalize took (microseconds; device EP only).
   virtual Status set_phase_timing(bool on);
+  // EPLB rebalance in place (device EP): a placement with the same slots per
+  // rank, given as its replicas(). Others are rebuilt instead (Unsupported).
+  virtual Status use_replicas(const std::vector<std::vector<int32_t>>& replicas);
   virtual Status last_phase_times(double* prepare_us, double* experts_us, double* finalize_us) const;
 };
 
@@ -78,12 +81,23 @@ StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_host_prepare_finalize(
     Communicator& comm, const EpShape& shape, All2AllBackend kind, const ExpertPlacement& placement,
     const std::vector<std::vector<int32_t>>& replicas, SharedExpertPass shared = {});
 
+// GPU ranks: the layer's shared expert on this rank's tokens, enqueued on the
+// stream (hidden: [m, H] bf16 on the device, m >= 1). What the combine adds to
+// each token's fp32 sum: gate[t] * out[t] (gate 1 where it is null). Both stay
+// valid until the next call.
+struct DeviceSharedAddend {
+  const uint16_t* out = nullptr;  // [m, H] bf16
+  const float* gate = nullptr;    // [m] f32, or null
+};
+using DeviceSharedExpertPass = std::function<StatusOr<DeviceSharedAddend>(const TensorView& hidden, Stream stream)>;
+
 // GPU ranks (all-to-all, bf16 rows). The experts stage gets the received rows
 // with their local slots (skip_negative_ids) and writes each row's weighted
-// partial sum; finalize sends the partials back and sums them in rank order.
+// partial sum; finalize runs `shared` (when set) on this rank's tokens, sends
+// the partials back and sums them in rank order, then adds the shared expert.
 // Unsupported in a build without CUDA.
 StatusOr<std::unique_ptr<PrepareFinalize>> make_ep_device_prepare_finalize(
     Communicator& comm, const EpShape& shape, const ExpertPlacement& placement,
-    const std::vector<std::vector<int32_t>>& replicas);
+    const std::vector<std::vector<int32_t>>& replicas, DeviceSharedExpertPass shared = {});
 
 }  // namespace moekit::dispatch

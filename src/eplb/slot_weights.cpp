@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/weight4.h"
+#include "moekit/device_buffer.h"
 
 namespace moekit::eplb {
 
@@ -149,6 +150,28 @@ void copy_slot(SlotWeights& w, int64_t s, const MoeWeights& src, int64_t row) {
   }
 }
 
+// comm.all_to_all_v of host rows, where the communicator's collectives run:
+// on host memory directly, on a device through device copies of both sides.
+Status exchange_rows(Communicator& comm, const std::vector<char>& send, const std::vector<int32_t>& send_counts,
+                     std::vector<char>* recv, std::vector<int32_t>* recv_counts, int64_t max_rows, size_t row) {
+  const Device dev = comm.device(), host = Device::cpu();
+  if (dev.type == DeviceType::kCpu) {
+    return comm.all_to_all_v(send.data(), send_counts.data(), recv->data(), recv_counts->data(), max_rows, row);
+  }
+  const size_t counts_bytes = send_counts.size() * sizeof(int32_t);
+  MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer d_send, DeviceBuffer::allocate(dev, send.size()));
+  MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer d_recv, DeviceBuffer::allocate(dev, recv->size()));
+  MOEKIT_ASSIGN_OR_RETURN(DeviceBuffer d_counts, DeviceBuffer::allocate(dev, 2 * counts_bytes));
+  auto* d_send_counts = static_cast<int32_t*>(d_counts.data());
+  int32_t* d_recv_counts = d_send_counts + send_counts.size();
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::copy_bytes(d_send.data(), dev, send.data(), host, send.size()));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::copy_bytes(d_send_counts, dev, send_counts.data(), host, counts_bytes));
+  MOEKIT_RETURN_IF_ERROR(comm.all_to_all_v(d_send.data(), d_send_counts, d_recv.data(), d_recv_counts, max_rows, row));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::copy_bytes(recv->data(), host, d_recv.data(), dev, recv->size()));
+  return DeviceBuffer::copy_bytes(recv_counts->data(), host, d_recv_counts, dev, counts_bytes);
+}
+
 }  // namespace
 
 StatusOr<SlotWeights> slot_weights_from_logical(const MoeWeights& logical, const ExpertPlacement& p, int rank,
@@ -208,8 +231,7 @@ StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& m
       }
     }
   }
-  MOEKIT_RETURN_IF_ERROR(
-      comm.all_to_all_v(send.data(), send_counts.data(), recv.data(), recv_counts.data(), max_rows, row));
+  MOEKIT_RETURN_IF_ERROR(exchange_rows(comm, send, send_counts, &recv, &recv_counts, max_rows, row));
   std::vector<int32_t> taken(n, 0);
   for (int64_t s = 0; s < next.slots_per_rank; ++s) {
     const int32_t e = next.physical_to_logical[me * next.slots_per_rank + s];

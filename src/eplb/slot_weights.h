@@ -54,7 +54,9 @@ StatusOr<SlotWeights> slot_weights_from_local(const MoeWeights& local, const Exp
 
 // Collective: this rank's slots under `next`. Each expert's tensors come from
 // the lowest rank holding it under `current` (a local copy when that is this
-// rank), through one all_to_all_v of whole experts.
+// rank), through one all_to_all_v of whole experts: of host memory on host
+// ranks, of device memory on GPU ranks (staged there from the host copies and
+// back; the communicator moves them device to device).
 StatusOr<SlotWeights> move_slot_weights(Communicator& comm, const SlotWeights& mine, const ExpertPlacement& current,
                                         const ExpertPlacement& next);
 

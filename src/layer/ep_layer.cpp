@@ -14,6 +14,7 @@
 #include "dispatch/prepare_finalize.h"
 #include "eplb/slot_weights.h"
 #include "experts/cpu/shared_expert.h"
+#include "experts/cuda/sm90_shared_expert.h"
 #include "layer/forward_checks.h"
 #include "layer/pipeline.h"
 #include "moekit/device_buffer.h"
@@ -28,11 +29,13 @@ struct ExpertParallelLayer::State {
   All2AllBackend dispatch_kind = All2AllBackend::kNccl;  // host ranks: all-to-all or allgather + reduce-scatter
   eplb::SlotWeights weights;       // this rank's slots, checkpoint dtype
   std::unique_ptr<LayerPipeline> pipeline;
-  // Host ranks with a shared expert: it runs on this rank's own tokens after
-  // the combine (CpuSharedExpert, the single-rank CPU layer's code), with its
-  // scratch sized for max_num_tokens.
+  // A shared expert runs on this rank's own tokens, added before the output is
+  // narrowed. Host ranks: CpuSharedExpert (the single-rank CPU layer's code)
+  // after the combine, with its scratch sized for max_num_tokens. GPU ranks:
+  // the sm90 pipeline's shared expert, added by the device combine.
   cpu::CpuSharedExpert shared;
   std::vector<float> shared_x, shared_h, shared_s;
+  dispatch::DeviceSharedExpertPass device_shared;
 
   dispatch::SharedExpertPass shared_pass() {
     if (!shared.present()) return {};
@@ -113,6 +116,7 @@ StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& ker
                                       const eplb::SlotWeights& weights, const ExpertPlacement& placement,
                                       All2AllBackend kind, Communicator& comm, const Platform& platform,
                                       dispatch::SharedExpertPass shared,
+                                      dispatch::DeviceSharedExpertPass device_shared,
                                       std::shared_ptr<DeviceBuffer> reuse = nullptr) {
   const bool on_gpu = comm.device().type != DeviceType::kCpu;
   const MoeConfig local = experts_config(c, placement.slots_per_rank, comm.size(), on_gpu);
@@ -140,7 +144,8 @@ StatusOr<RankStages> make_rank_stages(const MoeConfig& c, const KernelClass& ker
   }
   const dispatch::EpShape shape{c.max_num_tokens, c.hidden, c.top_k(), placement.slots_per_rank, c.quant.act_dtype};
   MOEKIT_ASSIGN_OR_RETURN(st.pf, on_gpu ? dispatch::make_ep_device_prepare_finalize(comm, shape, placement,
-                                                                                   placement.replicas())
+                                                                                   placement.replicas(),
+                                                                                   std::move(device_shared))
                                         : dispatch::make_ep_host_prepare_finalize(comm, shape, kind, placement,
                                                                                  placement.replicas(),
                                                                                  std::move(shared)));
@@ -240,7 +245,11 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
                                       ? eplb::slot_weights_from_local(weights, chosen, comm.rank(), config)
                                       : eplb::slot_weights_from_logical(weights, chosen, comm.rank(), config);
   if (w.ok()) st.weights = std::move(*w); else built = w.status();
-  if (built.ok() && config.shared_intermediate > 0 && !on_gpu) {
+  if (built.ok() && config.shared_intermediate > 0 && on_gpu) {
+    StatusOr<dispatch::DeviceSharedExpertPass> pass =
+        cuda::make_sm90_shared_expert_pass(config, weights, comm.device());
+    if (pass.ok()) st.device_shared = std::move(*pass); else built = pass.status();
+  } else if (built.ok() && config.shared_intermediate > 0) {
     built = st.shared.prepare(config, weights);
     const int64_t rows = config.max_num_tokens, H = config.hidden;
     st.shared_x.resize(rows * H);
@@ -255,7 +264,7 @@ StatusOr<std::unique_ptr<ExpertParallelLayer>> ExpertParallelLayer::create_impl(
   if (built.ok()) built = routing.status();
   StatusOr<RankStages> stages =
       built.ok() ? make_rank_stages(config, st.experts_class, st.weights, chosen, choice->kind, comm, platform,
-                                    st.shared_pass())
+                                    st.shared_pass(), st.device_shared)
                  : StatusOr<RankStages>(built);
   if (built.ok()) built = stages.status();
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(comm, built));
@@ -381,12 +390,6 @@ Status ExpertParallelLayer::forward(const LayerForwardArgs& args, Stream stream)
 
 Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   Status local = next.validate();
-  if (local.ok() && comm_->device().type != DeviceType::kCpu) {
-    // TODO(ep): move slot weights between GPUs (move_slot_weights stages through host memory,
-    // which an NCCL communicator cannot send). Until then: create the layer again with the plan.
-    local = Unsupported("rebalance: not implemented for GPU ranks yet; create the layer again with the new "
-                        "placement (ExpertParallelLayer::create(config, weights, comm, &placement))");
-  }
   if (local.ok() && (next.num_logical != config_.num_experts || next.num_ranks != comm_->size())) {
     local = InvalidArgument("rebalance: the placement is for " + std::to_string(next.num_logical) + " experts on " +
                             std::to_string(next.num_ranks) + " ranks; the layer has " +
@@ -399,8 +402,25 @@ Status ExpertParallelLayer::rebalance(const ExpertPlacement& next) {
   StatusOr<eplb::SlotWeights> moved_or = eplb::move_slot_weights(*comm_, st.weights, placement_, next);
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, moved_or.status()));
   eplb::SlotWeights moved = std::move(*moved_or);
+  if (comm_->device().type != DeviceType::kCpu && next.slots_per_rank == placement_.slots_per_rank) {
+    // GPU ranks, same slots per rank: in place. The experts re-prepare into
+    // their own buffers and the dispatch writes the new replica table over the
+    // old one (each after the device finished reading them); the kernel, its
+    // workspace and every buffer keep their addresses.
+    Status in_place = st.pipeline->experts().prepare_weights(moved.kernel_weights());
+    if (in_place.ok()) in_place = st.pipeline->prepare_finalize()->use_replicas(next.replicas());
+    if (!in_place.ok()) {
+      in_place = Status(in_place.code(), "rebalance: " + in_place.message() +
+                                             "; the layer is left unusable: create it again with the placement");
+    }
+    MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, in_place));
+    st.weights = std::move(moved);
+    placement_ = next;
+    return Status::Ok();
+  }
   StatusOr<RankStages> stages = make_rank_stages(config_, st.experts_class, moved, next, st.dispatch_kind, *comm_,
-                                                 st.platform, st.shared_pass(), st.pipeline->workspace_buffer());
+                                                 st.platform, st.shared_pass(), st.device_shared,
+                                                 st.pipeline->workspace_buffer());
   MOEKIT_RETURN_IF_ERROR(dispatch::agree(*comm_, stages.status()));
   st.weights = std::move(moved);
   st.pipeline->replace_experts(std::move(stages->experts), std::move(stages->workspace), std::move(stages->pf));

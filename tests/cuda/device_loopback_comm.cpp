@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace moekit::cuda_test {
@@ -121,6 +122,28 @@ std::shared_ptr<DeviceLoopbackGroup> make_device_loopback_group(int size, int de
 
 std::unique_ptr<Communicator> make_device_loopback_rank(const std::shared_ptr<DeviceLoopbackGroup>& group, int rank) {
   return std::make_unique<DeviceLoopbackComm>(group, rank);
+}
+
+std::vector<Status> run_device_loopback_ranks(int n,
+                                              const std::function<Status(int, Communicator&, cudaStream_t)>& body) {
+  auto group = make_device_loopback_group(n, 0);
+  std::vector<Status> result(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      result[r] = [&]() -> Status {
+        if (cudaSetDevice(0) != cudaSuccess) return Internal("cudaSetDevice(0)");
+        std::unique_ptr<Communicator> comm = make_device_loopback_rank(group, r);
+        cudaStream_t s = nullptr;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return Internal("stream");
+        Status st = body(r, *comm, s);
+        cudaStreamDestroy(s);
+        return st;
+      }();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return result;
 }
 
 }  // namespace moekit::cuda_test

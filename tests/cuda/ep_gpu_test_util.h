@@ -127,11 +127,13 @@ inline Reference single_gpu(const Inputs& in) {
 // This rank's tokens on the current device and the views of one forward.
 struct RankStep {
   cuda_test::DeviceTensor hidden, logits, out, ids;
-  RankStep(const Inputs& in, int r)
-      : hidden(rows(in.hidden, in.first[r], in.first[r + 1])),
-        logits(rows(in.logits, in.first[r], in.first[r + 1])),
-        out(DType::kBF16, {tokens_of(r), kH}),
+  // The rows [begin, end) of the group's hidden [total, H] and logits.
+  RankStep(const HostTensor& group_hidden, const HostTensor& group_logits, int64_t begin, int64_t end)
+      : hidden(rows(group_hidden, begin, end)),
+        logits(rows(group_logits, begin, end)),
+        out(DType::kBF16, {end - begin, group_hidden.shape()[1]}),
         ids(DType::kI16, {kMaxPerRank, kK}) {}
+  RankStep(const Inputs& in, int r) : RankStep(in.hidden, in.logits, in.first[r], in.first[r + 1]) {}
   LayerForwardArgs args() const {
     LayerForwardArgs a;
     a.hidden = hidden.view();
@@ -145,13 +147,13 @@ struct RankResult {
   HostTensor out, ids;
 };
 
-// Forward capturing the ids, then replay with them: bitwise the same output.
-inline Status capture_then_replay(int r, Communicator& comm, cudaStream_t s, const Inputs& in,
-                                  const ExpertPlacement* placement, RankResult* result) {
-  MOEKIT_ASSIGN_OR_RETURN(auto layer,
-                          ExpertParallelLayer::create(rank_config(in.ranks, r), in.weights(), comm, placement));
+// Rank r's EP layer (config: the rank's, weights: the whole layer's) on its
+// step: a forward capturing the ids, then a replay with them, bitwise the same output.
+inline Status capture_then_replay(int r, Communicator& comm, cudaStream_t s, const MoeConfig& config,
+                                  const MoeWeights& weights, RankStep& step, const ExpertPlacement* placement,
+                                  RankResult* result) {
+  MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(config, weights, comm, placement));
   if (std::string(layer->dispatch_name()) != "all_to_all") return Internal("dispatch: " + layer->dispatch_reason());
-  RankStep step(in, r);
   step.out.poison();
   LayerForwardArgs a = step.args();
   a.routing_replay_out = step.ids.view();
@@ -160,7 +162,7 @@ inline Status capture_then_replay(int r, Communicator& comm, cudaStream_t s, con
   result->out = step.out.download();
   result->ids = step.ids.download();
 
-  const HostTensor forced = ids_as_i32(result->ids, tokens_of(r));
+  const HostTensor forced = ids_as_i32(result->ids, step.hidden.view().dim(0));
   step.out.poison();
   LayerForwardArgs replay = step.args();
   replay.forced_ids = forced.view();
@@ -169,6 +171,12 @@ inline Status capture_then_replay(int r, Communicator& comm, cudaStream_t s, con
   const std::string diff = cuda_test::first_difference(step.out.download(), result->out);
   if (!diff.empty()) return DataLoss("rank " + std::to_string(r) + ": replay differs from the capture: " + diff);
   return Status::Ok();
+}
+
+inline Status capture_then_replay(int r, Communicator& comm, cudaStream_t s, const Inputs& in,
+                                  const ExpertPlacement* placement, RankResult* result) {
+  RankStep step(in, r);
+  return capture_then_replay(r, comm, s, rank_config(in.ranks, r), in.weights(), step, placement, result);
 }
 
 // Ids identical to the single-GPU layer's, outputs within ep_bound.
@@ -190,10 +198,11 @@ inline void expect_equals_single_gpu(const Inputs& in, const std::vector<RankRes
   ::testing::Test::RecordProperty("ep_vs_single_gpu_rel_l2_" + std::to_string(in.ranks), std::to_string(err));
 }
 
-// A placement from EPLB with about two redundant slots per rank (a few hot experts get replicas).
-inline StatusOr<ExpertPlacement> eplb_placement(int ranks) {
+// A placement from EPLB with about two redundant slots per rank (a few hot
+// experts get replicas: every hot_every-th).
+inline StatusOr<ExpertPlacement> eplb_placement(int ranks, int hot_every = 7) {
   std::vector<int64_t> load(kE);
-  for (int64_t e = 0; e < kE; ++e) load[e] = e % 7 == 0 ? 500 + e : 10 + e;
+  for (int64_t e = 0; e < kE; ++e) load[e] = e % hot_every == 0 ? 500 + e : 10 + e;
   EplbOptions opt;
   opt.num_physical_slots = (kE + 2 * ranks + ranks - 1) / ranks * ranks;  // a multiple of the ranks
   return plan_eplb(load, ranks, opt);

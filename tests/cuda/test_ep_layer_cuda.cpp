@@ -5,6 +5,7 @@
 //   - EP-N (N = 2, 3) on a small DeepSeek-like shape equals the single-GPU
 //     layer within the documented bound, ids identical, replay bitwise;
 //   - the same with an EPLB placement;
+//   - rebalance() (rebuilt, then in place): bitwise a layer created on the placement;
 //   - capture through bind() on a Model of EP layers: ids and router weights
 //     bit for bit the single-GPU layer's, replay through the replayer bitwise;
 //   - skip_negative_ids: a -1 slot adds nothing (bitwise as weight 0 on a real
@@ -19,7 +20,6 @@
 #include <string>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
@@ -36,28 +36,6 @@ using namespace ep_gpu_test;
 using cuda_test::DeviceBytes;
 using cuda_test::DeviceTensor;
 
-// Rank r in its own thread on cuda:0 with a device-loopback communicator and its own stream.
-std::vector<Status> run_loopback_ranks(int n, const std::function<Status(int, Communicator&, cudaStream_t)>& body) {
-  auto group = cuda_test::make_device_loopback_group(n, 0);
-  std::vector<Status> result(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      result[r] = [&]() -> Status {
-        if (cudaSetDevice(0) != cudaSuccess) return Internal("cudaSetDevice(0)");
-        std::unique_ptr<Communicator> comm = cuda_test::make_device_loopback_rank(group, r);
-        cudaStream_t s = nullptr;
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return Internal("stream");
-        Status st = body(r, *comm, s);
-        cudaStreamDestroy(s);
-        return st;
-      }();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return result;
-}
-
 class EpLayerOneGpu : public ::testing::TestWithParam<int> {};
 
 TEST_P(EpLayerOneGpu, EqualsTheSingleGpuLayerCapturesTheSameIdsAndReplaysBitwise) {
@@ -67,7 +45,7 @@ TEST_P(EpLayerOneGpu, EqualsTheSingleGpuLayerCapturesTheSameIdsAndReplaysBitwise
   const Reference ref = single_gpu(in);
   ASSERT_GT(ref.out.numel(), 0);
   std::vector<RankResult> ep(n);
-  auto st = run_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
+  auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
     return capture_then_replay(r, c, s, in, nullptr, &ep[r]);
   });
   for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
@@ -83,11 +61,57 @@ TEST_P(EpLayerOneGpu, WithEplbReplicasTheSameHolds) {
   StatusOr<ExpertPlacement> plan = eplb_placement(n);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   std::vector<RankResult> ep(n);
-  auto st = run_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
+  auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& c, cudaStream_t s) {
     return capture_then_replay(r, c, s, in, &*plan, &ep[r]);
   });
   for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
   expect_equals_single_gpu(in, ep, ref);
+}
+
+// rebalance() on GPU ranks: from the contiguous placement to an EPLB one with
+// more slots per rank (the experts stage is built anew), then to another EPLB
+// plan with as many slots per rank (in place: the workspace keeps its
+// address). After each, the output is bit for bit that of a layer created on
+// that placement (which the test above holds to the single-GPU layer).
+TEST_P(EpLayerOneGpu, RebalanceEqualsALayerCreatedOnThePlacement) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = GetParam();
+  const Inputs in(n);
+  StatusOr<ExpertPlacement> first = eplb_placement(n, 7), second = eplb_placement(n, 5);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_EQ(first->slots_per_rank, second->slots_per_rank);
+  ASSERT_NE(first->to_string(), second->to_string());
+  auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    MOEKIT_ASSIGN_OR_RETURN(auto layer, ExpertParallelLayer::create(rank_config(n, r), in.weights(), comm));
+    RankStep step(in, r);
+    const auto output_of = [&](ExpertParallelLayer& l) -> StatusOr<HostTensor> {
+      step.out.poison();
+      MOEKIT_RETURN_IF_ERROR(l.forward(step.args(), s));
+      if (cudaStreamSynchronize(s) != cudaSuccess) return Internal(rank + "forward failed");
+      return step.out.download();
+    };
+    MOEKIT_RETURN_IF_ERROR(output_of(*layer).status());
+    for (const ExpertPlacement* plan : {&*first, &*second}) {
+      const bool in_place = plan->slots_per_rank == layer->placement().slots_per_rank;
+      const void* workspace = layer->workspace_buffer()->data();
+      MOEKIT_RETURN_IF_ERROR(layer->rebalance(*plan));
+      if (layer->placement().to_string() != plan->to_string()) return DataLoss(rank + "placement not taken");
+      if (in_place && layer->workspace_buffer()->data() != workspace) {
+        return DataLoss(rank + "an in-place rebalance moved the workspace");
+      }
+      MOEKIT_ASSIGN_OR_RETURN(const HostTensor rebalanced, output_of(*layer));
+      MOEKIT_ASSIGN_OR_RETURN(auto created, ExpertParallelLayer::create(rank_config(n, r), in.weights(), comm, plan));
+      MOEKIT_ASSIGN_OR_RETURN(const HostTensor reference, output_of(*created));
+      const std::string diff = cuda_test::first_difference(rebalanced, reference);
+      if (!diff.empty()) {
+        return DataLoss(rank + (in_place ? "in place" : "rebuilt") + ": differs from a layer created on the placement: " +
+                        diff);
+      }
+    }
+    return Status::Ok();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
 }
 
 // Custom routing on GPU ranks runs the same pipeline after the routing stage:
@@ -97,7 +121,7 @@ TEST_P(EpLayerOneGpu, CustomRoutingWithTheRoutersIdsAndWeightsIsTheRoutedLayer) 
   MOEKIT_REQUIRE_SM90();
   const int n = GetParam();
   const Inputs in(n);
-  auto st = run_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
+  auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
     MOEKIT_ASSIGN_OR_RETURN(auto routed, ExpertParallelLayer::create(rank_config(n, r), in.weights(), comm));
     MoeConfig cc = rank_config(n, r);
     cc.routing.method = RoutingMethod::kCustom;
@@ -172,7 +196,7 @@ TEST_P(EpLayerOneGpu, BindCapturesWhatTheSingleGpuLayerCapturesAndReplaysBitwise
     ref_ids = rows(ids.download(), 0, in.total);
     ref_weights = rows(weights.download(), 0, in.total);
   }
-  auto st = run_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
+  auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
     const std::string rank = "rank " + std::to_string(r) + ": ";
     Model model;
     for (int l = 0; l < kLayers; ++l) {

@@ -656,20 +656,31 @@ TEST(EpQuantized, ADynamicPerTensorActivationScaleIsRefused) {
   EXPECT_NE(st.message().find("one amax over the batch"), std::string::npos) << st.message();
 }
 
-// GPU ranks do not run a shared expert yet: the sm90 class says so in the
-// oracle's report (the CPU one serves it).
-TEST(EpSharedExpert, TheGpuClassNamesWhyItDoesNot) {
-  MoeConfig c = rank_config(base_config(RoutingMethod::kRenormalize, DType::kBF16), 2, 0, All2AllBackend::kNccl);
-  c.shared_intermediate = 32;
-  StatusOr<Resolution> res = select_backend_on(c, Platform::cpu_only(), DeviceType::kCpu);
-  ASSERT_TRUE(res.ok()) << res.status().to_string();
-  EXPECT_EQ(res->kernel.name, "CpuModular");
+// A shared expert, expert biases and fp8 on EP ranks: the CPU and the GPU
+// modular classes both serve them (GPU ranks run the shared expert on their own
+// tokens: test_ep_extras_cuda runs them).
+TEST(EpExtras, BothModularClassesServeThemForEpRanks) {
+  MoeConfig shared = rank_config(base_config(RoutingMethod::kRenormalize, DType::kBF16), 2, 0, All2AllBackend::kNccl);
+  shared.shared_intermediate = 32;
+  shared.has_shared_gate = true;
+  MoeConfig bias = rank_config(base_config(RoutingMethod::kRenormalize, DType::kBF16), 2, 0, All2AllBackend::kNccl);
+  bias.has_expert_bias = true;
+  MoeConfig fp8 = rank_config(base_config(RoutingMethod::kRenormalize, DType::kBF16), 2, 0, All2AllBackend::kNccl);
+  fp8.hidden = 128;
+  fp8.quant.method = QuantMethod::kFp8Block128;
+  fp8.quant.weight_dtype = DType::kF8E4M3;
+  for (const MoeConfig& c : {shared, bias, fp8}) {
+    SCOPED_TRACE(c.to_string());
+    ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+    StatusOr<Resolution> res = select_backend_on(c, Platform::cpu_only(), DeviceType::kCpu);
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    EXPECT_EQ(res->kernel.name, "CpuModular");
 #ifdef MOEKIT_WITH_CUDA
-  StatusOr<Resolution> gpu = select_backend_on(c, testing::described_h200(), DeviceType::kCuda);
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_NE(gpu.status().message().find("a shared expert is not served on GPU ranks yet"), std::string::npos)
-      << gpu.status().message();
+    StatusOr<Resolution> gpu = select_backend_on(c, testing::described_h200(), DeviceType::kCuda);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+    EXPECT_EQ(gpu->kernel.name, "Sm90Modular");
 #endif
+  }
 }
 
 TEST(EpBadInput, ParallelConfigNotMatchingTheCommunicator) {

@@ -82,15 +82,18 @@ struct UnpackArgs {
 };
 Status ep_unpack_rows(const EpDeviceShape& s, const UnpackArgs& a, cudaStream_t stream);
 
-// Step 6: out[t] = bf16(sum over d = 0..N-1 of returned[d, row_of[d, t]]), in
-// fp32, rank order from +0; a token with an id outside [0, E) gets NaN (the
-// single-GPU layer's rule for a bad id).
+// Step 6: out[t] = bf16(sum over d = 0..N-1 of returned[d, row_of[d, t]]
+// + shared_gate[t] * shared_out[t]), in fp32, rank order from +0, the shared
+// expert last (as the single-GPU finalize adds it); a token with an id outside
+// [0, E) gets NaN (the single-GPU layer's rule for a bad id).
 struct CombineArgs {
   int64_t num_tokens = 0;              // m
   const int32_t* topk_ids = nullptr;   // [m, k] i32 logical
   const int32_t* row_of = nullptr;     // [N, T] i32
   const uint16_t* returned = nullptr;  // [N, T, H] bf16: block d row r = rank d's partial of the token it got as row r
   uint16_t* out = nullptr;             // [m, H] bf16, every element written
+  const uint16_t* shared_out = nullptr;  // [m, H] bf16, optional: the shared expert's output on this rank's tokens
+  const float* shared_gate = nullptr;    // [m] f32, optional with shared_out (gate 1 when absent)
 };
 Status ep_combine_partials(const EpDeviceShape& s, const CombineArgs& a, cudaStream_t stream);
 

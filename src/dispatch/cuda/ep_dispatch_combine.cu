@@ -37,6 +37,13 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(EpDeviceShap
       for (int i = 0; i < kVec; ++i) acc[i] += __bfloat162float(p[i]);
     }
   }
+  if (a.shared_out != nullptr) {
+    const float g = a.shared_gate != nullptr ? a.shared_gate[t] : 1.0f;
+    const uint4 v = *reinterpret_cast<const uint4*>(a.shared_out + t * s.hidden + h);
+    const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(g, __bfloat162float(p[i]), acc[i]);
+  }
   uint4 o;
   __nv_bfloat16* ob = reinterpret_cast<__nv_bfloat16*>(&o);
 #pragma unroll

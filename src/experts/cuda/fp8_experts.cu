@@ -336,6 +336,7 @@ __global__ void finalize_kernel(Fp8FinalizeArgs a) {
   for (int64_t j = 0; j < k; ++j) {
     const int32_t row = a.pair_row[t * k + j];
     if (row < 0) {
+      if (a.skip_negative_ids && a.topk_ids[t * k + j] < 0) continue;  // computed on another rank
       for (float& x : acc) x = __int_as_float(0x7fc00000);
       continue;
     }
@@ -434,6 +435,7 @@ Status fp8_finalize(const Fp8FinalizeArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return Status::Ok();
   if (a.k_splits < 1) return InvalidArgument("fp8_finalize: k_splits must be at least 1");
   if (a.hidden % 4 != 0) return InvalidArgument("fp8_finalize: H must be a multiple of 4");
+  if (a.skip_negative_ids && a.topk_ids == nullptr) return InvalidArgument("fp8_finalize: skip_negative_ids needs the ids");
   const int64_t blocks = a.num_tokens * ((a.hidden + kFinalizeCols - 1) / kFinalizeCols);
   if (blocks > INT32_MAX) return InvalidArgument("fp8_finalize: too many tokens");
   finalize_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(a);

@@ -107,8 +107,9 @@ Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, in
                               cudaStream_t stream);
 
 // out[t, :] = bf16(sum_j w[t, j] * y[pair_row[t, j], :]), j ascending, fp32
-// (a pair without a row makes the token's row NaN). y [rows, H] f32, or the
-// k_splits partial sums of it split_stride floats apart (added first, in order).
+// (a pair without a row makes the token's row NaN, unless skip_negative_ids
+// and its id is negative: computed on another rank, it adds nothing). y [rows,
+// H] f32, or the k_splits partial sums of it split_stride floats apart (added first, in order).
 struct Fp8FinalizeArgs {
   const float* y = nullptr;
   int64_t k_splits = 1;
@@ -117,6 +118,8 @@ struct Fp8FinalizeArgs {
   const float* topk_weights = nullptr;
   int64_t num_tokens = 0, top_k = 0, hidden = 0;
   uint16_t* out = nullptr;
+  bool skip_negative_ids = false;
+  const int32_t* topk_ids = nullptr;  // [M, k] i32, with skip_negative_ids
 };
 Status fp8_finalize(const Fp8FinalizeArgs& args, cudaStream_t stream);
 

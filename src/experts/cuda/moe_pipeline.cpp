@@ -164,17 +164,22 @@ ExpertsWorkspaceLayout experts_workspace_layout(const ExpertsShape& s, int64_t n
   // bf16 GEMM2 rows, or the f32 partial sums of its K slices.
   l.expert_out = take_workspace(&c, std::max(pairs * 2, split_partial_rows(static_cast<int64_t>(pairs)) * 4) *
                               static_cast<size_t>(s.hidden));
-  const size_t M = static_cast<size_t>(num_tokens), H = static_cast<size_t>(s.hidden);
   if (s.expert_bias) l.gemm1_raw = take_workspace(&c, pairs * static_cast<size_t>(s.n1()) * 2);
-  if (s.shared_intermediate > 0) {
-    l.shared_group = take_workspace(&c, 2 * sizeof(int32_t));
-    l.shared_scratch1 = take_workspace(&c, grouped_gemm_workspace_size(shared_gemm1_problem(s, num_tokens)));
-    l.shared_scratch2 = take_workspace(&c, grouped_gemm_workspace_size(shared_gemm2_problem(s, num_tokens)));
-    l.shared_inter = take_workspace(&c, M * static_cast<size_t>(s.shared_intermediate) * 2);
-    l.shared_out = take_workspace(&c, M * H * 2);
-    if (s.shared_gate) l.shared_gate = take_workspace(&c, M * sizeof(float));
-  }
+  static_cast<SharedWorkspaceLayout&>(l) = take_shared_workspace(&c, s, num_tokens);
   l.total = c;
+  return l;
+}
+
+SharedWorkspaceLayout take_shared_workspace(size_t* cursor, const ExpertsShape& s, int64_t num_tokens) {
+  SharedWorkspaceLayout l;
+  if (s.shared_intermediate == 0) return l;
+  const size_t M = static_cast<size_t>(num_tokens), H = static_cast<size_t>(s.hidden);
+  l.shared_group = take_workspace(cursor, 2 * sizeof(int32_t));
+  l.shared_scratch1 = take_workspace(cursor, grouped_gemm_workspace_size(shared_gemm1_problem(s, num_tokens)));
+  l.shared_scratch2 = take_workspace(cursor, grouped_gemm_workspace_size(shared_gemm2_problem(s, num_tokens)));
+  l.shared_inter = take_workspace(cursor, M * static_cast<size_t>(s.shared_intermediate) * 2);
+  l.shared_out = take_workspace(cursor, M * H * 2);
+  if (s.shared_gate) l.shared_gate = take_workspace(cursor, M * sizeof(float));
   return l;
 }
 
@@ -187,11 +192,8 @@ std::string ExpertsWorkspaceLayout::to_string() const {
   return os.str();
 }
 
-namespace {
-
-// The shared expert on all M tokens: GEMM1 (activation epilogue) and GEMM2 as
-// one-group grouped GEMMs, and the gate scores; finalize adds the result.
-Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const ExpertsWorkspaceLayout& l,
+// GEMM1 (activation epilogue) and GEMM2 as one-group grouped GEMMs, then the gate scores.
+Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const SharedWorkspaceLayout& l,
                          cudaStream_t stream) {
   const int64_t M = run.num_tokens;
   char* ws = run.workspace;
@@ -219,8 +221,6 @@ Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const Exp
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Status fork_shared_expert(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream) {
   if (!s.shared_overlap || s.shared_intermediate == 0 || run.num_tokens == 0) return Status::Ok();

@@ -75,20 +75,26 @@ PairWorkspaceLayout take_pair_workspace(size_t* cursor, const ExpertsShape& s, i
 Status align_pairs(const ExpertsShape& s, const PairWorkspaceLayout& l, char* workspace, int64_t num_tokens,
                    const int32_t* topk_ids, int32_t* expert_counts, cudaStream_t stream);
 
+// The shared expert's buffers (only when s.shared_intermediate > 0; size 0 otherwise).
+struct SharedWorkspaceLayout {
+  size_t shared_group = 0;     // [2] i32: the shared GEMMs' one group (start, rows)
+  size_t shared_scratch1 = 0;  // grouped_gemm_workspace_size(shared_gemm1)
+  size_t shared_scratch2 = 0;  // grouped_gemm_workspace_size(shared_gemm2)
+  size_t shared_inter = 0;     // [M, Is] bf16
+  size_t shared_out = 0;       // [M, H] bf16
+  size_t shared_gate = 0;      // [M] f32
+};
+// Lays those buffers out from *cursor on.
+SharedWorkspaceLayout take_shared_workspace(size_t* cursor, const ExpertsShape& s, int64_t num_tokens);
+
 // Byte offsets of every buffer in the workspace for M tokens; each 256-byte aligned.
-struct ExpertsWorkspaceLayout : PairWorkspaceLayout {
+struct ExpertsWorkspaceLayout : PairWorkspaceLayout, SharedWorkspaceLayout {
   size_t gemm1_scratch = 0;  // grouped_gemm_workspace_size(gemm1)
   size_t gemm2_scratch = 0;  // grouped_gemm_workspace_size(gemm2)
   size_t intermediate = 0;   // [M·k, I] bf16: act(GEMM1) per permuted row
   size_t expert_out = 0;     // [M·k, H] bf16: GEMM2 per permuted row
   // Only with the extras (size 0 otherwise):
   size_t gemm1_raw = 0;      // [M·k, N1] bf16: GEMM1 before bias and activation (expert_bias)
-  size_t shared_group = 0;   // [2] i32: the shared GEMMs' one group (start, rows)
-  size_t shared_scratch1 = 0;  // grouped_gemm_workspace_size(shared_gemm1)
-  size_t shared_scratch2 = 0;  // grouped_gemm_workspace_size(shared_gemm2)
-  size_t shared_inter = 0;   // [M, Is] bf16
-  size_t shared_out = 0;     // [M, H] bf16
-  size_t shared_gate = 0;    // [M] f32
   size_t total = 0;          // bytes
   std::string to_string() const;
 };
@@ -135,6 +141,13 @@ struct ExpertsRun {
 Status fork_shared_expert(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);
 
 Status run_experts(const ExpertsShape& s, const ExpertsRun& run, cudaStream_t stream);
+
+// The shared expert alone on run.num_tokens tokens (run.hidden, run.shared_*,
+// run.workspace laid out by `l`): its bf16 output at l.shared_out and, with a
+// gate, the gate scores at l.shared_gate, which finalize adds as g * out in
+// fp32. Expert-parallel GPU ranks run it on their own tokens.
+Status run_shared_expert(const ExpertsShape& s, const ExpertsRun& run, const SharedWorkspaceLayout& l,
+                         cudaStream_t stream);
 
 }  // namespace moekit::cuda
 

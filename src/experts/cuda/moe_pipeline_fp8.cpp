@@ -158,6 +158,8 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   fa.top_k = s.top_k;
   fa.hidden = H;
   fa.out = run.out;
+  fa.skip_negative_ids = run.skip_negative_ids;
+  fa.topk_ids = run.topk_ids;
 
   const bool tensor_cores = w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
   const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);

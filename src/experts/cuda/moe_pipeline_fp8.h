@@ -79,6 +79,9 @@ struct Fp8ExpertsRun {
   uint16_t* out = nullptr;              // [M, H] bf16, every element written
   int32_t* expert_counts = nullptr;     // [E] i32, optional
   char* workspace = nullptr;            // >= fp8_workspace_layout(s, M).total bytes
+  // Expert parallelism (MoeRunArgs::skip_negative_ids): a negative id
+  // contributes nothing instead of making the token's row NaN.
+  bool skip_negative_ids = false;
 };
 
 // The GEMM path a forward of M tokens takes: "streaming" (fp8_streaming_gemm.h,

@@ -107,7 +107,6 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   }
   // dtypes / quant
   const Sm90Pipeline pipeline = sm90_pipeline_of(c.quant.method);
-  const bool fp8 = pipeline == Sm90Pipeline::kFp8;
   switch (c.quant.method) {
     case QuantMethod::kNone: break;
     case QuantMethod::kFp8Block128:
@@ -166,19 +165,9 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
   // NOTE: the modular kernel serves ep > 1 and EPLB as the experts stage of
   // ExpertParallelLayer, which dispatches, remaps and combines around it
   // (its run() then takes skip_negative_ids), within the EP limits.
-  if (c.parallel.ep_size > 1 && (fp8 || c.quant.weight_dtype != DType::kBF16)) {
-    // TODO(ep): the fp8 pipeline's finalize does not skip ids yet.
-    return Support::no("expert parallel on GPUs: serves bf16 weights without quantization; got " +
-                       c.quant.to_string());
-  }
-  if (c.parallel.ep_size > 1 && c.shared_intermediate > 0) {
-    // TODO(ep): the shared expert on the token's own GPU rank (host ranks run it after the combine).
-    return Support::no("expert parallel on GPUs: a shared expert is not served on GPU ranks yet");
-  }
-  if (c.parallel.ep_size > 1 && c.has_expert_bias) {
-    // TODO(ep): the biases with skip_negative_ids on the device path (host ranks serve them).
-    return Support::no("expert parallel on GPUs: expert biases are not served on GPU ranks yet");
-  }
+  // Every pipeline's finalize skips the ids of other ranks; the biases travel
+  // with their slots, and a shared expert runs on each rank's own tokens
+  // (experts/cuda/sm90_shared_expert.h), so no extra is refused for ep > 1.
   // shape / alignment
   if (c.hidden % kSm90DimAlignment != 0) {
     return Support::no("hidden H=" + str(c.hidden) + " must be a multiple of " + str(kSm90DimAlignment));

@@ -130,10 +130,6 @@ Status Sm90Kernel::run_pipeline(const MoeRunArgs& a, const Workspace& ws, int64_
       return run_experts(shape_, r, stream);
     }
     case Sm90Pipeline::kFp8: {
-      if (a.skip_negative_ids) {
-        // TODO(ep): the fp8 finalize (fp8_experts.cu) does not skip yet.
-        return Unsupported(std::string(name()) + ": skip_negative_ids (expert parallelism) is served for bf16 only");
-      }
       Fp8ExpertsRun r;
       r.num_tokens = M;
       r.hidden = a.hidden.ptr<const uint16_t>();
@@ -142,6 +138,7 @@ Status Sm90Kernel::run_pipeline(const MoeRunArgs& a, const Workspace& ws, int64_
       r.out = a.out.ptr<uint16_t>();
       r.expert_counts = a.expert_counts.defined() ? a.expert_counts.ptr<int32_t>() : nullptr;
       r.workspace = static_cast<char*>(ws.data);
+      r.skip_negative_ids = a.skip_negative_ids;
       return run_experts_fp8(shape_, weights_.fp8(config_.quant), r, stream);
     }
     case Sm90Pipeline::kWeight4: {

@@ -46,8 +46,10 @@ StatusOr<std::vector<float>> widened_f32(const TensorView& t) {
   return out;
 }
 
-// `bytes` of device memory on `dev` into *dst (nothing for 0 bytes).
+// `bytes` of device memory on `dev` into *dst (nothing for 0 bytes); a buffer
+// of that size already there is kept (prepare_sm90_weights: re-preparing).
 Status allocate(DeviceBuffer* dst, Device dev, size_t bytes) {
+  if (bytes > 0 && dst->bytes() == bytes && dst->device() == dev) return Status::Ok();
   MOEKIT_ASSIGN_OR_RETURN(*dst, DeviceBuffer::allocate(dev, bytes));
   return Status::Ok();
 }
@@ -63,30 +65,73 @@ Status upload(DeviceBuffer* dst, Device dev, const std::vector<float>& src) {
   return copy_to(dst, dev, src.data(), src.size() * sizeof(float));
 }
 
+// An optional weight: checked when the config asks for it (`wanted`), refused when given without.
+Status check_optional(const TensorView& t, const char* name, bool wanted, const char* flag,
+                      std::initializer_list<DType> dtypes, std::initializer_list<int64_t> dims, Device dev) {
+  if (wanted) return check_tensor(t, name, dtypes, dims, weight_device(t, dev));
+  if (t.defined()) return InvalidArgument(std::string(name) + ": given, but " + flag + " is off in the config");
+  return Status::Ok();
+}
+
+Status check_shared_expert(const ExpertsShape& shape, Device dev, const MoeWeights& w) {
+  const int64_t H = shape.hidden, Is = shape.shared_intermediate, N1s = shape.shared_n1();
+  const bool shared = Is > 0;
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(w.shared_w13, "shared_w13", shared, "shared_intermediate", {DType::kBF16}, {N1s, H}, dev));
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(w.shared_w2, "shared_w2", shared, "shared_intermediate", {DType::kBF16}, {H, Is}, dev));
+  return check_optional(w.shared_gate, "shared_gate", shape.shared_gate, "has_shared_gate",
+                        {DType::kF32, DType::kBF16}, {H}, dev);
+}
+
 // Each extra tensor (kernel.h) required with its config flag, refused without it.
 Status check_extras(const ExpertsShape& shape, Device dev, const MoeWeights& w) {
   const int64_t E = shape.num_experts, H = shape.hidden, N1 = shape.n1();
-  const int64_t Is = shape.shared_intermediate, N1s = shape.shared_n1();
-  auto check = [&](const TensorView& t, const char* name, bool wanted, const char* flag,
-                   std::initializer_list<DType> dtypes, std::initializer_list<int64_t> dims) -> Status {
-    if (wanted) return check_tensor(t, name, dtypes, dims, weight_device(t, dev));
-    if (t.defined()) return InvalidArgument(std::string(name) + ": given, but " + flag + " is off in the config");
-    return Status::Ok();
-  };
-  const bool bias = shape.expert_bias, shared = Is > 0;
-  MOEKIT_RETURN_IF_ERROR(check(w.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, N1}));
-  MOEKIT_RETURN_IF_ERROR(check(w.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, H}));
-  MOEKIT_RETURN_IF_ERROR(check(w.shared_w13, "shared_w13", shared, "shared_intermediate", {DType::kBF16}, {N1s, H}));
-  MOEKIT_RETURN_IF_ERROR(check(w.shared_w2, "shared_w2", shared, "shared_intermediate", {DType::kBF16}, {H, Is}));
-  MOEKIT_RETURN_IF_ERROR(check(w.shared_gate, "shared_gate", shape.shared_gate, "has_shared_gate",
-                               {DType::kF32, DType::kBF16}, {H}));
+  const bool bias = shape.expert_bias;
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(w.w13_bias, "w13_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, N1}, dev));
+  MOEKIT_RETURN_IF_ERROR(
+      check_optional(w.w2_bias, "w2_bias", bias, "has_expert_bias", {DType::kF32, DType::kBF16}, {E, H}, dev));
+  return check_shared_expert(shape, dev, w);
+}
+
+// NaN or Inf weights would run and return NaN rows: refused, as the cpu
+// backend refuses them, on the host or on the device where they are.
+Status check_finite(std::initializer_list<std::pair<const TensorView*, const char*>> tensors, int device_index,
+                    const char* kernel_name) {
+  const Device dev = Device::cuda(device_index);
+  for (const auto& [t, name] : tensors) {
+    MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
+    if (t->defined() && t->device == dev) {  // on another device: check_tensor refuses it
+      MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+      MOEKIT_RETURN_IF_ERROR(check_device_weight_values(*t, name));
+    }
+  }
+  return Status::Ok();
+}
+
+// Shared W13 re-laid-out like W13, shared W2 as given, the gate widened to f32.
+Status prepare_shared(const ExpertsShape& shape, Activation kind, Device dev, const MoeWeights& w, Sm90Weights* out) {
+  if (shape.shared_intermediate == 0) return Status::Ok();
+  const int64_t H = shape.hidden, Is = shape.shared_intermediate, N1s = shape.shared_n1();
+  MOEKIT_RETURN_IF_ERROR(allocate(&out->shared_w13, dev, w.shared_w13.nbytes()));
+  DeviceBuffer staging;  // [N1s, H] bf16 as given
+  MOEKIT_RETURN_IF_ERROR(copy_to(&staging, dev, w.shared_w13.data, w.shared_w13.nbytes()));
+  MOEKIT_RETURN_IF_ERROR(relayout_w13(device_ptr<const uint16_t>(staging), device_ptr<uint16_t>(out->shared_w13), 1,
+                                      N1s, H, kind, Is, nullptr));
+  MOEKIT_RETURN_IF_ERROR(copy_to(&out->shared_w2, dev, w.shared_w2.data, w.shared_w2.nbytes()));
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // staging is freed on return
+  if (shape.shared_gate) {
+    MOEKIT_ASSIGN_OR_RETURN(std::vector<float> g, widened_f32(w.shared_gate));
+    MOEKIT_RETURN_IF_ERROR(upload(&out->shared_gate, dev, g));
+  }
   return Status::Ok();
 }
 
 // Device copies of the extras: biases widened to f32, the gate/up bias in the
-// prepared column order of W13; shared W13 re-laid-out like W13.
+// prepared column order of W13; the shared expert (prepare_shared).
 Status prepare_extras(const ExpertsShape& shape, Activation kind, Device dev, const MoeWeights& w, Sm90Weights* out) {
-  const int64_t E = shape.num_experts, H = shape.hidden, N1 = shape.n1(), I = shape.intermediate;
+  const int64_t E = shape.num_experts, N1 = shape.n1(), I = shape.intermediate;
   if (shape.expert_bias) {
     MOEKIT_ASSIGN_OR_RETURN(std::vector<float> b13, widened_f32(w.w13_bias));
     std::vector<float> prepared(b13.size());
@@ -97,21 +142,7 @@ Status prepare_extras(const ExpertsShape& shape, Activation kind, Device dev, co
     MOEKIT_RETURN_IF_ERROR(upload(&out->w13_bias, dev, prepared));
     MOEKIT_RETURN_IF_ERROR(upload(&out->w2_bias, dev, b2));
   }
-  if (shape.shared_intermediate > 0) {
-    const int64_t Is = shape.shared_intermediate, N1s = shape.shared_n1();
-    MOEKIT_RETURN_IF_ERROR(allocate(&out->shared_w13, dev, w.shared_w13.nbytes()));
-    DeviceBuffer staging;  // [N1s, H] bf16 as given
-    MOEKIT_RETURN_IF_ERROR(copy_to(&staging, dev, w.shared_w13.data, w.shared_w13.nbytes()));
-    MOEKIT_RETURN_IF_ERROR(relayout_w13(device_ptr<const uint16_t>(staging), device_ptr<uint16_t>(out->shared_w13), 1,
-                                        N1s, H, kind, Is, nullptr));
-    MOEKIT_RETURN_IF_ERROR(copy_to(&out->shared_w2, dev, w.shared_w2.data, w.shared_w2.nbytes()));
-    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // staging is freed on return
-    if (shape.shared_gate) {
-      MOEKIT_ASSIGN_OR_RETURN(std::vector<float> g, widened_f32(w.shared_gate));
-      MOEKIT_RETURN_IF_ERROR(upload(&out->shared_gate, dev, g));
-    }
-  }
-  return Status::Ok();
+  return prepare_shared(shape, kind, dev, w, out);
 }
 
 Status prepare_bf16(const MoeConfig& config, const ExpertsShape& shape, Device dev, const MoeWeights& w,
@@ -294,25 +325,22 @@ Fp8ExpertWeights Sm90Weights::fp8(const QuantScheme& quant) const {
 Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, Sm90Pipeline pipeline,
                             int device_index, const char* kernel_name, const MoeWeights& w, Sm90Weights* out) {
   const Device dev = Device::cuda(device_index);
-  // NaN or Inf weights would run and return NaN rows: refused, as the cpu
-  // backend refuses them, on the host or on the device where they are.
-  const std::pair<const TensorView*, const char*> values[] = {
-      {&w.w13, "w13"}, {&w.w2, "w2"}, {&w.w13_bias, "w13_bias"}, {&w.w2_bias, "w2_bias"},
-      {&w.shared_w13, "shared_w13"}, {&w.shared_w2, "shared_w2"}, {&w.shared_gate, "shared_gate"}};
-  for (const auto& [t, name] : values) {
-    MOEKIT_RETURN_IF_ERROR(check_weight_values(*t, name));
-    if (t->defined() && t->device == dev) {  // on another device: check_tensor refuses it
-      MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
-      MOEKIT_RETURN_IF_ERROR(check_device_weight_values(*t, name));
-    }
-  }
+  MOEKIT_RETURN_IF_ERROR(check_finite({{&w.w13, "w13"}, {&w.w2, "w2"}, {&w.w13_bias, "w13_bias"},
+                                       {&w.w2_bias, "w2_bias"}, {&w.shared_w13, "shared_w13"},
+                                       {&w.shared_w2, "shared_w2"}, {&w.shared_gate, "shared_gate"}},
+                                      device_index, kernel_name));
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {shape.num_experts},
                                         weight_device(w.score_bias, dev)));
   }
   MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+  // Re-preparing writes into the buffers already there (same config, same
+  // sizes), so the weights keep their addresses and a CUDA graph captured over
+  // the kernel stays valid; every forward that may still read them ends first.
+  Sm90Weights prepared = std::move(*out);
   *out = Sm90Weights{};
-  Sm90Weights prepared;
+  if (prepared.prepared) MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));
+  prepared.prepared = false;
   switch (pipeline) {
     case Sm90Pipeline::kBf16: MOEKIT_RETURN_IF_ERROR(prepare_bf16(config, shape, dev, w, &prepared)); break;
     case Sm90Pipeline::kFp8: MOEKIT_RETURN_IF_ERROR(prepare_fp8(config, shape, dev, w, &prepared)); break;
@@ -321,6 +349,23 @@ Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, 
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(copy_to(&prepared.score_bias, dev, w.score_bias.data, sizeof(float) * shape.num_experts));
   }
+  prepared.prepared = true;
+  *out = std::move(prepared);
+  return Status::Ok();
+}
+
+Status prepare_sm90_shared_expert(const ExpertsShape& shape, int device_index, const char* kernel_name,
+                                  const MoeWeights& w, Sm90Weights* out) {
+  const Device dev = Device::cuda(device_index);
+  if (shape.shared_intermediate == 0) return InvalidArgument(std::string(kernel_name) + ": the layer has no shared expert");
+  MOEKIT_RETURN_IF_ERROR(check_finite({{&w.shared_w13, "shared_w13"}, {&w.shared_w2, "shared_w2"},
+                                       {&w.shared_gate, "shared_gate"}},
+                                      device_index, kernel_name));
+  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+  MOEKIT_RETURN_IF_ERROR(check_shared_expert(shape, dev, w));
+  *out = Sm90Weights{};
+  Sm90Weights prepared;
+  MOEKIT_RETURN_IF_ERROR(prepare_shared(shape, shape.activation.kind, dev, w, &prepared));
   prepared.prepared = true;
   *out = std::move(prepared);
   return Status::Ok();

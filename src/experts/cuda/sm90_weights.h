@@ -53,6 +53,12 @@ struct Sm90Weights {
 Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, Sm90Pipeline pipeline,
                             int device_index, const char* kernel_name, const MoeWeights& w, Sm90Weights* out);
 
+// The shared expert's tensors alone (shared_w13, shared_w2, shared_gate), checked
+// and prepared as above into out->shared_*; the routed weights are not read.
+// Expert-parallel GPU ranks run it apart from their experts (sm90_shared_expert.h).
+Status prepare_sm90_shared_expert(const ExpertsShape& shape, int device_index, const char* kernel_name,
+                                  const MoeWeights& w, Sm90Weights* out);
+
 template <typename T>
 T* device_ptr(const DeviceBuffer& b) {
   return static_cast<T*>(b.data());
