@@ -45,8 +45,8 @@ MoeWeights SlotWeights::kernel_weights() const {
 namespace {
 
 // The parts a layer of `c` has, one slot's shape each (MoeWeights' layouts,
-// kernel.h); biases in `bias_dtype`.
-std::array<SlotPart, kSlotParts> layout_of(const MoeConfig& c, DType bias_dtype) {
+// kernel.h); biases in their own dtypes.
+std::array<SlotPart, kSlotParts> layout_of(const MoeConfig& c, DType w13_bias_dtype, DType w2_bias_dtype) {
   const QuantScheme& q = c.quant;
   const int64_t H = c.hidden, I = c.intermediate, P = c.activation.gated() ? 2 : 1, n1 = P * I;
   const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
@@ -54,8 +54,8 @@ std::array<SlotPart, kSlotParts> layout_of(const MoeConfig& c, DType bias_dtype)
   std::array<SlotPart, kSlotParts> p = {
       SlotPart{"w13", &MoeWeights::w13, true, q.weight_dtype, {n1, q.stored_cols(H)}, {}},
       SlotPart{"w2", &MoeWeights::w2, true, q.weight_dtype, {H, q.stored_cols(I)}, {}},
-      SlotPart{"w13_bias", &MoeWeights::w13_bias, bias, bias_dtype, {n1}, {}},
-      SlotPart{"w2_bias", &MoeWeights::w2_bias, bias, bias_dtype, {H}, {}},
+      SlotPart{"w13_bias", &MoeWeights::w13_bias, bias, w13_bias_dtype, {n1}, {}},
+      SlotPart{"w2_bias", &MoeWeights::w2_bias, bias, w2_bias_dtype, {H}, {}},
       SlotPart{"w13_scale", &MoeWeights::w13_scale, false, DType::kF32, {}, {}},
       SlotPart{"w2_scale", &MoeWeights::w2_scale, false, DType::kF32, {}, {}},
       SlotPart{"a13_scale", &MoeWeights::a13_scale, false, DType::kF32, {}, {}},
@@ -118,18 +118,23 @@ SlotWeights empty_slots(std::array<SlotPart, kSlotParts> layout, int64_t slots) 
 }
 
 // The layout of `c` checked against `src` (rows = experts or slots): every
-// part the layer has, no part it lacks. Biases: f32 or the weight dtype (bf16
-// for 4-bit weights), both the same.
+// part the layer has, no part it lacks. Biases: each f32 or the weight dtype
+// (bf16 for 4-bit weights), as the kernels take them.
 StatusOr<std::array<SlotPart, kSlotParts>> checked_layout(const MoeWeights& src, const char* what, int64_t rows,
                                                           const MoeConfig& c) {
   const std::string w = what;
-  const DType bias_dtype = src.w13_bias.defined() ? src.w13_bias.dtype : DType::kF32;
   const DType weight_bias = c.quant.is_weight4() ? DType::kBF16 : c.quant.weight_dtype;
-  if (c.has_expert_bias && bias_dtype != DType::kF32 && bias_dtype != weight_bias) {
-    return InvalidArgument("w13_bias" + w + ": dtype " + dtype_name(bias_dtype) + "; expert biases are f32 or " +
-                           dtype_name(weight_bias));
+  DType bias_dtype[2] = {DType::kF32, DType::kF32};
+  const std::pair<const TensorView*, const char*> biases[2] = {{&src.w13_bias, "w13_bias"}, {&src.w2_bias, "w2_bias"}};
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& b = *biases[i].first;
+    if (b.defined()) bias_dtype[i] = b.dtype;
+    if (c.has_expert_bias && bias_dtype[i] != DType::kF32 && bias_dtype[i] != weight_bias) {
+      return InvalidArgument(biases[i].second + w + ": dtype " + dtype_name(bias_dtype[i]) +
+                             "; expert biases are f32 or " + dtype_name(weight_bias));
+    }
   }
-  std::array<SlotPart, kSlotParts> layout = layout_of(c, bias_dtype);
+  std::array<SlotPart, kSlotParts> layout = layout_of(c, bias_dtype[0], bias_dtype[1]);
   for (const SlotPart& p : layout) {
     const TensorView& t = src.*p.field;
     if (p.present) {

@@ -84,7 +84,8 @@ struct GroupInputs {
     hidden = testing::random_tensor(rng, c.quant.act_dtype, {total, kH}, 1.0, &hidden_exact);
     logits = testing::tie_free_logits(rng, DType::kF32, total, kE, 1.0 / 32.0, &logits_exact);
     if (c.has_expert_bias) {
-      w13_bias = testing::random_tensor(rng, DType::kF32, {kE, 2 * kI}, 0.1);
+      // Each bias is f32 or the weight dtype on its own: the gate/up one in the weight dtype here.
+      w13_bias = testing::random_tensor(rng, dt, {kE, 2 * kI}, 0.1);
       w2_bias = testing::random_tensor(rng, DType::kF32, {kE, kH}, 0.1);
     }
     if (const int64_t Is = c.shared_intermediate; Is > 0) {
