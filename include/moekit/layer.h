@@ -100,6 +100,15 @@ class MoeLayer : public RoutedLayer {
   // anything is written; then routes (modular) and runs the kernel on `stream`.
   Status forward(const LayerForwardArgs& args, Stream stream = nullptr) override;
 
+  // New values of the weights the layer was created with (same shapes and
+  // dtypes: e.g. after an optimizer step), prepared in place after every
+  // forward in flight on the layer's device: the kernel keeps its buffers, so
+  // their addresses, and a CUDA graph captured over the layer, stay valid (the
+  // cuda_sm90 kernels; the cpu kernels reuse their packed buffers too). Errors
+  // name the tensor; after one the layer refuses to run, saying why, until an
+  // update succeeds.
+  Status update_weights(const MoeWeights& weights);
+
   Status set_capture_target(const TensorView& target, const TensorView& router_weights = {}) override;
   const TensorView& capture_target() const override { return capture_target_; }
   const TensorView& router_weights_target() const override { return router_weights_target_; }
@@ -136,6 +145,7 @@ class MoeLayer : public RoutedLayer {
   std::unique_ptr<LayerPipeline> pipeline_;  // routing -> local prepare/finalize -> the chosen kernel
   TensorView capture_target_;  // [>= max_num_tokens, k] i16, optional
   TensorView router_weights_target_;  // [>= max_num_tokens, k] f32, optional, only with capture_target_
+  Status update_failure_;  // the last update_weights' error, or ok
 };
 
 // The layers of a model run one at a time on one stream, so they share one

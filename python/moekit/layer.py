@@ -62,6 +62,22 @@ class MoeLayer:
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
 
+    def update_weights(self, w13: torch.Tensor, w2: torch.Tensor, score_bias: Optional[torch.Tensor] = None,
+                       **extras: Optional[torch.Tensor]) -> None:
+        """New values of the weights the layer was made with (same shapes, dtypes and extras: the
+        constructor's keyword tensors), e.g. after an optimizer step: prepared in place, after the
+        forwards in flight, so the layer's buffers (and a CUDA graph captured over it) stay valid.
+        After an error the layer refuses to run until an update succeeds."""
+        names = ("w13_scale", "w2_scale", "a13_scale", "a2_scale", "w13_bias", "w2_bias", "shared_w13", "shared_w2",
+                 "shared_gate")
+        unknown = sorted(set(extras) - set(names))
+        if unknown:
+            raise TypeError(f"update_weights: unknown tensor(s) {', '.join(unknown)} (known: {', '.join(names)})")
+        self._layer.update_weights(weight("w13", w13, optional=False), weight("w2", w2, optional=False),
+                                   weight("score_bias", score_bias), **{n: weight(n, extras.get(n)) for n in names})
+        if score_bias is not None and self._score_bias is not None:
+            self._score_bias.copy_(score_bias.detach())
+
     def _init_from_config(self, config: MoeConfig) -> None:
         # Python values: torch.compile traces __call__, not the C++ config.
         self._top_k = config.top_k
@@ -104,6 +120,18 @@ class MoeLayer:
         self._handle = ops.register(self._layer)
         weakref.finalize(self, ops.unregister, self._handle)
         return self
+
+    def _refitted(self, loaded) -> None:
+        """What an in-place refit returned (the native layer updated its own weights): the router
+        tensors take the new values in place too."""
+        _, _, router_weight, router_bias, summary, score_bias = loaded
+        for name, new in (("router_weight", router_weight), ("router_bias", router_bias), ("_score_bias", score_bias)):
+            old = getattr(self, name)
+            if old is not None and new is not None and old.shape == new.shape:
+                old.copy_(new)
+            else:
+                setattr(self, name, None if new is None else new.to(self.device))
+        self.summary = summary
 
     def _live_rows_filled(self, forced: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """Rows of -1 route live: they get the ids the routing spec selects from their logits (with the

@@ -5,8 +5,8 @@ module's, under their own names, so its parameters and state_dict keys are the
 checkpoint's: load_state_dict, save_pretrained, optimizers and named_parameters see
 what they saw before. moekit runs a prepared copy of those weights, made from them by
 the checkpoint loader (one reader for folders and live blocks) and made again when
-they change (refit(), automatic after an in-place update such as an optimizer step,
-and after .to()).
+they change (refit(), automatic after an in-place update such as an optimizer step:
+in place, into the same native layer's buffers; after .to(): a new layer).
 
 Which path runs a forward:
   - no gradient needed (inference, torch.no_grad(), generate()): moekit's layer, with
@@ -116,15 +116,20 @@ class MoE(torch.nn.Module):
         tensors = {prefix + n: t.detach() for n, t in self.state_dict().items()}
         config = {k: v for k, v in self.model_config.to_dict().items() if v is not None or k != "quantization_config"}
         device = next(iter(self._weights())).device
+        # With the config unchanged the native layer is updated in place (its buffers, and a CUDA graph
+        # captured over it, stay valid); otherwise (another device or dtype) a new one is made.
         loaded = _moekit.load_checkpoint_layer_in_memory(
             json.dumps(config, default=str), _tensor_views(tensors), self.layer_index,
             self.options["max_num_tokens"],
             device.type, device.index or 0, self.options["backend"], self.options["batch_invariant"],
-            self.options["capture"])
-        previous, self.layer = self.layer, MoeLayer._of_checkpoint(device, loaded)
-        # A refit keeps the workspace the layer ran with (its own, or the one its patched model shares).
-        if previous is not None:
-            self.layer._layer.adopt_workspace(previous._layer)
+            self.options["capture"], into=None if self.layer is None else self.layer._layer)
+        if self.layer is not None and loaded[0] is self.layer._layer:
+            self.layer._refitted(loaded)
+        else:
+            previous, self.layer = self.layer, MoeLayer._of_checkpoint(device, loaded)
+            # A new layer keeps the workspace the old one ran with (its own, or its patched model's).
+            if previous is not None:
+                self.layer._layer.adopt_workspace(previous._layer)
         # Read here, not in forward(): torch.compile cannot trace the native config's properties.
         self._act_dtype = torch.float32 if self.layer.config.act_dtype == "f32" else torch.bfloat16
         self._versions = [t._version for t in self._weights()]

@@ -28,12 +28,14 @@ struct LayerOptions {
 };
 
 // (Layer, MoeConfig, router weight [E, H] f32 | None, router bias [E] f32 | None, summary,
-//  selection bias [E] f32 | None)
+//  selection bias [E] f32 | None). With `into` (a layer made here before) of
+// the same config on the same device, that layer is updated in place
+// (MoeLayer::update_weights) and returned instead of a new one.
 nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const LayerOptions& o,
-                   const std::string& device_type, int device_index) {
+                   const std::string& device_type, int device_index, std::shared_ptr<MoeLayer> into = nullptr) {
   const Device device = parse_device(device_type, device_index);
   StatusOr<CheckpointLayer> ck = InvalidArgument("not loaded");
-  StatusOr<std::unique_ptr<MoeLayer>> made = InvalidArgument("not created");
+  StatusOr<std::shared_ptr<MoeLayer>> made = InvalidArgument("not created");
   const Platform& platform = Platform::probe();  // probed (once) with the GIL held
   throw_if_error(without_gil([&] {
     ck = read();
@@ -44,8 +46,16 @@ nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const
       c.batch_invariant = o.batch_invariant;
       c.needs_capture = o.capture;
       const Status valid = c.validate();
-      made = valid.ok() ? MoeLayer::create(c, ck->weights(), device, platform)
-                        : StatusOr<std::unique_ptr<MoeLayer>>(valid);
+      if (!valid.ok()) {
+        made = valid;
+      } else if (into != nullptr && into->device() == device && into->config().to_string() == c.to_string()) {
+        const Status updated = into->update_weights(ck->weights());
+        made = updated.ok() ? StatusOr<std::shared_ptr<MoeLayer>>(into) : StatusOr<std::shared_ptr<MoeLayer>>(updated);
+      } else {
+        StatusOr<std::unique_ptr<MoeLayer>> created = MoeLayer::create(c, ck->weights(), device, platform);
+        made = created.ok() ? StatusOr<std::shared_ptr<MoeLayer>>(std::move(*created))
+                            : StatusOr<std::shared_ptr<MoeLayer>>(created.status());
+      }
     }
     return Status::Ok();  // both results are raised below, with the GIL
   }));
@@ -110,7 +120,8 @@ std::vector<io::NamedTensor> named_views(const nb::list& tensors) {
 }
 nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb::handle layer_arg,
                          nb::handle max_num_tokens_arg, const std::string& device_type, int device_index,
-                         const std::string& backend, bool batch_invariant, bool capture) {
+                         const std::string& backend, bool batch_invariant, bool capture,
+                         std::shared_ptr<MoeLayer> into) {
   const int layer = static_cast<int>(int_arg("layer", layer_arg, 0, INT32_MAX));
   const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
   const void* data = nullptr;
@@ -121,7 +132,7 @@ nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb:
         io::SafetensorsFile::of_views(named_views(nb::borrow<nb::list>(tensors)), "block tensors");
     throw_if_error(views.status());
     return layer_of([&] { return load_checkpoint_layer_in_memory(config_json, std::move(*views), layer); }, o,
-                    device_type, device_index);
+                    device_type, device_index, std::move(into));
   }
   if (nb::isinstance<nb::bytes>(tensors)) {
     const auto b = nb::borrow<nb::bytes>(tensors);
@@ -137,7 +148,7 @@ nb::tuple load_in_memory(const std::string& config_json, nb::handle tensors, nb:
   StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::parse_borrowed(data, size, "block tensors");
   throw_if_error(file.status());
   return layer_of([&] { return load_checkpoint_layer_in_memory(config_json, std::move(*file), layer); }, o,
-                  device_type, device_index);
+                  device_type, device_index, std::move(into));
 }
 
 }  // namespace
@@ -153,9 +164,11 @@ void bind_checkpoint(nb::module_& m) {
         return value_or_throw(checkpoint_layer_config(config_json, layer));
       },
       nb::arg("config_json"), nb::arg("layer"));
+  // into: a layer this returned before (or None): updated in place when the config is unchanged.
   m.def("load_checkpoint_layer_in_memory", &load_in_memory, nb::arg("config_json"), nb::arg("tensors"),
         nb::arg("layer"), nb::arg("max_num_tokens"), nb::arg("device_type"), nb::arg("device_index"),
-        nb::arg("backend") = "auto", nb::arg("batch_invariant") = false, nb::arg("capture") = true);
+        nb::arg("backend") = "auto", nb::arg("batch_invariant") = false, nb::arg("capture") = true,
+        nb::arg("into").none() = nb::none());
 }
 
 }  // namespace moekit::python

@@ -36,6 +36,36 @@ nb::list report_list(const std::vector<CandidateReport>& report) {
 // its CPU threads matter (the CUDA backends are filtered out by device type).
 const Platform& platform() { return Platform::probe(); }
 
+MoeWeights weights_of(const Array& w13, const Array& w2, const OptArray& score_bias, const OptArray& w13_scale,
+                      const OptArray& w2_scale, const OptArray& a13_scale, const OptArray& a2_scale,
+                      const OptArray& w13_bias, const OptArray& w2_bias, const OptArray& shared_w13,
+                      const OptArray& shared_w2, const OptArray& shared_gate) {
+  MoeWeights w;
+  w.w13 = view_of(w13, "w13");
+  w.w2 = view_of(w2, "w2");
+  w.score_bias = view_of(score_bias, "score_bias");
+  w.w13_scale = view_of(w13_scale, "w13_scale");  // fp8 schemes (docs/fp8.md)
+  w.w2_scale = view_of(w2_scale, "w2_scale");
+  w.a13_scale = view_of(a13_scale, "a13_scale");
+  w.a2_scale = view_of(a2_scale, "a2_scale");
+  w.w13_bias = view_of(w13_bias, "w13_bias");
+  w.w2_bias = view_of(w2_bias, "w2_bias");
+  w.shared_w13 = view_of(shared_w13, "shared_w13");
+  w.shared_w2 = view_of(shared_w2, "shared_w2");
+  w.shared_gate = view_of(shared_gate, "shared_gate");
+  return w;
+}
+
+// New values of the layer's weights, prepared in place (MoeLayer::update_weights).
+void update_weights(MoeLayer& layer, const Array& w13, const Array& w2, const OptArray& score_bias,
+                    const OptArray& w13_scale, const OptArray& w2_scale, const OptArray& a13_scale,
+                    const OptArray& a2_scale, const OptArray& w13_bias, const OptArray& w2_bias,
+                    const OptArray& shared_w13, const OptArray& shared_w2, const OptArray& shared_gate) {
+  const MoeWeights w = weights_of(w13, w2, score_bias, w13_scale, w2_scale, a13_scale, a2_scale, w13_bias, w2_bias,
+                                  shared_w13, shared_w2, shared_gate);
+  throw_if_error(without_gil([&] { return layer.update_weights(w); }));
+}
+
 std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13, const Array& w2,
                                        const OptArray& score_bias, const std::string& device_type,
                                        int device_index, const OptArray& w13_scale, const OptArray& w2_scale,
@@ -55,19 +85,8 @@ std::shared_ptr<MoeLayer> create_layer(const MoeConfig& config, const Array& w13
   } else if (shared_w13.has_value() || shared_gate.has_value()) {
     throw nb::value_error("shared_w13/shared_gate: given without shared_w2 [H, Is]");
   }
-  MoeWeights w;
-  w.w13 = view_of(w13, "w13");
-  w.w2 = view_of(w2, "w2");
-  w.score_bias = view_of(score_bias, "score_bias");
-  w.w13_scale = view_of(w13_scale, "w13_scale");  // fp8 schemes (docs/fp8.md)
-  w.w2_scale = view_of(w2_scale, "w2_scale");
-  w.a13_scale = view_of(a13_scale, "a13_scale");
-  w.a2_scale = view_of(a2_scale, "a2_scale");
-  w.w13_bias = view_of(w13_bias, "w13_bias");
-  w.w2_bias = view_of(w2_bias, "w2_bias");
-  w.shared_w13 = view_of(shared_w13, "shared_w13");
-  w.shared_w2 = view_of(shared_w2, "shared_w2");
-  w.shared_gate = view_of(shared_gate, "shared_gate");
+  const MoeWeights w = weights_of(w13, w2, score_bias, w13_scale, w2_scale, a13_scale, a2_scale, w13_bias, w2_bias,
+                                  shared_w13, shared_w2, shared_gate);
   const Device device = parse_device(device_type, device_index);
   const Platform& p = platform();  // probed (once) with the GIL held
   std::unique_ptr<MoeLayer> made;
@@ -147,7 +166,14 @@ void bind_layer(nb::module_& m) {
            nb::arg("num_tokens"), "The GEMM paths a forward of num_tokens tokens takes, and why.")
       .def("forward", &forward, nb::arg("hidden"), nb::arg("router_logits").none(), nb::arg("out"),
            nb::arg("routing_replay_out").none(), nb::arg("forced_ids").none(), nb::arg("topk_ids").none(),
-           nb::arg("topk_weights").none(), nb::arg("stream"));
+           nb::arg("topk_weights").none(), nb::arg("stream"))
+      .def("update_weights", &update_weights, nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
+           nb::arg("w13_scale").none() = nb::none(), nb::arg("w2_scale").none() = nb::none(),
+           nb::arg("a13_scale").none() = nb::none(), nb::arg("a2_scale").none() = nb::none(),
+           nb::arg("w13_bias").none() = nb::none(), nb::arg("w2_bias").none() = nb::none(),
+           nb::arg("shared_w13").none() = nb::none(), nb::arg("shared_w2").none() = nb::none(),
+           nb::arg("shared_gate").none() = nb::none(),
+           "New values of the weights it was made with (same shapes and dtypes), prepared in place.");
   m.def("create_layer", &create_layer, nb::arg("config"), nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
         nb::arg("device_type"), nb::arg("device_index"), nb::arg("w13_scale").none() = nb::none(),
         nb::arg("w2_scale").none() = nb::none(), nb::arg("a13_scale").none() = nb::none(),

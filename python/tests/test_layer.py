@@ -129,3 +129,26 @@ def test_set_num_threads_keeps_the_results():
             moekit.set_num_threads(0)
     finally:
         moekit.set_num_threads(before)
+
+
+def test_update_weights_in_place_equals_a_layer_made_with_them():
+    """update_weights: the same layer object computes what a layer made with the new weights
+    computes, bit for bit (deepseek_v3: its selection bias too); a NaN weight is refused by
+    name, and the layer then refuses to run, saying why, until an update succeeds."""
+    a, b = Case("deepseek_v3", seed_extra=("a",)), Case("deepseek_v3", seed_extra=("b",))
+    layer, made_b = a.layer(), b.layer()
+    out_a = layer(a.hidden, a.logits)
+    out_b = made_b(a.hidden, a.logits)
+    assert not torch.equal(out_a, out_b)
+    layer.update_weights(b.w13, b.w2, score_bias=b.bias)
+    assert torch.equal(layer(a.hidden, a.logits), out_b)
+    bad = b.w2.clone()
+    bad[3, 2, 1] = float("nan")
+    with pytest.raises(ValueError, match="w2"):
+        layer.update_weights(b.w13, bad, score_bias=b.bias)
+    with pytest.raises(Exception, match="last update_weights failed"):
+        layer(a.hidden, a.logits)
+    with pytest.raises(TypeError, match="unknown tensor"):
+        layer.update_weights(a.w13, a.w2, score_bias=a.bias, w3=a.w2)
+    layer.update_weights(a.w13, a.w2, score_bias=a.bias)
+    assert torch.equal(layer(a.hidden, a.logits), out_a)

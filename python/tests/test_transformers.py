@@ -137,6 +137,7 @@ def test_weight_updates_reach_moekit_without_a_disk_round_trip():
     mt.patch(model)
     moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, moekit.nn.MoE)]
     shared = {m.layer._layer.workspace_id for m in moes}
+    natives = [m.layer._layer for m in moes]
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     model.train()
     model(ids, labels=ids).loss.backward()
@@ -149,6 +150,8 @@ def test_weight_updates_reach_moekit_without_a_disk_round_trip():
     assert rel(got, want) <= 1e-5, rel(got, want)
     # The refit layers kept the one workspace the model's layers share.
     assert len(shared) == 1 and {m.layer._layer.workspace_id for m in moes} == shared
+    # In place: the same native layers (their buffers, and a CUDA graph over them, stay valid).
+    assert all(m.layer._layer is n for m, n in zip(moes, natives))
     # Updated weights, not the old ones.
     fresh = make_model(family)
     with torch.no_grad():

@@ -156,8 +156,19 @@ Status MoeLayer::set_capture_target(const TensorView& target, const TensorView& 
 }
 
 Status MoeLayer::forward(const LayerForwardArgs& args, Stream stream) {
+  if (!update_failure_.ok()) {
+    return FailedPrecondition("layer: its last update_weights failed (" + update_failure_.message() +
+                              "); it runs again after an update that succeeds");
+  }
   const CaptureTargets capture{capture_target_, router_weights_target_};
   return pipeline_->forward(args, check_forward_args(*this, args), capture, stream);
+}
+
+Status MoeLayer::update_weights(const MoeWeights& weights) {
+  Status st = pipeline_->experts().prepare_weights(weights);
+  if (st.ok()) st = pipeline_->routing().update_score_bias(weights.score_bias);
+  update_failure_ = st;
+  return st;
 }
 
 }  // namespace moekit

@@ -84,6 +84,18 @@ StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device devi
   return st;
 }
 
+Status RoutingStage::update_score_bias(const TensorView& score_bias) {
+  if (!config_.routing.has_score_bias) {
+    if (score_bias.defined()) return InvalidArgument("weights.score_bias: given, but the routing has no score bias");
+    return Status::Ok();
+  }
+  MOEKIT_RETURN_IF_ERROR(check_tensor(score_bias, "weights.score_bias", {DType::kF32}, {config_.num_experts},
+                                      score_bias.device));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(device_));
+  return DeviceBuffer::copy_bytes(score_bias_.data(), device_, score_bias.data, score_bias.device,
+                                  score_bias.nbytes());
+}
+
 StatusOr<Routed> RoutingStage::run(const LayerForwardArgs& args, int64_t m, const CaptureTargets& capture,
                                    Stream stream) {
   const int64_t k = config_.top_k(), E = config_.num_experts;

@@ -55,6 +55,10 @@ class RoutingStage {
   Status read_load(std::vector<int64_t>* load) const;
   Status reset_load();
 
+  // A new score_bias ([E] f32, host or device; the layer's own iff the config
+  // has one), written over the old one after the device finished reading it.
+  Status update_score_bias(const TensorView& score_bias);
+
  private:
   MoeConfig config_;
   Device device_ = Device::cpu();

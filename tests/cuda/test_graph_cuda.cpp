@@ -1,13 +1,16 @@
 // A whole forward (routing + experts, several layers chained, capture on)
 // captured in one CUDA graph and replayed with new inputs gives the same bits
 // as eager execution: nothing in a forward allocates, synchronizes with the
-// host or bakes an input value into the graph.
+// host or bakes an input value into the graph. And update_weights writes a
+// layer's new weights where the graph reads them.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "cuda/cuda_model_util.h"
 #include "moekit/capture.h"
+#include "util/fp8_test_layer.h"
 
 namespace moekit {
 namespace {
@@ -124,6 +127,102 @@ TEST_P(CudaGraphForward, ReplayWithNewInputsEqualsEager) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, CudaGraphForward, ::testing::Values("Sm90Monolithic", "Sm90Modular"));
+
+// A layer's update_weights keeps every buffer a captured graph reads: a graph
+// captured with weights A and replayed after an update to B gives, bit for
+// bit, what a layer made with B gives eagerly. bf16 (deepseek_v3, so the
+// selection bias too) and fp8 block-128 (its tensor-core scale layouts).
+class UpdateWeightsUnderAGraph : public ::testing::TestWithParam<bool> {};
+
+TEST_P(UpdateWeightsUnderAGraph, AGraphCapturedBeforeTheUpdateRunsTheNewWeights) {
+  MOEKIT_REQUIRE_SM90();
+  const bool fp8 = GetParam();
+  constexpr int64_t M = 96, E = 64, k = 8, H = 256, I = 128;
+  struct Weights {
+    MoeConfig config;
+    std::shared_ptr<void> owner;
+    MoeWeights w;
+    HostTensor hidden, logits;
+  };
+  const auto make = [&](uint64_t seed) {
+    Weights x;
+    if (fp8) {
+      auto f = std::make_shared<testing::Fp8Layer>(testing::Fp8Shape{M, E, k, H, I}, testing::Fp8Scheme::kBlock128,
+                                                   Activation::kSiluGated, DType::kBF16, seed);
+      x.config = f->config;
+      x.w = f->weights();
+      x.hidden = f->hidden;
+      x.logits = f->logits;
+      x.owner = f;
+      return x;
+    }
+    std::mt19937_64 rng(seed);
+    auto t = std::make_shared<std::vector<HostTensor>>();
+    t->push_back(testing::random_tensor(rng, DType::kBF16, {E, 2 * I, H}, 1.0 / std::sqrt(double(H))));
+    t->push_back(testing::random_tensor(rng, DType::kBF16, {E, H, I}, 1.0 / std::sqrt(double(I))));
+    t->push_back(testing::random_tensor(rng, DType::kF32, {E}, 0.1));
+    x.config.num_experts = E;
+    x.config.hidden = H;
+    x.config.intermediate = I;
+    x.config.max_num_tokens = M;
+    x.config.routing.method = RoutingMethod::kDeepseekV3;
+    x.config.routing.top_k = k;
+    x.config.routing.num_groups = 8;
+    x.config.routing.topk_groups = 4;
+    x.config.routing.has_score_bias = true;
+    x.w = MoeWeights{(*t)[0].view(), (*t)[1].view(), (*t)[2].view()};
+    x.hidden = testing::random_tensor(rng, DType::kBF16, {M, H}, 1.0);
+    x.logits = testing::tie_free_logits(rng, DType::kF32, M, E, 1e-3);
+    x.owner = t;
+    return x;
+  };
+  const Weights a = make(testing::seed_from({71, fp8, 1})), b = make(testing::seed_from({71, fp8, 2}));
+  auto layer = MoeLayer::create(a.config, a.w, Device::cuda(0));
+  auto made_b = MoeLayer::create(b.config, b.w, Device::cuda(0));
+  ASSERT_TRUE(layer.ok()) << layer.status().to_string();
+  ASSERT_TRUE(made_b.ok()) << made_b.status().to_string();
+  DeviceTensor hidden(a.hidden), logits(a.logits), out(DType::kBF16, {M, H}), ref(DType::kBF16, {M, H});
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  LayerForwardArgs f;
+  f.hidden = hidden.view();
+  f.router_logits = logits.view();
+  f.out = out.view();
+  ASSERT_TRUE((*layer)->forward(f, stream).ok());  // eager first: nothing left to set up at capture
+  LayerForwardArgs g = f;
+  g.out = ref.view();
+  ASSERT_TRUE((*made_b)->forward(g, stream).ok());  // B's weights, eagerly
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const HostTensor out_a = out.download(), out_b = ref.download();
+  ASSERT_NE(cuda_test::first_difference(out_a, out_b), "");
+
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const Status cst = (*layer)->forward(f, stream);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(cst.ok()) << cst.to_string();
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  const Status up = (*layer)->update_weights(b.w);
+  ASSERT_TRUE(up.ok()) << up.to_string();
+  out.poison();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cuda_test::first_difference(out.download(), out_b), "") << "graph after the update != B eagerly";
+
+  ASSERT_TRUE((*layer)->update_weights(a.w).ok());
+  out.poison();
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cuda_test::first_difference(out.download(), out_a), "") << "graph after updating back != A";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Weights, UpdateWeightsUnderAGraph, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "fp8_block128" : "bf16"; });
 
 }  // namespace
 }  // namespace moekit

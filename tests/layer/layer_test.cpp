@@ -1,6 +1,7 @@
 // The layer's public surface added with the Python package: route() on host
 // tensors, selection restricted to a device type, a per-forward
-// routing_replay_out next to a bound capture target, shared layers in a Model.
+// routing_replay_out next to a bound capture target, shared layers in a Model,
+// weights updated in place.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -223,6 +224,60 @@ HostTensor run(MoeLayer& layer, const Inputs& in) {
   a.out = out.view();
   EXPECT_TRUE(layer.forward(a).ok());
   return out;
+}
+
+// update_weights: a layer updated to new weights computes what a layer made
+// with them computes, bit for bit (deepseek_v3, so its selection bias too);
+// bad weights are refused by name, and the layer then refuses to run, saying
+// why, until an update succeeds.
+TEST(MoeLayerUpdateWeights, EqualsALayerMadeWithTheNewWeights) {
+  MoeConfig c = config();
+  c.routing.method = RoutingMethod::kDeepseekV3;
+  c.routing.num_groups = 4;
+  c.routing.topk_groups = 2;
+  c.routing.has_score_bias = true;
+  const Inputs a(testing::seed_from({31, 1})), b(testing::seed_from({31, 2}));
+  std::mt19937_64 rng(testing::seed_from({31, 3}));
+  const HostTensor bias_a = testing::random_tensor(rng, DType::kF32, {kE}, 0.5);
+  const HostTensor bias_b = testing::random_tensor(rng, DType::kF32, {kE}, 0.5);
+  const auto weights = [](const Inputs& in, const HostTensor& bias) {
+    MoeWeights w = in.weights();
+    w.score_bias = bias.view();
+    return w;
+  };
+  const auto forward = [&](MoeLayer& layer, const Inputs& in, HostTensor* out) {
+    LayerForwardArgs f;
+    f.hidden = in.hidden.view();
+    f.router_logits = in.logits.view();
+    f.out = out->view();
+    return layer.forward(f);
+  };
+  auto layer = MoeLayer::create(c, weights(a, bias_a), Device::cpu(), Platform::cpu_only());
+  auto made_b = MoeLayer::create(c, weights(b, bias_b), Device::cpu(), Platform::cpu_only());
+  ASSERT_TRUE(layer.ok() && made_b.ok());
+  HostTensor out_a(DType::kBF16, {kM, kH}), out_b(DType::kBF16, {kM, kH}), out(DType::kBF16, {kM, kH});
+  ASSERT_TRUE(forward(**layer, a, &out_a).ok());
+  ASSERT_TRUE(forward(**made_b, a, &out_b).ok());  // b's weights on a's tokens
+  ASSERT_NE(std::memcmp(out_a.data<void>(), out_b.data<void>(), out.nbytes()), 0);
+
+  ASSERT_TRUE((*layer)->update_weights(weights(b, bias_b)).ok());
+  ASSERT_TRUE(forward(**layer, a, &out).ok());
+  EXPECT_EQ(std::memcmp(out.data<void>(), out_b.data<void>(), out.nbytes()), 0) << "updated layer != layer made with b";
+
+  HostTensor nan_w2 = b.w2;
+  nan_w2.data<uint16_t>()[7] = 0x7fc0;  // a bf16 NaN
+  MoeWeights bad = weights(b, bias_b);
+  bad.w2 = nan_w2.view();
+  const Status refused = (*layer)->update_weights(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("w2"), std::string::npos) << refused.message();
+  const Status stopped = forward(**layer, a, &out);
+  EXPECT_EQ(stopped.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(stopped.message().find("last update_weights failed"), std::string::npos) << stopped.message();
+
+  ASSERT_TRUE((*layer)->update_weights(weights(a, bias_a)).ok());
+  ASSERT_TRUE(forward(**layer, a, &out).ok());
+  EXPECT_EQ(std::memcmp(out.data<void>(), out_a.data<void>(), out.nbytes()), 0) << "back to a";
 }
 
 // 48 layers of a model hold one layer's workspace, not 48, and compute what

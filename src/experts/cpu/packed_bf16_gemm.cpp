@@ -29,7 +29,13 @@ void PackedBf16Weights::assign(const TensorView& src) {
   n_ = src.dim(1);
   k_ = src.dim(2);
   panels_ = (n_ + L::kPanelCols - 1) / L::kPanelCols;
-  data_.reset(new Line[static_cast<size_t>(num_experts_ * panels_ * k_)]);  // default-initialized: written below
+  // A re-assignment of the same size keeps the buffer (an in-place update: no
+  // fresh pages to fault in, the same address).
+  const size_t lines = static_cast<size_t>(num_experts_ * panels_ * k_);
+  if (lines != lines_) {
+    data_.reset(new Line[lines]);  // default-initialized: written below
+    lines_ = lines;
+  }
   const uint16_t* w = src.ptr<const uint16_t>();
   // One (expert, panel) per item: each writes its own panel, pads as zeros.
   parallel_for(num_experts_ * panels_, 4, [&](int64_t begin, int64_t end) {

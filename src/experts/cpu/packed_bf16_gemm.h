@@ -38,6 +38,7 @@ class PackedBf16Weights {
     uint16_t v[PackedBf16Layout::kPanelCols];
   };
   int64_t num_experts_ = 0, n_ = 0, k_ = 0, panels_ = 0;
+  size_t lines_ = 0;  // of data_
   // [E, panels, K] lines of kPanelCols bf16; zero beyond N. Not value-initialized:
   // assign() writes every line in parallel (one pass, its page faults spread over the threads).
   std::unique_ptr<Line[]> data_;
