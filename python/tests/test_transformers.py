@@ -315,6 +315,39 @@ def test_example_on_cuda(capsys):
     assert "moekit cuda_sm90/" in out and "ran the captured experts: yes" in out, out
 
 
+@pytest.mark.gpu
+def test_a_cuda_graph_captured_before_a_weight_update_runs_the_new_weights():
+    """The RL loop: decode steps captured in a CUDA graph, then an optimizer step on the
+    transformers parameters. The refit updates moekit's layers in place, so replaying the
+    same graph runs the new weights: bit for bit an eager forward after the step."""
+    family = "qwen3_moe"
+    model = make_model(family, torch.bfloat16).cuda()
+    mt.patch(model)
+    moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, moekit.nn.MoE)]
+    natives = [m.layer._layer for m in moes]
+    x = torch.randn((2, 5, COMMON["hidden_size"]), dtype=torch.bfloat16, device="cuda")
+    moe = moes[0]
+    with torch.no_grad():
+        before = moe(x).clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            moe(x)  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(x)
+        for p in moe.parameters():  # an optimizer-like in-place step
+            p.mul_(0.5)
+        moe.refit()
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = moe(x)
+    assert all(m.layer._layer is n for m, n in zip(moes, natives))
+    assert not torch.equal(eager, before)
+    assert torch.equal(out, eager)
+
+
 def test_layer_constructor_takes_what_the_loader_builds():
     """MoeLayer(config, w13, w2, shared_w13=, shared_w2=, shared_gate=) from a live
     Qwen2-MoE block's tensors computes what the loader-built layer computes, bit for
