@@ -288,7 +288,9 @@ Status run_expert_parallel(const EpRunOptions& o) {
         }
         MOEKIT_RETURN_IF_ERROR(run_pass(spec, model, steps, N, me, nullptr, before[r]));
         // EPLB: plan every layer from the group's measured load, move the weights
-        // (GPU ranks: a layer created on the plan; rebalance is host-only).
+        // (GPU ranks: a layer created on the plan, and the model's layers share one
+        // workspace again; the plan has more slots per rank, so rebalance() would
+        // rebuild each layer's experts stage with a workspace of its own).
         for (int l = 0; l < spec.num_layers; ++l) {
           MOEKIT_ASSIGN_OR_RETURN(std::vector<int64_t> load, me.layers[l]->gather_expert_load());
           EplbOptions opt;

@@ -103,14 +103,18 @@ struct Reference {
   HostTensor out, ids;
 };
 
-inline Reference single_gpu(const Inputs& in) {
+// The same for any layer: config (one GPU, max_num_tokens >= the tokens),
+// weights, and every token's hidden [total, H] and logits.
+inline Reference single_gpu(const MoeConfig& config, const MoeWeights& weights, const HostTensor& group_hidden,
+                            const HostTensor& group_logits) {
   Reference ref;
   EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
-  auto layer = MoeLayer::create(layer_config(in.ranks * kMaxPerRank), in.weights(), Device::cuda(0));
+  auto layer = MoeLayer::create(config, weights, Device::cuda(0));
   EXPECT_TRUE(layer.ok()) << layer.status().to_string();
   if (!layer.ok()) return ref;
-  cuda_test::DeviceTensor hidden(in.hidden), logits(in.logits), out(DType::kBF16, {in.total, kH}),
-      ids(DType::kI16, {in.total, kK});
+  const int64_t total = group_hidden.shape()[0];
+  cuda_test::DeviceTensor hidden(group_hidden), logits(group_logits), out(DType::kBF16, {total, kH}),
+      ids(DType::kI16, {total, kK});
   LayerForwardArgs a;
   a.hidden = hidden.view();
   a.router_logits = logits.view();
@@ -122,6 +126,10 @@ inline Reference single_gpu(const Inputs& in) {
   ref.out = out.download();
   ref.ids = ids.download();
   return ref;
+}
+
+inline Reference single_gpu(const Inputs& in) {
+  return single_gpu(layer_config(in.ranks * kMaxPerRank), in.weights(), in.hidden, in.logits);
 }
 
 // This rank's tokens on the current device and the views of one forward.

@@ -136,29 +136,12 @@ TEST_P(EpExtrasOneGpu, EqualsTheSingleGpuLayerAndReplaysBitwise) {
   const ExtrasLayer L = make_layer(kind, n);
   ASSERT_EQ(L.hidden.shape()[0], group.total);
 
-  // The single-GPU layer over every token.
-  Reference ref;
-  {
-    ASSERT_CUDA_OK(cudaSetDevice(0));
-    MoeConfig one = L.config;
-    one.max_num_tokens = n * kMaxPerRank;
-    auto single = MoeLayer::create(one, L.weights, Device::cuda(0));
-    ASSERT_TRUE(single.ok()) << single.status().to_string();
-    cuda_test::DeviceTensor hidden(L.hidden), logits(L.logits), out(DType::kBF16, {group.total, kH}),
-        ids(DType::kI16, {group.total, kK});
-    LayerForwardArgs a;
-    a.hidden = hidden.view();
-    a.router_logits = logits.view();
-    a.out = out.view();
-    a.routing_replay_out = ids.view();
-    ASSERT_TRUE((*single)->forward(a).ok());
-    ASSERT_CUDA_OK(cudaDeviceSynchronize());
-    ref.out = out.download();
-    ref.ids = ids.download();
-  }
+  MoeConfig one = L.config;  // the single-GPU layer over every token
+  one.max_num_tokens = n * kMaxPerRank;
+  const Reference ref = single_gpu(one, L.weights, L.hidden, L.logits);
+  ASSERT_GT(ref.out.numel(), 0);
 
   std::vector<RankResult> ep(n);
-  std::vector<std::string> producers(n);
   auto st = cuda_test::run_device_loopback_ranks(n, [&](int r, Communicator& comm, cudaStream_t s) -> Status {
     MoeConfig rc = L.config;
     rc.max_num_tokens = kMaxPerRank;
