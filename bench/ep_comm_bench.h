@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "moekit/comm.h"
@@ -32,6 +33,7 @@ struct EpCommBenchOptions {
   // The whole-layer timing (ep_layer_bench.h) uses these too:
   int64_t intermediate = 2048;
   bool time_layer = true;   // after the collectives, time the EP layer against one GPU
+  std::string scheme = "bf16";  // the layer's weights: bf16 or fp8-block (block-128 scales)
 };
 
 Status run_ep_comm_bench(const EpCommBenchOptions& options, std::ostream& log);

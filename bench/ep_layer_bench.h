@@ -1,6 +1,6 @@
 // `moekit bench --ep N`, second part: the whole expert-parallel layer on N
-// GPUs against the single-GPU layer, DeepSeek-V3 shape, bf16, balanced
-// routing (i.i.d. logits, a negligible score bias).
+// GPUs against the single-GPU layer, DeepSeek-V3 shape, bf16 or fp8 block-128
+// weights (--scheme), balanced routing (i.i.d. logits, a negligible score bias).
 //
 // For each M (tokens per rank):
 //   ep        one forward of ExpertParallelLayer on every rank (M tokens each),

@@ -35,6 +35,7 @@ void add_bench_command(CLI::App& app) {
       eo.ranks = *ep;
       if (!opt->m_list.empty()) eo.m_list = opt->m_list;
       eo.time_layer = !*collectives_only;
+      eo.scheme = opt->scheme;
       Status st = bench::run_ep_comm_bench(eo, std::cout);
       if (st.ok() && eo.time_layer) st = bench::run_ep_layer_bench(eo, std::cout);
       finish(st.ok() ? kExitOk : report_error("bench", st));
