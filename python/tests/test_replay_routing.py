@@ -67,7 +67,9 @@ def test_gradcheck_float64(method, renormalize):
 @pytest.mark.parametrize("method", ["renormalize", "deepseek_v3"])
 def test_replay_compiles_with_fullgraph_and_equals_eager(method):
     """With routing_spec(cfg) the call is one registered op (and its registered gradient): a router and
-    the replayed weights compile with fullgraph=True, forward bit for bit and gradients equal to eager."""
+    the replayed weights compile with fullgraph=True, the weights bit for bit and the loss and gradients
+    equal to eager (the loss's sum is torch's: inductor may order it differently from eager on a CPU, so
+    it gets fp32 rounding, 2^-24 per term)."""
     gen = torch.Generator().manual_seed(seed_of("compile", method))
     cfg = config(method)
     spec = moekit.torch.routing_spec(cfg)
@@ -80,15 +82,17 @@ def test_replay_compiles_with_fullgraph_and_equals_eager(method):
     g = torch.randn((9, K), generator=gen)
 
     def step(x):
-        return (moekit.torch.replay_routing(router(x), ids, spec) * g).sum()
+        w = moekit.torch.replay_routing(router(x), ids, spec)
+        return w, (w * g).sum()
 
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True)
-    loss_c = compiled(h)
+    w_c, loss_c = compiled(h)
     (grad_c,) = torch.autograd.grad(loss_c, router.weight)
-    loss_e = step(h)
+    w_e, loss_e = step(h)
     (grad_e,) = torch.autograd.grad(loss_e, router.weight)
-    assert torch.equal(loss_c, loss_e)
+    assert torch.equal(w_c, w_e)
+    assert abs(loss_c.item() - loss_e.item()) <= w_e.numel() * 2 ** -24 * (w_e * g).abs().sum().item()
     torch.testing.assert_close(grad_c, grad_e, rtol=1e-6, atol=1e-7)
     assert grad_e.abs().sum() > 0
 
