@@ -84,7 +84,7 @@ void run_case(const Case& cs) {
 class PackedBf16Gemm : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!packed_bf16_gemm_supported()) GTEST_SKIP() << "this CPU has no AVX-512";
+    if (!packed_bf16_gemm_supported()) GTEST_SKIP() << "this CPU has neither AVX-512 nor AVX2 with FMA";
   }
 };
 

@@ -3,7 +3,7 @@
 // copies of the weights made once in prepare_weights (see ExpertWeightsF32):
 // sgemm packs its operands itself, and widening bf16 per call would add a pass
 // over all weights to every layer call. The other path, for bf16 models on CPUs
-// with AVX-512F, is in packed_bf16_gemm.h.
+// with AVX-512F or AVX2 + FMA, is in packed_bf16_gemm.h.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace moekit::cpu {
 
 enum class CpuGemmPath {
   kBlasF32,     // OpenBLAS sgemm on fp32 weight copies
-  kPackedBf16,  // packed bf16 weights, AVX-512 fp32 FMAs (packed_bf16_gemm.h)
+  kPackedBf16,  // packed bf16 weights, AVX-512 or AVX2 fp32 FMAs (packed_bf16_gemm.h)
 };
 const char* cpu_gemm_path_name(CpuGemmPath path);  // "blas_f32", "packed_bf16"
 

@@ -50,7 +50,7 @@ std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
   const CpuGemmPath path = cpu_gemm_path(config_);
   std::string why;
   if (path == CpuGemmPath::kPackedBf16) {
-    why = "bf16 weights, this CPU's AVX-512 kernel";
+    why = std::string("bf16 weights, this CPU's ") + packed_bf16_gemm_isa() + " kernel";
   } else if (config_.quant.method != QuantMethod::kNone) {
     why = std::string(quant_method_name(config_.quant.method)) + " weights, dequantized to f32 once";
   } else if (config_.quant.weight_dtype != DType::kBF16) {
@@ -58,7 +58,7 @@ std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
   } else if (kernel_option_in_effect(config_.kernel, &KernelOptions::cpu_gemm) == "blas") {
     why = "forced by kernel.cpu_gemm";
   } else {
-    why = "this CPU has no packed bf16 kernel (AVX-512)";
+    why = "this CPU has no packed bf16 kernel (AVX-512, or AVX2 with FMA)";
   }
   return std::string("gemm ") + cpu_gemm_path_name(path) + " (" + why + "), every M";
 }

@@ -14,15 +14,33 @@ constexpr int64_t kHalf = L::kPanelCols / 2;  // columns per zmm of fp32
 
 }  // namespace
 
-bool packed_bf16_gemm_supported() {
+namespace {
+
+using PanelKernel = void (*)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
+struct Isa {
+  PanelKernel kernel = nullptr;
+  const char* name = nullptr;
+};
+
+// The widest kernel this CPU runs, if any. __builtin_cpu_supports also checks
+// that the OS saves the registers' state.
+Isa isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // __builtin_cpu_supports also checks that the OS saves the zmm state.
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
+  static const Isa chosen = __builtin_cpu_supports("avx512f") ? Isa{packed_bf16_panel_avx512, "AVX-512"}
+                            : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                ? Isa{packed_bf16_panel_avx2, "AVX2"}
+                                : Isa{};
+  return chosen;
 #else
-  return false;
+  return Isa{};
 #endif
 }
+
+}  // namespace
+
+bool packed_bf16_gemm_supported() { return isa().kernel != nullptr; }
+
+const char* packed_bf16_gemm_isa() { return isa().name; }
 
 void PackedBf16Weights::assign(const TensorView& src) {
   num_experts_ = src.dim(0);
@@ -68,6 +86,7 @@ void grouped_gemm_packed_bf16(const float* a, int64_t lda, const int32_t* offset
   }
   const int64_t tasks = num_active * panels;
   if (tasks == 0) return;
+  const PanelKernel panel = isa().kernel;
   // Tasks (expert-major, so neighbouring tasks share the expert's A rows) are
   // handed out one at a time: experts carry unequal row counts, and a task's
   // result does not depend on which thread runs it.
@@ -78,8 +97,8 @@ void grouped_gemm_packed_bf16(const float* a, int64_t lda, const int32_t* offset
       const int64_t e = active[t / panels], p = t % panels;
       const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
       const int64_t n0 = p * L::kPanelCols;
-      packed_bf16_panel_avx512(a + r0 * lda, lda, rows, w.panel(e, p), w.k(), c + r0 * ldc + n0, ldc,
-                               std::min(L::kPanelCols, w.n() - n0));
+      panel(a + r0 * lda, lda, rows, w.panel(e, p), w.k(), c + r0 * ldc + n0, ldc,
+            std::min(L::kPanelCols, w.n() - n0));
     }
   });
 }

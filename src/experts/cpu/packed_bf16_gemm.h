@@ -1,6 +1,7 @@
 // The expert GEMMs of the CPU backend for bf16 weights: the weights are packed
 // once in prepare_weights into panels made for AVX-512 (layout in
-// packed_bf16_gemm_avx512.h) and stay bf16, half the bytes that sgemm's fp32
+// packed_bf16_gemm_avx512.h; an AVX2 kernel reads the same panels,
+// packed_bf16_gemm_avx2.h) and stay bf16, half the bytes that sgemm's fp32
 // copies stream per call, with no repacking per call. The kernel widens them
 // in registers (exact) and multiplies with fp32 FMAs against the fp32 A rows,
 // so the arithmetic is sgemm's: fp32 products and accumulation, A not rounded.
@@ -12,13 +13,16 @@
 #include <cstdint>
 #include <memory>
 
+#include "experts/cpu/packed_bf16_gemm_avx2.h"
 #include "experts/cpu/packed_bf16_gemm_avx512.h"
 #include "moekit/tensor.h"
 
 namespace moekit::cpu {
 
-// This CPU (and its OS) runs the AVX-512 kernel.
+// This CPU (and its OS) runs one of the kernels: AVX-512, else AVX2 with FMA.
 bool packed_bf16_gemm_supported();
+// "AVX-512" or "AVX2": the kernel it runs (null when none).
+const char* packed_bf16_gemm_isa();
 
 // A stack of expert weight matrices [E, N, K] in the packed layout.
 class PackedBf16Weights {
