@@ -12,10 +12,6 @@ namespace {
 using L = PackedBf16Layout;
 constexpr int64_t kHalf = L::kPanelCols / 2;  // columns per zmm of fp32
 
-}  // namespace
-
-namespace {
-
 using PanelKernel = void (*)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
 struct Isa {
   PanelKernel kernel = nullptr;
