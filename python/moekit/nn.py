@@ -8,16 +8,24 @@ the checkpoint loader (one reader for folders and live blocks) and made again wh
 they change (refit(), automatic after an in-place update such as an optimizer step:
 in place, into the same native layer's buffers; after .to(): a new layer).
 
-Which path runs a forward:
-  - no gradient needed (inference, torch.no_grad(), generate()): moekit's layer, with
-    the router logits computed by the block's own router module (its forward hooks
-    fire, so output_router_logits=True still records them);
-  - a gradient needed (training): the block's own transformers forward, so the
-    gradients to router and experts are exactly transformers' (moekit's layer has no
-    backward yet).
+Every forward computes the router logits with the block's own router module (its
+forward hooks fire, so output_router_logits=True still records them and a replay can
+force its ids). Then:
+  - no gradient needed (inference, torch.no_grad(), generate()): moekit's layer routes
+    and runs the experts (the monolithic kernel where one serves);
+  - a gradient needed (training; train_path="moekit", the default): the value is
+    moekit's layer run on the router's ids (the ids a replay forced, or the live
+    top-k), the same forward inference runs for those ids; the backward re-runs the
+    block's own torch modules on the saved input with that routing (ids and weights
+    fixed, as activation checkpointing does) and returns their autograd gradients:
+    to the hidden states, to the routing weights (so to the router) and to every
+    expert and shared-expert parameter. They are the gradients of the transformers
+    block under the same routing, evaluated at moekit's forward values;
+  - train_path="transformers": the block's own forward and backward, as unpatched.
 """
 import copy
 import json
+import weakref
 from typing import Dict, Optional
 
 import torch
@@ -48,6 +56,8 @@ def router_of(block: torch.nn.Module) -> torch.nn.Module:
     return getattr(block, _FAMILY_BLOCKS[type(inner).__name__][0])
 
 
+_TRAIN_PATHS = ("moekit", "transformers")
+
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                        torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int8: "I8",
                        torch.int32: "I32", torch.int64: "I64", torch.float64: "F64"}
@@ -72,15 +82,19 @@ class MoE(torch.nn.Module):
     block: the live block (e.g. model.model.layers[i].mlp); model_config: the model's
     transformers config (routing, family); layer_index: the block's decoder layer.
     max_num_tokens: rows per moekit call (longer inputs run in pieces); backend,
-    batch_invariant, capture: as MoeConfig's."""
+    batch_invariant, capture: as MoeConfig's; train_path: "moekit" or "transformers",
+    what a forward that needs gradients runs (module docstring)."""
 
     def __init__(self, block: torch.nn.Module, model_config, layer_index: int, max_num_tokens: int = 4096,
-                 backend: str = "auto", batch_invariant: bool = False, capture: bool = True):
+                 backend: str = "auto", batch_invariant: bool = False, capture: bool = True,
+                 train_path: str = "moekit"):
         super().__init__()
         name = type(block).__name__
         if name not in _FAMILY_BLOCKS:
             raise ValueError(f"block: {name} is not a sparse-MoE block moekit runs "
                              f"({', '.join(sorted(_FAMILY_BLOCKS))})")
+        if train_path not in _TRAIN_PATHS:
+            raise ValueError(f"train_path: expected one of {', '.join(_TRAIN_PATHS)}, got {train_path!r}")
         self._router_name, self._returns_scores = _FAMILY_BLOCKS[name]
         for child_name, child in block.named_children():
             self.add_module(child_name, child)
@@ -93,9 +107,9 @@ class MoE(torch.nn.Module):
         self.model_config = model_config
         self.layer_index = int(layer_index)
         self.options = dict(max_num_tokens=int(max_num_tokens), backend=str(backend),
-                            batch_invariant=bool(batch_invariant), capture=bool(capture))
+                            batch_invariant=bool(batch_invariant), capture=bool(capture),
+                            train_path=str(train_path))
         self.layer: Optional[MoeLayer] = None
-        self._forced_ids: Optional[torch.Tensor] = None  # [M, k] during a replay (moekit.transformers.replay)
         self.refit()
 
     @classmethod
@@ -147,26 +161,119 @@ class MoE(torch.nn.Module):
         layer = self.layer
         return f"moekit {layer.backend}/{layer.kernel}, layer {self.layer_index}" if layer is not None else ""
 
+    def _needs_grad(self, hidden_states: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (hidden_states.requires_grad or
+                                            any(p.requires_grad for p in self.parameters()))
+
     def forward(self, hidden_states: torch.Tensor):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in self.parameters()):
-            return self.block(hidden_states)  # training: transformers' own path and gradients
+        training = self._needs_grad(hidden_states)
+        if training and self.options["train_path"] == "transformers":
+            return self.block(hidden_states)  # transformers' own forward and backward
         # An in-place update (an optimizer step, load_state_dict) since the last preparation.
         # Not looked for inside torch.compile, where tensor versions are not graph values:
         # a compiled model calls refit() itself after changing its weights.
         if not torch.compiler.is_compiling() and [t._version for t in self._weights()] != self._versions:
             self.refit()
-        shape = hidden_states.shape
-        x = hidden_states.reshape(-1, shape[-1])
+        x = hidden_states.reshape(-1, hidden_states.shape[-1])
         router_out = getattr(self, self._router_name)(x)  # the block's own router: its hooks fire
-        logits = router_out[0]
-        x = x.to(self._act_dtype)
+        logits, weights, ids = router_out[0], router_out[1], router_out[2]
+        # Under a replay the router's ids are the forced ones; otherwise moekit routes (fused where it can).
+        replaying = getattr(getattr(self, self._router_name), "_moekit_replaying", False)
+        if training:
+            # moekit's value for the router's ids; the block's own modules give the gradient (_TrainingForward).
+            out = _TrainingForward.apply(self, replaying, hidden_states, logits.detach(), weights, ids,
+                                         *self._trained_params())
+        else:
+            out = self._moekit_value(hidden_states, logits, ids if replaying else None)
+        return (out, weights) if self._returns_scores else out
+
+    def _moekit_value(self, hidden_states: torch.Tensor, logits: torch.Tensor, forced: Optional[torch.Tensor],
+                      return_ids: bool = False):
+        """moekit's layer on hidden_states [..., H] (routed by itself, or on forced ids [M, k]), in pieces of
+        max_num_tokens rows; the output in the input's shape and dtype (and the ids it ran, [M, k] int32)."""
+        shape = hidden_states.shape
+        x = hidden_states.detach().reshape(-1, shape[-1]).to(self._act_dtype)
+        logits = logits.detach()
         out = torch.empty_like(x)
         step = self.options["max_num_tokens"]
-        forced = self._forced_ids  # set by moekit.transformers.replay (every row forced)
         if forced is not None:
             forced = forced.to(device="cpu", dtype=torch.int32)
+        ran = []
         for s in range(0, x.shape[0], step):
-            self.layer(x[s:s + step], logits[s:s + step].float(), out=out[s:s + step],
-                       forced_ids=None if forced is None else forced[s:s + step])
+            got = self.layer(x[s:s + step], logits[s:s + step].float(), out=out[s:s + step], return_ids=return_ids,
+                             forced_ids=None if forced is None else forced[s:s + step])
+            if return_ids:
+                ran.append(got[1])
         out = out.reshape(shape).to(hidden_states.dtype)
-        return (out, router_out[1]) if self._returns_scores else out
+        return (out, torch.cat(ran)) if return_ids else out
+
+    def _training_value(self, hidden_states: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor,
+                        replaying: bool) -> torch.Tensor:
+        """moekit's forward on the router's ids `ids`, as inference computes it for them: a replay's ids are
+        forced (in the captured order); live ones are moekit's own routing (the spec's order, so bit for bit
+        the inference forward), forced only in rows where its set differs from the router's (a near-tie
+        that transformers' top-k broke otherwise), so the value runs the experts the gradient is taken for."""
+        if replaying:
+            return self._moekit_value(hidden_states, logits, ids)
+        out, ran = self._moekit_value(hidden_states, logits, None, return_ids=True)
+        ran = ran.to(ids.device, torch.int64)
+        same = (ran.sort(dim=1).values == ids.sort(dim=1).values).all(dim=1, keepdim=True)
+        if bool(same.all()):
+            return out
+        return self._moekit_value(hidden_states, logits, torch.where(same, ran, ids))
+
+    def _trained_params(self) -> list:
+        """The block's parameters that take gradients, the router's excepted (its gradient flows through
+        the routing weights, outside the layer)."""
+        router = set(id(p) for p in getattr(self, self._router_name).parameters())
+        return [p for p in self.block.parameters() if p.requires_grad and id(p) not in router]
+
+
+class _FixedRouter(torch.nn.Module):
+    """Stands in for a block's router while the backward re-runs the block: the saved routing, not a new one
+    (and no hooks: a capture or replay sees the forward's one router call only)."""
+
+    def __init__(self, logits, weights, ids):
+        super().__init__()
+        self.routing = (logits, weights, ids)
+
+    def forward(self, hidden_states):
+        return self.routing
+
+
+class _TrainingForward(torch.autograd.Function):
+    """A patched block's training forward (MoE's module docstring): value = moekit's layer on the router's
+    ids; gradients = autograd of the block's own modules, re-run on the saved input with the same routing.
+
+    forward(moe, replaying, hidden [B, S, H], logits [M, E] (detached), weights [M, k], ids [M, k], *params)."""
+
+    @staticmethod
+    def forward(ctx, moe, replaying, hidden, logits, weights, ids, *params):
+        ctx.moe = weakref.ref(moe)  # not held by the autograd graph (which torch frees after moekit's module)
+        ctx.save_for_backward(hidden, logits, weights, ids, *params)
+        with torch.no_grad():
+            return moe._training_value(hidden, logits, ids, replaying)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, logits, weights, ids, *params = ctx.saved_tensors
+        moe = ctx.moe()
+        if moe is None:
+            raise RuntimeError("moekit.nn.MoE: the module was deleted before the backward of its forward")
+        needs = ctx.needs_input_grad  # (moe, replaying, hidden, logits, weights, ids, *params)
+        with torch.enable_grad():
+            h = hidden.detach().requires_grad_(needs[2])
+            w = weights.detach().requires_grad_(needs[4])
+            router = getattr(moe.block, moe._router_name)
+            setattr(moe.block, moe._router_name, _FixedRouter(logits, w, ids))
+            try:
+                ref = moe.block(h)
+            finally:
+                setattr(moe.block, moe._router_name, router)
+            ref = ref[0] if moe._returns_scores else ref
+            wanted = [(i, t) for i, t in [(2, h), (4, w)] + [(6 + j, p) for j, p in enumerate(params)] if needs[i]]
+            grads = torch.autograd.grad(ref, [t for _, t in wanted], grad_out, allow_unused=True) if wanted else ()
+        out = [None] * len(needs)
+        for (i, _), g in zip(wanted, grads):
+            out[i] = g
+        return tuple(out)

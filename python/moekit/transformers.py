@@ -13,6 +13,7 @@ import torch
 from . import _moekit
 from .layer import route
 from .nn import MoE, is_moe_block, router_of
+from .torch import replay_routing, routing_spec
 
 
 # MoE's keyword options and their types, read from its signature.
@@ -114,6 +115,7 @@ class _Block:
         self.config = (self.moe.layer.config if self.moe is not None else
                        _moekit.checkpoint_layer_config(json.dumps(model.config.to_dict(), default=str), index))
         self.score_bias = getattr(self.router, "e_score_correction_bias", None)
+        self.spec = routing_spec(self.config)  # plain values: a replay's weights compile with fullgraph=True
 
 
 def _blocks(model) -> List[_Block]:
@@ -176,14 +178,13 @@ class capture:
         self._hooks = []
 
     def __enter__(self) -> Routes:
+        self._batch = {}  # MoE layer -> [B, S] of its call in flight
         for l, b in enumerate(self._blocks):
-            shapes = []
+            def before(module, args, l=l):
+                self._batch[l] = args[0].shape[:-1]  # [B, S] of this call
 
-            def before(module, args, shapes=shapes):
-                shapes.append(args[0].shape[:-1])  # [B, S] of this call
-
-            def after(module, args, out, l=l, b=b, shapes=shapes):
-                batch = shapes.pop() if shapes else (1, args[0].shape[0])
+            def after(module, args, out, l=l, b=b):
+                batch = self._batch.pop(l, None) or (1, args[0].shape[0])
                 ran = out[2].to(torch.int64)  # what the layer runs
                 if getattr(module, "_moekit_replaying", False):
                     ids = ran  # forced (and live rows) as the replay gave them
@@ -225,33 +226,31 @@ class replay:
     def _forced(self, l: int, batch, device) -> torch.Tensor:
         """[B*S, k] int64 forced ids of this call for layer l, -1 where nothing was captured."""
         B, S = batch
-        k = self.routes.top_k
-        forced = torch.full((B, S, k), -1, dtype=torch.int64)
-        for r in range(min(B, self.routes.num_requests)):
-            ids = torch.cat([s[r] for s in self.routes._steps[l]], dim=0)[:S]
-            forced[r, :ids.shape[0]] = ids.to(torch.int64)
-        return forced.reshape(B * S, k).to(device)
+        if device not in self._tables:
+            self._tables[device] = self.routes.batch().to(device=device, dtype=torch.int64)  # [R, T, L, k]
+        table = self._tables[device]
+        rows, tokens = min(B, table.shape[0]), min(S, table.shape[1])
+        forced = torch.full((B, S, table.shape[3]), -1, dtype=torch.int64, device=device)
+        forced[:rows, :tokens] = table[:rows, :tokens, l]
+        return forced.reshape(B * S, -1)
 
     def __enter__(self) -> "replay":
-        from .torch import replay_routing
+        self._tables = {}  # the captured ids, one copy per device they are forced on
+        self._batch = {}  # MoE layer -> [B, S] of its call in flight (an attribute, which torch.compile traces)
         for l, b in enumerate(self._blocks):
-            shapes = []
+            def before(module, args, l=l):
+                self._batch[l] = args[0].shape[:-1]  # [B, S] of this call (the router sees [B*S, H])
 
-            def before(module, args, shapes=shapes):
-                shapes.append(args[0].shape[:-1])
-
-            def after(module, args, out, l=l, b=b, shapes=shapes):
-                batch = shapes.pop() if shapes else (1, args[0].shape[0])
+            def after(module, args, out, l=l, b=b):
+                batch = self._batch.pop(l, None) or (1, args[0].shape[0])
                 logits, live_w, live_ids = out[0], out[1], out[2]
                 forced = self._forced(l, batch if len(batch) == 2 else (1, batch[0]), logits.device)
-                rows = (forced >= 0).all(dim=1)
-                ids = torch.where(rows[:, None], forced, live_ids.to(torch.int64))
-                w = live_w.clone() if rows.any() else live_w
-                if rows.any():
-                    forced_w = replay_routing(logits[rows], forced[rows], b.config, check_ids=False)
-                    w[rows] = forced_w.to(live_w.dtype)
-                if b.moe is not None:
-                    b.moe._forced_ids = ids  # the moekit path forces them too
+                rows = (forced >= 0).all(dim=1, keepdim=True)
+                ids = torch.where(rows, forced, live_ids.to(torch.int64))
+                # Every row through replay_routing (its live rows' ids are valid too), then the live
+                # rows' own weights back: no branch on the values, so a compiled model stays one graph.
+                forced_w = replay_routing(logits, ids, b.spec, check_ids=False)
+                w = torch.where(rows, forced_w.to(live_w.dtype), live_w)
                 return logits, w, ids.to(live_ids.dtype)
 
             self._hooks.append(b.block.register_forward_pre_hook(before))
@@ -266,5 +265,3 @@ class replay:
         self._hooks.clear()
         for b in self._blocks:
             b.router._moekit_replaying = False
-            if b.moe is not None:
-                b.moe._forced_ids = None
