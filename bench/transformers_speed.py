@@ -13,8 +13,13 @@ calls a round:
   prefill  one forward of 4096 tokens, batch 1, eager: tokens/s
   graphs   (--graphs) model.generate(cache_implementation="static") with the forward
            compiled in mode="reduce-overhead" (CUDA graphs), 32 new tokens
+  eager_experts  decode (B in {1, 32}) and prefill again, the unpatched side with
+           transformers' "eager" experts implementation (one expert at a time, the
+           block as its modeling file writes it) instead of its default (grouped_mm)
+  train    one training step (forward with labels, backward) of 4 x 1024 tokens,
+           live routing, eager; tokens/s and the peak memory of each side
 speedup = unpatched time / patched time, against the targets for qwen3_30b_a3b
-(mixtral: reported only). --patch-time instead times moekit.transformers.patch on a
+(mixtral: reported only; the targets are read against the default experts). --patch-time instead times moekit.transformers.patch on a
 CPU bf16 model of each shape, beside the weight bytes it copies and a plain copy of
 the same bytes.
 
@@ -183,8 +188,8 @@ def case_result(shape, case, B, tokens, medians, check, extra=None) -> dict:
          "patched": {"round_medians_s": medians["patched"], "median_s": p, "tokens_per_s": tokens / p},
          "speedup": u / p, "target": target, "met": None if target is None else u / p >= target, "check": check}
     r.update(extra or {})
-    name = f"{case} B={B}" if case != "prefill" else f"prefill {tokens}"
-    print(f"  {name:16s} unpatched {tokens / u:11.1f} tok/s  patched {tokens / p:11.1f} tok/s  "
+    name = f"{case} B={B}" if not case.startswith("prefill") else f"{case} {tokens}"
+    print(f"  {name:26s} unpatched {tokens / u:11.1f} tok/s  patched {tokens / p:11.1f} tok/s  "
           f"speedup {u / p:5.2f}x" + (f" (target {target}x: {'met' if u / p >= target else 'NOT met'})"
                                       if target else "")
           + (f"  logits rel_l2 {check['rel_l2']:.2e}, argmax agree {check['argmax_agree']:.3f}" if "rel_l2" in check
@@ -304,6 +309,27 @@ def run_shape(shape: str, args, device, cases) -> dict:
             check = compare(model, moes, fns)
             out["cases"].append(case_result(shape, "prefill", 1, S, ab(model, moes, fns, args, device), check))
 
+        if "eager_experts" in cases:
+            # The same decode and prefill calls, the unpatched blocks on transformers' eager experts.
+            default = model.get_experts_implementation()
+            out["eager_experts_baseline_of"] = default
+            model.set_experts_implementation("eager")
+            try:
+                for B in BATCHES:
+                    kwargs, prep = decode_step(model, B, device)
+                    fns = {n: (lambda: model(**kwargs).logits) for n in ("unpatched", "patched")}
+                    out["cases"].append(case_result(shape, "decode_eager_experts", B, B,
+                                                    ab(model, moes, fns, args, device, prep=prep),
+                                                    compare(model, moes, fns, prep)))
+                S = 256 if args.small else 4096
+                ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(7)).to(device)
+                fns = {n: (lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1).logits)
+                       for n in ("unpatched", "patched")}
+                out["cases"].append(case_result(shape, "prefill_eager_experts", 1, S,
+                                                ab(model, moes, fns, args, device), compare(model, moes, fns)))
+            finally:
+                model.set_experts_implementation(default)
+
         for B in BATCHES if "graphs" in cases else ():
             try:
                 out["cases"].append(graphs_case(shape, model, moes, B, args, device))
@@ -313,10 +339,53 @@ def run_shape(shape: str, args, device, cases) -> dict:
                 print(f"  graphs B={B}: FAILED: {msg[:500]}")
                 out["cases"].append({"case": "graphs", "batch": B, "failed": True, "error": msg})
             torch._dynamo.reset()
+    if "train" in cases:
+        out["cases"].append(train_case(shape, model, moes, args, device))
     del model, moes
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def train_case(shape, model, moes, args, device) -> dict:
+    """One training step: forward with labels and backward, live routing, eager, bf16 weights.
+    Patched: moekit's forward value, the blocks' own modules re-run in the backward
+    (docs/transformers.md); unpatched: transformers' forward and backward. Also the peak
+    memory of a step on each side, and the two losses and router gradients compared."""
+    B, S = (2, 128) if args.small else (4, 1024)
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(11)).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def prep():
+        for p in params:
+            p.grad = None
+
+    fns = {n: (lambda: model(input_ids=ids, labels=ids).loss.backward()) for n in ("unpatched", "patched")}
+    check, peaks = {}, {}
+    for name in ("unpatched", "patched"):
+        use(model, moes, name == "patched")
+        prep()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if device.type == "cuda":
+            peaks[name] = torch.cuda.max_memory_allocated(device)
+        check[name + "_loss"] = float(loss.detach())
+        check[name + "_router_grads"] = [p.grad.detach().float().clone() for n, p in model.named_parameters()
+                                         if n.endswith(".gate.weight") and ".layers." in n]
+    router = [rel_l2(a, b) for a, b in zip(check.pop("patched_router_grads"), check.pop("unpatched_router_grads"))]
+    check.update({"router_grad_rel_l2": router, "peak_bytes": peaks})
+    result = case_result(shape, "train", B, B * S, ab(model, moes, fns, args, device, warmup=2, prep=prep), check)
+    model.eval()
+    prep()
+    print(f"  train: loss unpatched {check['unpatched_loss']:.6f} patched {check['patched_loss']:.6f}, router grads "
+          f"rel_l2 {', '.join(f'{r:.2e}' for r in router)}"
+          + (f", peak GiB unpatched {peaks['unpatched'] / 2**30:.2f} patched {peaks['patched'] / 2**30:.2f}"
+             if peaks else ""))
+    return result
 
 
 def graphs_case(shape, model, moes, B, args, device) -> dict:
@@ -412,8 +481,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--cases", default=None,
-                    help="comma list of decode,compile,prefill,graphs (default: decode,compile,prefill; "
-                         "on the CPU decode,prefill)")
+                    help="comma list of decode,compile,prefill,graphs,eager_experts,train (default: "
+                         "decode,compile,prefill,eager_experts,train; on the CPU decode,prefill)")
     ap.add_argument("--graphs", action="store_true", help="add the graphs case")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20)
@@ -440,14 +509,14 @@ def main(argv=None) -> int:
         ok = all(not r["left"] for r in result["patch_time"].values())
     else:
         device = torch.device(args.device)
-        default_cases = "decode,compile,prefill" if device.type == "cuda" else "decode,prefill"
+        default_cases = "decode,compile,prefill,eager_experts,train" if device.type == "cuda" else "decode,prefill"
         cases = [c for c in (args.cases or default_cases).split(",") if c] + (["graphs"] if args.graphs else [])
         for c in cases:
-            if c not in ("decode", "compile", "prefill", "graphs"):
+            if c not in ("decode", "compile", "prefill", "graphs", "eager_experts", "train"):
                 ap.error(f"--cases: unknown {c!r}")
         result = {"versions": versions(device), "args": vars(args), "cases": cases,
                   "shapes": {s: run_shape(s, args, device, cases) for s in shapes}}
-        print(f"\n{'shape':16s} {'case':14s} {'unpatched tok/s':>16s} {'patched tok/s':>14s} {'speedup':>8s} "
+        print(f"\n{'shape':16s} {'case':26s} {'unpatched tok/s':>16s} {'patched tok/s':>14s} {'speedup':>8s} "
               f"{'target':>7s}  met")
         ok, notes = True, []
         for s, r in result["shapes"].items():
@@ -455,7 +524,8 @@ def main(argv=None) -> int:
             if not r["valid"]:
                 print(f"{s:16s} INVALID: MoE layers left to transformers: {r['report']['left']}")
             for c in r["cases"]:
-                name = f"{c['case']} B={c['batch']}" if c["case"] != "prefill" else f"prefill {c['tokens_per_call']}"
+                name = (f"{c['case']} B={c['batch']}" if not c["case"].startswith("prefill") else
+                        f"{c['case']} {c['tokens_per_call']}")
                 target = f"{c['target']}x" if c.get("target") else "-"
                 for variant, note in c.get("compile", {}).items():
                     if note.get("fullgraph") is not True:
@@ -468,10 +538,10 @@ def main(argv=None) -> int:
                     notes.append(f"{s} {name}: {brief(c['error'])}")
                 if c.get("failed"):
                     ok &= c["case"] == "graphs"  # graphs is optional: printed, the run goes on
-                    print(f"{s:16s} {name:14s} {'FAILED':>16s} {'':>14s} {'':>8s} {target:>7s}  no")
+                    print(f"{s:16s} {name:26s} {'FAILED':>16s} {'':>14s} {'':>8s} {target:>7s}  no")
                     continue
                 met = "-" if c["met"] is None else ("yes" if c["met"] else "no")
-                print(f"{s:16s} {name:14s} {c['unpatched']['tokens_per_s']:16.1f} "
+                print(f"{s:16s} {name:26s} {c['unpatched']['tokens_per_s']:16.1f} "
                       f"{c['patched']['tokens_per_s']:14.1f} {c['speedup']:7.2f}x {target:>7s}  {met}")
         for n in notes:
             print("note: " + n)
