@@ -68,7 +68,10 @@ def run(argv) -> int:
     captured = routes.batch()  # [requests, tokens, moe_layers, k]
     print(f"capture:  {tuple(captured.shape)} ids (requests, tokens, MoE layers {routes.model_layers}, top-k)")
 
-    # Training step: the same experts forced; gradients reach router and experts.
+    # Training step: the same experts forced. The forward's value is moekit's layer on the
+    # captured ids; the backward re-runs the blocks' own modules on that routing, so the
+    # hidden states, the routers (through replay_routing's weights) and every expert
+    # parameter get the gradients of the transformers model under the forced routing.
     model.train()
     with mt.capture(model) as trained, mt.replay(model, routes):
         loss = model(seq, labels=seq).loss
