@@ -299,6 +299,25 @@ def test_patch_leaves_what_moekit_cannot_run_with_the_reason():
         mt.patch(model, batch_invariants=True)
 
 
+def _rollout(family, patched, new_tokens):
+    """A seeded model (patched or not) and what capture() recorded while it generated: (model, routes, seq)."""
+    model = make_model(family)
+    if patched:
+        mt.patch(model)
+    prompt = input_ids(family, batch=2, seq=6)
+    with torch.no_grad(), mt.capture(model) as routes:
+        seq = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+    return model, routes, seq
+
+
+def _move_routers(model):
+    """A training step's worth of change to every router matrix (seeded), in place."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith((".gate.weight", ".router.weight")) and ".layers." in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed_of(n))) * p.std())
+
+
 @pytest.mark.parametrize("patched", [True, False])
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_capture_in_generate_then_replay_in_training(family, patched):
@@ -307,12 +326,7 @@ def test_capture_in_generate_then_replay_in_training(family, patched):
     computed and routes live), its logits equal an un-replayed forward's (f32: the
     same routing), and the router gets gradients equal to those of a hand-written
     torch evaluation of the same forced routing (gradcheck in f64 on the weights)."""
-    model = make_model(family)
-    if patched:
-        mt.patch(model)
-    prompt = input_ids(family, batch=2, seq=6)
-    with torch.no_grad(), mt.capture(model) as routes:
-        seq = model.generate(prompt, max_new_tokens=5, do_sample=False)
+    model, routes, seq = _rollout(family, patched, new_tokens=5)
     assert routes.num_requests == 2
     captured = routes.batch()
     L = len(routes.model_layers)
@@ -325,10 +339,7 @@ def test_capture_in_generate_then_replay_in_training(family, patched):
         plain_logits = model(seq).logits
     assert rel(replayed_logits, plain_logits) <= 1e-5
     # A changed router (a training step later): live routing moves, a replay does not.
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith((".gate.weight", ".router.weight")) and ".layers." in n:
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed_of(n))) * p.std())
+    _move_routers(model)
     with mt.capture(model) as live, torch.no_grad():
         model(seq)
     assert not torch.equal(live.batch()[:, :captured.shape[1]], captured)
@@ -363,16 +374,9 @@ def test_replay_compiles_with_fullgraph(family, patched):
     on values) and computes what the eager replay computes (f32, 1e-5: inductor's
     summation order). With the router changed afterwards, live routing moves and the
     compiled replay still equals the eager one: it forces the captured ids."""
-    model = make_model(family)
-    if patched:
-        mt.patch(model)
-    prompt = input_ids(family, batch=2, seq=6)
-    with torch.no_grad(), mt.capture(model) as routes:
-        seq = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    model, routes, seq = _rollout(family, patched, new_tokens=4)
+    _move_routers(model)
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith((".gate.weight", ".router.weight")) and ".layers." in n:
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed_of(n))) * p.std())
         if patched:
             for layer in model.model.layers:
                 if isinstance(layer.mlp, moekit.nn.MoE):
