@@ -249,7 +249,7 @@ class _TrainingForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, moe, replaying, hidden, logits, weights, ids, *params):
-        ctx.moe = weakref.ref(moe)  # not held by the autograd graph (which torch frees after moekit's module)
+        ctx.moe = weakref.ref(moe)  # a graph left unfreed at exit must not keep the native layers alive
         ctx.save_for_backward(hidden, logits, weights, ids, *params)
         with torch.no_grad():
             return moe._training_value(hidden, logits, ids, replaying)

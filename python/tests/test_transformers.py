@@ -150,6 +150,26 @@ def test_training_forward_is_moekits_value_with_the_blocks_gradients(family):
     assert worst[0] <= GRAD_BOUND, worst
 
 
+def test_compiled_training_step_equals_eager():
+    """torch.compile of a patched model's training step (default mode: graph breaks at
+    moekit's training forward, which compares ids on the host): loss and every gradient
+    within 1e-5 of the eager step's (inductor's summation order)."""
+    family = "qwen3_moe"
+    ids = input_ids(family)
+    model = make_model(family)
+    mt.patch(model)
+    eager, eager_grads = _loss_and_grads(model, ids)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled, compiled_grads = _loss_and_grads(torch.compile(model), ids)
+    torch._dynamo.reset()
+    compiled_grads = {n.removeprefix("_orig_mod."): g for n, g in compiled_grads.items()}
+    assert rel(compiled.loss, eager.loss) <= 1e-5
+    assert compiled_grads.keys() == eager_grads.keys()
+    worst = max((rel(compiled_grads[n], eager_grads[n]), n) for n in eager_grads)
+    assert worst[0] <= 1e-5, worst
+
+
 def test_training_path_under_gradient_checkpointing():
     """Gradient checkpointing (non-reentrant, as trainers enable it) re-runs each decoder
     layer, moekit's training forward included: loss and every gradient bit for bit those of
