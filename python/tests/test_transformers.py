@@ -319,15 +319,20 @@ def test_patch_leaves_what_moekit_cannot_run_with_the_reason():
         mt.patch(model, batch_invariants=True)
 
 
+ROLLOUT_PROMPT = 6
+
+
 def _rollout(family, patched, new_tokens):
-    """A seeded model (patched or not) and what capture() recorded while it generated: (model, routes, seq)."""
+    """A seeded model (patched or not) and what capture() recorded while it generated:
+    (model, routes, seq, logits): logits [B, new_tokens, V] of each generated token's step."""
     model = make_model(family)
     if patched:
         mt.patch(model)
-    prompt = input_ids(family, batch=2, seq=6)
+    prompt = input_ids(family, batch=2, seq=ROLLOUT_PROMPT)
     with torch.no_grad(), mt.capture(model) as routes:
-        seq = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
-    return model, routes, seq
+        out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    return model, routes, out.sequences, torch.stack(out.logits, dim=1)
 
 
 def _move_routers(model):
@@ -344,9 +349,13 @@ def test_capture_in_generate_then_replay_in_training(family, patched):
     """Capture during generate, replay in a training forward: the forward's ids equal
     the captured ones exactly (where captured; generate's last token was never
     computed and routes live), its logits equal an un-replayed forward's (f32: the
-    same routing), and the router gets gradients equal to those of a hand-written
-    torch evaluation of the same forced routing (gradcheck in f64 on the weights)."""
-    model, routes, seq = _rollout(family, patched, new_tokens=5)
+    same routing) and generation's own at the generated positions (f32 within 1e-5: the
+    cached decode sums attention in another order); after a router change the replay
+    still forces the captured ids, the training forward's logits equal the replayed
+    inference forward's bit for bit, and the router and experts get finite gradients
+    (their values against torch: the training-path tests; the weights' gradient:
+    gradcheck in f64 below)."""
+    model, routes, seq, generated_logits = _rollout(family, patched, new_tokens=5)
     assert routes.num_requests == 2
     captured = routes.batch()
     L = len(routes.model_layers)
@@ -358,6 +367,8 @@ def test_capture_in_generate_then_replay_in_training(family, patched):
     with torch.no_grad():
         plain_logits = model(seq).logits
     assert rel(replayed_logits, plain_logits) <= 1e-5
+    at_generation = replayed_logits[:, ROLLOUT_PROMPT - 1:-1]  # position t's logits chose token t + 1
+    assert rel(at_generation, generated_logits) <= 1e-5, rel(at_generation, generated_logits)
     # A changed router (a training step later): live routing moves, a replay does not.
     _move_routers(model)
     with mt.capture(model) as live, torch.no_grad():
@@ -372,11 +383,14 @@ def test_capture_in_generate_then_replay_in_training(family, patched):
         with mt.replay(twin, routes), torch.no_grad():
             assert rel(forced_logits, twin(seq).logits) <= 1e-5
 
-    # Training step under replay: gradients reach the router through replay_routing.
+    # Training step under replay: the forward computes what the replayed inference forward
+    # computed (bit for bit: the same layers on the same ids), and gradients reach the router
+    # through replay_routing.
     model.train()
     with mt.replay(model, routes):
-        loss = model(seq, labels=seq).loss
-    loss.backward()
+        out = model(seq, labels=seq)
+    assert torch.equal(out.logits, forced_logits)
+    out.loss.backward()
     router_grads = [p.grad for n, p in model.named_parameters() if n.endswith((".gate.weight", ".router.weight"))
                     and ".layers." in n and p.grad is not None]
     assert len(router_grads) == L and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in router_grads)
@@ -394,7 +408,7 @@ def test_replay_compiles_with_fullgraph(family, patched):
     on values) and computes what the eager replay computes (f32, 1e-5: inductor's
     summation order). With the router changed afterwards, live routing moves and the
     compiled replay still equals the eager one: it forces the captured ids."""
-    model, routes, seq = _rollout(family, patched, new_tokens=4)
+    model, routes, seq, _ = _rollout(family, patched, new_tokens=4)
     _move_routers(model)
     with torch.no_grad():
         if patched:
