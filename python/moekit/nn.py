@@ -56,7 +56,7 @@ def router_of(block: torch.nn.Module) -> torch.nn.Module:
     return getattr(block, _FAMILY_BLOCKS[type(inner).__name__][0])
 
 
-_TRAIN_PATHS = ("moekit", "transformers")
+TRAIN_PATHS = ("moekit", "transformers")  # what a forward that needs gradients runs
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                        torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int8: "I8",
@@ -93,8 +93,8 @@ class MoE(torch.nn.Module):
         if name not in _FAMILY_BLOCKS:
             raise ValueError(f"block: {name} is not a sparse-MoE block moekit runs "
                              f"({', '.join(sorted(_FAMILY_BLOCKS))})")
-        if train_path not in _TRAIN_PATHS:
-            raise ValueError(f"train_path: expected one of {', '.join(_TRAIN_PATHS)}, got {train_path!r}")
+        if train_path not in TRAIN_PATHS:
+            raise ValueError(f"train_path: expected one of {', '.join(TRAIN_PATHS)}, got {train_path!r}")
         self._router_name, self._returns_scores = _FAMILY_BLOCKS[name]
         for child_name, child in block.named_children():
             self.add_module(child_name, child)

@@ -12,7 +12,7 @@ import torch
 
 from . import _moekit
 from .layer import route
-from .nn import MoE, is_moe_block, router_of
+from .nn import TRAIN_PATHS, MoE, is_moe_block, router_of
 from .torch import replay_routing, routing_spec
 
 
@@ -32,6 +32,8 @@ def _check_layer_options(options: dict) -> None:
             raise ValueError(f"patch: {name} must be {kind.__name__}, got {value!r}")
     if options.get("max_num_tokens", 1) <= 0:
         raise ValueError(f"patch: max_num_tokens must be > 0, got {options['max_num_tokens']}")
+    if options.get("train_path", TRAIN_PATHS[0]) not in TRAIN_PATHS:
+        raise ValueError(f"patch: train_path must be one of {', '.join(TRAIN_PATHS)}, got {options['train_path']!r}")
 
 
 def _decoder_layers(model: torch.nn.Module):

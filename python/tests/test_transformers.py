@@ -317,6 +317,8 @@ def test_patch_leaves_what_moekit_cannot_run_with_the_reason():
         mt.patch(model, max_num_tokens=0)
     with pytest.raises(TypeError, match="unknown layer option 'batch_invariants'"):
         mt.patch(model, batch_invariants=True)
+    with pytest.raises(ValueError, match="train_path must be one of moekit, transformers"):
+        mt.patch(model, train_path="torch")
 
 
 ROLLOUT_PROMPT = 6
