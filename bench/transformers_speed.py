@@ -19,9 +19,9 @@ calls a round:
   train    one training step (forward with labels, backward) of 4 x 1024 tokens,
            live routing, eager; tokens/s and the peak memory of each side
 speedup = unpatched time / patched time, against the targets for qwen3_30b_a3b
-(mixtral: reported only; the targets are read against the default experts). --patch-time instead times moekit.transformers.patch on a
-CPU bf16 model of each shape, beside the weight bytes it copies and a plain copy of
-the same bytes.
+(mixtral: reported only; the targets are read against the default experts).
+--patch-time instead times moekit.transformers.patch on a CPU bf16 model of each
+shape, beside the weight bytes it copies and a plain copy of the same bytes.
 
 On the GPU (moekit's python package on PYTHONPATH):
   python bench/transformers_speed.py --graphs --out bench/results/<dir>/transformers_speed.json
@@ -269,15 +269,10 @@ def run_shape(shape: str, args, device, cases) -> dict:
         return out
     print(f"  transformers experts implementation (unpatched): {out['experts_implementation']}, "
           f"attention: {out['attn_implementation']}")
-    vocab = model.config.vocab_size
 
     with torch.no_grad():
         for B in BATCHES if "decode" in cases else ():
-            kwargs, prep = decode_step(model, B, device)
-            fns = {n: (lambda: model(**kwargs).logits) for n in ("unpatched", "patched")}
-            check = compare(model, moes, fns, prep)
-            out["cases"].append(case_result(shape, "decode", B, B, ab(model, moes, fns, args, device, prep=prep),
-                                            check))
+            out["cases"].append(decode_case(shape, "decode", model, moes, B, args, device))
 
         for B in BATCHES if "compile" in cases else ():
             kwargs, prep = decode_step(model, B, device)
@@ -301,13 +296,7 @@ def run_shape(shape: str, args, device, cases) -> dict:
             torch._dynamo.reset()
 
         if "prefill" in cases:
-            S = 256 if args.small else 4096
-            ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(7)).to(device)
-            # No cache (use_cache=False): the forward over S tokens, last position's logits.
-            fns = {n: (lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1).logits)
-                   for n in ("unpatched", "patched")}
-            check = compare(model, moes, fns)
-            out["cases"].append(case_result(shape, "prefill", 1, S, ab(model, moes, fns, args, device), check))
+            out["cases"].append(prefill_case(shape, "prefill", model, moes, args, device))
 
         if "eager_experts" in cases:
             # The same decode and prefill calls, the unpatched blocks on transformers' eager experts.
@@ -316,17 +305,8 @@ def run_shape(shape: str, args, device, cases) -> dict:
             model.set_experts_implementation("eager")
             try:
                 for B in BATCHES:
-                    kwargs, prep = decode_step(model, B, device)
-                    fns = {n: (lambda: model(**kwargs).logits) for n in ("unpatched", "patched")}
-                    out["cases"].append(case_result(shape, "decode_eager_experts", B, B,
-                                                    ab(model, moes, fns, args, device, prep=prep),
-                                                    compare(model, moes, fns, prep)))
-                S = 256 if args.small else 4096
-                ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(7)).to(device)
-                fns = {n: (lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1).logits)
-                       for n in ("unpatched", "patched")}
-                out["cases"].append(case_result(shape, "prefill_eager_experts", 1, S,
-                                                ab(model, moes, fns, args, device), compare(model, moes, fns)))
+                    out["cases"].append(decode_case(shape, "decode_eager_experts", model, moes, B, args, device))
+                out["cases"].append(prefill_case(shape, "prefill_eager_experts", model, moes, args, device))
             finally:
                 model.set_experts_implementation(default)
 
@@ -347,6 +327,24 @@ def run_shape(shape: str, args, device, cases) -> dict:
     return out
 
 
+def decode_case(shape, case, model, moes, B, args, device) -> dict:
+    """One eager decode step of B sequences (decode_step), patched against unpatched."""
+    kwargs, prep = decode_step(model, B, device)
+    fns = {n: (lambda: model(**kwargs).logits) for n in ("unpatched", "patched")}
+    check = compare(model, moes, fns, prep)
+    return case_result(shape, case, B, B, ab(model, moes, fns, args, device, prep=prep), check)
+
+
+def prefill_case(shape, case, model, moes, args, device) -> dict:
+    """One forward of S tokens, batch 1, no cache (use_cache=False), last position's logits."""
+    S = 256 if args.small else 4096
+    ids = torch.randint(0, model.config.vocab_size, (1, S), generator=torch.Generator().manual_seed(7)).to(device)
+    fns = {n: (lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1).logits)
+           for n in ("unpatched", "patched")}
+    check = compare(model, moes, fns)
+    return case_result(shape, case, 1, S, ab(model, moes, fns, args, device), check)
+
+
 def train_case(shape, model, moes, args, device) -> dict:
     """One training step: forward with labels and backward, live routing, eager, bf16 weights.
     Patched: moekit's forward value, the blocks' own modules re-run in the backward
@@ -361,7 +359,12 @@ def train_case(shape, model, moes, args, device) -> dict:
         for p in params:
             p.grad = None
 
-    fns = {n: (lambda: model(input_ids=ids, labels=ids).loss.backward()) for n in ("unpatched", "patched")}
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+
+    fns = {"unpatched": step, "patched": step}
     check, peaks = {}, {}
     for name in ("unpatched", "patched"):
         use(model, moes, name == "patched")
@@ -369,8 +372,7 @@ def train_case(shape, model, moes, args, device) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        loss = step()
         if device.type == "cuda":
             peaks[name] = torch.cuda.max_memory_allocated(device)
         check[name + "_loss"] = float(loss.detach())
