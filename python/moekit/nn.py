@@ -56,6 +56,14 @@ def router_of(block: torch.nn.Module) -> torch.nn.Module:
     return getattr(block, _FAMILY_BLOCKS[type(inner).__name__][0])
 
 
+def in_spec_order(spec_ids: torch.Tensor, ids: torch.Tensor):
+    """ids [M, k] with each row whose set equals the routing spec's (spec_ids [M, k], the spec's order)
+    written in the spec's order; rows of another set (a near-tie another top-k broke otherwise) as given.
+    Also which rows agreed, [M, 1] bool."""
+    same = (spec_ids.sort(dim=1).values == ids.sort(dim=1).values).all(dim=1, keepdim=True)
+    return torch.where(same, spec_ids, ids), same
+
+
 TRAIN_PATHS = ("moekit", "transformers")  # what a forward that needs gradients runs
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -216,11 +224,8 @@ class MoE(torch.nn.Module):
         if replaying:
             return self._moekit_value(hidden_states, logits, ids)
         out, ran = self._moekit_value(hidden_states, logits, None, return_ids=True)
-        ran = ran.to(ids.device, torch.int64)
-        same = (ran.sort(dim=1).values == ids.sort(dim=1).values).all(dim=1, keepdim=True)
-        if bool(same.all()):
-            return out
-        return self._moekit_value(hidden_states, logits, torch.where(same, ran, ids))
+        merged, same = in_spec_order(ran.to(ids.device, torch.int64), ids)
+        return out if bool(same.all()) else self._moekit_value(hidden_states, logits, merged)
 
     def _trained_params(self) -> list:
         """The block's parameters that take gradients, the router's excepted (its gradient flows through

@@ -12,7 +12,7 @@ import torch
 
 from . import _moekit
 from .layer import route
-from .nn import TRAIN_PATHS, MoE, is_moe_block, router_of
+from .nn import TRAIN_PATHS, MoE, in_spec_order, is_moe_block, router_of
 from .torch import replay_routing, routing_spec
 
 
@@ -191,9 +191,7 @@ class capture:
                 if getattr(module, "_moekit_replaying", False):
                     ids = ran  # forced (and live rows) as the replay gave them
                 else:
-                    spec = _spec_ids(b, out[0]).to(torch.int64)
-                    rows = (ran.sort(dim=1).values == spec.sort(dim=1).values).all(dim=1)
-                    ids = torch.where(rows[:, None], spec, ran)  # spec order where the sets agree
+                    ids, _ = in_spec_order(_spec_ids(b, out[0]).to(torch.int64), ran)
                 ids = ids.to(torch.int16).cpu()
                 self.routes._steps[l].append(ids.reshape(*batch, -1) if len(batch) == 2 else ids[None])
 
