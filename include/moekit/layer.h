@@ -108,6 +108,10 @@ class MoeLayer : public RoutedLayer {
   // name the tensor; after one the layer refuses to run, saying why, until an
   // update succeeds.
   Status update_weights(const MoeWeights& weights);
+  // A new selection bias alone ([E] f32, as the layer was created with),
+  // copied in place after the forwards in flight: for engines that update the
+  // bias (DeepSeek's load balancing) apart from the expert weights.
+  Status update_score_bias(const TensorView& score_bias);
 
   Status set_capture_target(const TensorView& target, const TensorView& router_weights = {}) override;
   const TensorView& capture_target() const override { return capture_target_; }

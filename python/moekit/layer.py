@@ -78,6 +78,14 @@ class MoeLayer:
         if score_bias is not None and self._score_bias is not None:
             self._score_bias.copy_(score_bias.detach())
 
+    def update_score_bias(self, score_bias: torch.Tensor) -> None:
+        """A new deepseek_v3 selection bias [E] (float32) alone, copied in place (the expert weights stay)."""
+        score_bias = weight("score_bias", score_bias, optional=False)
+        if self._score_bias is None:
+            raise ValueError("update_score_bias: this layer was made without a selection bias")
+        self._layer.update_score_bias(score_bias)
+        self._score_bias.copy_(score_bias)
+
     def _init_from_config(self, config: MoeConfig) -> None:
         # Python values: torch.compile traces __call__, not the C++ config.
         self._top_k = config.top_k
@@ -196,7 +204,8 @@ class MoeLayer:
 
     def __call__(self, hidden: torch.Tensor, router_logits: Optional[torch.Tensor] = None, return_ids: bool = False,
                  forced_ids: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-                 topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None
+                 topk_ids: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+                 routing_replay_out: Optional[torch.Tensor] = None
                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """out [M, H] = the MoE layer of hidden [M, H] routed by router_logits [M, E].
 
@@ -206,6 +215,10 @@ class MoeLayer:
         are copied there: a synchronization; capture a CUDA graph without them).
         out: written in place (every element) and returned.
         topk_ids/topk_weights: custom routing only (router_logits is None then).
+        routing_replay_out: an engine's capture target, int16 [>= M, k] on the layer's device (contiguous
+        rows): its first M rows receive the ids this forward ran (logical, spec order; forced ids as
+        forced), written by the kernel itself, monolithic or modular (docs/capture.md). Rows past M are
+        left as they are.
         """
         hidden = tensor_arg("hidden", hidden, optional=False)
         if hidden.is_meta:  # no memory to read; DLPack cannot export it (is_meta: cheaper than .device)
@@ -224,9 +237,9 @@ class MoeLayer:
             router_logits = self._logits_as_configured(router_logits)
         if out is None:
             out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
-        ids = None
-        if return_ids:
-            rows = hidden.shape[0] if hidden.dim() == 2 else 1
+        rows = hidden.shape[0] if hidden.dim() == 2 else 1
+        ids = self._ids_target(tensor_arg("routing_replay_out", routing_replay_out), rows)
+        if return_ids and ids is None:
             ids = torch.empty((rows, self._top_k), dtype=torch.int16, device=hidden.device)
         if forced_ids is not None and forced_ids.device.type != "cpu":
             forced_ids = forced_ids.to("cpu")
@@ -243,6 +256,15 @@ class MoeLayer:
         if return_ids:
             return out, ids.to(torch.int32)
         return out
+
+    def _ids_target(self, target: Optional[torch.Tensor], rows: int) -> Optional[torch.Tensor]:
+        """The first `rows` rows of an int16 [>= rows, k] capture target (a view; the library checks the rest)."""
+        if target is None:
+            return None
+        if target.dim() != 2 or target.shape[0] < rows or target.shape[1] != self._top_k:
+            raise ValueError(f"routing_replay_out: expected int16 [>= {rows}, {self._top_k}], got "
+                             f"{target.dtype} {list(target.shape)}")
+        return target[:rows]
 
     def _logits_as_configured(self, logits: torch.Tensor) -> torch.Tensor:
         """Router logits of another float dtype than the config's logits_dtype: the routing spec computes

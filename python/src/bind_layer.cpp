@@ -173,7 +173,14 @@ void bind_layer(nb::module_& m) {
            nb::arg("w13_bias").none() = nb::none(), nb::arg("w2_bias").none() = nb::none(),
            nb::arg("shared_w13").none() = nb::none(), nb::arg("shared_w2").none() = nb::none(),
            nb::arg("shared_gate").none() = nb::none(),
-           "New values of the weights it was made with (same shapes and dtypes), prepared in place.");
+           "New values of the weights it was made with (same shapes and dtypes), prepared in place.")
+      .def(
+          "update_score_bias",
+          [](MoeLayer& layer, const Array& score_bias) {
+            const TensorView bias = view_of(score_bias, "score_bias");
+            throw_if_error(without_gil([&] { return layer.update_score_bias(bias); }));
+          },
+          nb::arg("score_bias"), "A new selection bias [E] float32, copied in place.");
   m.def("create_layer", &create_layer, nb::arg("config"), nb::arg("w13"), nb::arg("w2"), nb::arg("score_bias").none(),
         nb::arg("device_type"), nb::arg("device_index"), nb::arg("w13_scale").none() = nb::none(),
         nb::arg("w2_scale").none() = nb::none(), nb::arg("a13_scale").none() = nb::none(),

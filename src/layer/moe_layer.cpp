@@ -171,4 +171,9 @@ Status MoeLayer::update_weights(const MoeWeights& weights) {
   return st;
 }
 
+Status MoeLayer::update_score_bias(const TensorView& score_bias) {
+  if (!score_bias.defined()) return InvalidArgument("score_bias: expected the new [E] f32 selection bias");
+  return pipeline_->routing().update_score_bias(score_bias);
+}
+
 }  // namespace moekit
