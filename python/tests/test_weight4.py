@@ -100,6 +100,23 @@ def test_weight4_bad_scales_are_refused_by_name():
         moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=48, quant="mxfp4")
 
 
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32"])
+def test_weight4_scales_that_take_a_weight_past_f32_are_refused(scheme):
+    """Every scale is valid alone (E8M0 254 = 2^127; an int4 3e38), but e2m1 6.0 or
+    int4 -8 times it is infinite: the layer and update_weights refuse it by name."""
+    cfg, p13, s13, p2, s2, hidden, logits = packed_layer_inputs(scheme, seed_of("weight4 overflow", scheme))
+    bad_p2, bad_s2 = p2.clone(), s2.clone()
+    bad_p2[0, 0, :GROUP[scheme] // 2] = 0x77 if scheme == "mxfp4" else 0x00  # e2m1 6.0 / int4 -8
+    bad_s2[0, 0, 0] = 254 if scheme == "mxfp4" else 3e38
+    value, scale = ("6", "2\\^127") if scheme == "mxfp4" else ("-8", "3e\\+38")
+    msg = f"w2: a value {value} times its scale w2_scale\\[0, 0, 0\\] = {scale} leaves f32's range"
+    with pytest.raises(ValueError, match=msg):
+        moekit.MoeLayer(cfg, p13, bad_p2, w13_scale=s13, w2_scale=bad_s2, device="cpu")
+    layer = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
+    with pytest.raises(ValueError, match=msg):
+        layer.update_weights(p13, bad_p2, w13_scale=s13, w2_scale=bad_s2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
 def test_weight4_cuda_layer_matches_the_cpu_layer_and_replays(scheme):

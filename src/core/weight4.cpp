@@ -1,6 +1,8 @@
 #include "core/weight4.h"
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "moekit/dtype.h"
 
@@ -19,6 +21,23 @@ uint8_t f32_to_e2m1(float x) {
     if (d < db || (d == db && c % 2 == 0)) best = c;
   }
   return static_cast<uint8_t>(best | (std::signbit(x) && best != 0 ? 8 : 0));
+}
+
+// "[i, j, k]" of flat index `flat` in `t`'s shape.
+std::string index_text(const TensorView& t, int64_t flat) {
+  std::string out;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    const int64_t dim = t.shape[d] > 0 ? t.shape[d] : 1;
+    out = std::to_string(flat % dim) + (out.empty() ? "" : ", ") + out;
+    flat /= dim;
+  }
+  return "[" + out + "]";
+}
+
+std::string number_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+  return buf;
 }
 
 }  // namespace
@@ -102,6 +121,29 @@ Status check_weight4_scale_values(QuantMethod method, const TensorView& scales, 
     if (!std::isfinite(p[i]) || !(p[i] > 0.0f)) {
       return InvalidArgument(name + ": element " + std::to_string(i) + " is " + std::to_string(p[i]) +
                              "; int4 scales must be finite and > 0");
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_weight4_range(QuantMethod method, const TensorView& packed, const TensorView& scales,
+                           const std::string& packed_name, const std::string& scale_name) {
+  const bool mx = method == QuantMethod::kMxfp4;
+  const int64_t bytes = weight4_group(method) / 2, groups = scales.numel();
+  const float largest = mx ? kE2M1Max : 8.0f;  // the largest |value| of a nibble (int4: -8)
+  const uint8_t* w = packed.ptr<const uint8_t>();
+  for (int64_t s = 0; s < groups; ++s) {
+    const float scale = mx ? e8m0_to_f32(scales.ptr<const uint8_t>()[s]) : scales.ptr<const float>()[s];
+    if (std::isnan(scale) || std::isfinite(largest * scale)) continue;  // NaN scales: check_weight4_scale_values
+    for (int64_t j = 0; j < 2 * bytes; ++j) {
+      const uint8_t nibble = static_cast<uint8_t>((w[s * bytes + j / 2] >> (4 * (j % 2))) & 0x0F);
+      const float v = mx ? kE2M1[nibble] : static_cast<float>(nibble) - 8.0f;
+      if (std::isfinite(v * scale)) continue;
+      const std::string scale_text =
+          mx ? "2^" + std::to_string(static_cast<int>(scales.ptr<const uint8_t>()[s]) - 127) : number_text(scale);
+      return InvalidArgument(packed_name + ": a value " + number_text(v) + " times its scale " + scale_name +
+                             index_text(scales, s) + " = " + scale_text +
+                             " leaves f32's range; weights must be finite");
     }
   }
   return Status::Ok();

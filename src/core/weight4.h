@@ -44,4 +44,14 @@ void quantize_weight4(QuantMethod method, const float* w, int64_t rows, int64_t 
 // int4 scale that is not finite or not > 0.
 Status check_weight4_scale_values(QuantMethod method, const TensorView& scales, const std::string& name);
 
+// The weights a layer refuses although every scale passes the check above: a
+// value times its group's scale that leaves f32's range (mxfp4: code 254 with
+// |e2m1| >= 2, code 253 with |e2m1| >= 4; int4: a scale near FLT_MAX). Host
+// views, packed [..., rows, cols/2] with scales [..., rows, cols/group]; the
+// error names both tensors and the scale's index. Only groups whose largest
+// possible weight overflows are scanned, so a good layer costs one pass over
+// the scales.
+Status check_weight4_range(QuantMethod method, const TensorView& packed, const TensorView& scales,
+                           const std::string& packed_name, const std::string& scale_name);
+
 }  // namespace moekit

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "core/weight4.h"
 #include "moekit/parallel_for.h"
@@ -105,6 +106,14 @@ Status non_finite_weight_error(const TensorView& w, const char* name, int64_t ba
                          (nan ? "NaN" : "infinite") + "; weights must be finite");
 }
 
+Status check_weight4_weights(QuantMethod method, const MoeWeights& w) {
+  for (const auto& [t, s, name] : {std::tuple{&w.w13, &w.w13_scale, "w13"}, std::tuple{&w.w2, &w.w2_scale, "w2"}}) {
+    if (!t->defined() || t->device.type != DeviceType::kCpu) continue;  // device weights: their caller checks copies
+    MOEKIT_RETURN_IF_ERROR(check_weight4_range(method, *t, *s, name, std::string(name) + "_scale"));
+  }
+  return Status::Ok();
+}
+
 Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device) {
   const QuantScheme& q = c.quant;
   const int64_t E = c.num_experts, H = c.hidden, I = c.intermediate, P = w13_parts(c.activation);
@@ -133,6 +142,7 @@ Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device
       if (device.type == DeviceType::kCpu) {
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w13_scale, "w13_scale"));
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w2_scale, "w2_scale"));
+        MOEKIT_RETURN_IF_ERROR(check_weight4_weights(q.method, w));
       }
       return Status::Ok();  // weight-only: no activation scales
     }

@@ -15,9 +15,16 @@ int64_t w13_parts(const ActivationConfig& activation);
 
 // Dtypes and shapes of w13_scale/w2_scale/a13_scale/a2_scale for config.quant:
 // present exactly when the scheme needs them, f32, on `device`, the shapes of
-// kernel.h. For host tensors the values too: finite and > 0. Errors name the
+// kernel.h. For host tensors the values too: finite and > 0 (4-bit: no E8M0
+// NaN, and no weight that overflows f32 with its scale). Errors name the
 // tensor (and, for a bad value, its index).
 Status check_quant_scales(const MoeConfig& config, const MoeWeights& weights, Device device);
+
+// 4-bit host weights whose value times its scale leaves f32's range
+// (check_weight4_range in core/weight4.h), named "w13"/"w2". Device weights pass.
+// NOTE: check_quant_scales calls it for host weights; the CUDA backend on its
+// host copies of device weights.
+Status check_weight4_weights(QuantMethod method, const MoeWeights& weights);
 
 // Values of a host f32 scale tensor: every one finite and > 0.
 Status check_scale_values(const TensorView& scale, const char* name);

@@ -375,6 +375,11 @@ class BlockReader {
         MOEKIT_ASSIGN_OR_RETURN(const HostTensor raw, files_.read(parts[e][p].scale->name));
         MOEKIT_ASSIGN_OR_RETURN(const HostTensor f, convert(raw.view(), DType::kF32));
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, f.view(), parts[e][p].scale->name));
+        const int64_t N = p == 2 ? H : I;
+        const TensorView packed = TensorView::contiguous(w.data<uint8_t>() + row0 * K / 2, DType::kU8, {N, K / 2},
+                                                         Device::cpu());
+        MOEKIT_RETURN_IF_ERROR(
+            check_weight4_range(method, packed, f.view(), parts[e][p].packed->name, parts[e][p].scale->name));
         std::memcpy(sd.data<float>() + row0 * (K / g), f.data<float>(), f.nbytes());
       }
     }
@@ -448,6 +453,8 @@ class BlockReader {
     MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, t2.view(), s2->name));
     MOEKIT_ASSIGN_OR_RETURN(out_->w13, files_.read_in_place(w13->name));
     MOEKIT_ASSIGN_OR_RETURN(out_->w2, files_.read_in_place(w2->name));
+    MOEKIT_RETURN_IF_ERROR(check_weight4_range(method, out_->w13.view(), t13.view(), w13->name, s13->name));
+    MOEKIT_RETURN_IF_ERROR(check_weight4_range(method, out_->w2.view(), t2.view(), w2->name, s2->name));
     w4_method_ = method;
     w4_scale13_ = std::move(t13);
     w4_scale2_ = std::move(t2);
@@ -652,6 +659,8 @@ class BlockReader {
         MOEKIT_ASSIGN_OR_RETURN(*scales[i], files_.read(parts[i].name + "_scales"));
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(QuantMethod::kMxfp4, scales[i]->view(),
                                                           parts[i].name + "_scales"));
+        MOEKIT_RETURN_IF_ERROR(check_weight4_range(QuantMethod::kMxfp4, dst[i]->view(), scales[i]->view(),
+                                                   parts[i].name + "_blocks", parts[i].name + "_scales"));
       }
       w4_method_ = QuantMethod::kMxfp4;
       return read_fused_biases();

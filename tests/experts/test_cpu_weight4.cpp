@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -210,6 +211,46 @@ TEST(CpuWeight4, BadWeightsAndScalesAreRefusedByName) {
         bad.data<float>()[5] = std::nanf("");
         expect_refused(prepare(layer.config, w), "w2_scale: element 5");
       }
+    }
+  }
+}
+
+// A scale that passes on its own but takes a weight past f32's range (mxfp4:
+// code 254 = 2^127 with e2m1 6.0; int4: 3e38 with -8) would give infinite
+// weights and NaN rows: refused by name, and the largest finite products pass.
+TEST(CpuWeight4, ScalesThatTakeAWeightPastF32AreRefused) {
+  const Weight4Shape s{4, 4, 2, 128, 128};
+  for (QuantMethod m : kMethods) {
+    SCOPED_TRACE(quant_method_name(m));
+    const bool mx = m == QuantMethod::kMxfp4;
+    const Weight4Layer layer(s, m, Activation::kSiluGated, false, DType::kBF16, seed_from({47, int64_t(m)}));
+    HostTensor bytes = layer.w2.bytes, scales = layer.w2.scales;  // copies
+    const int64_t group = 3, first = group * weight4_group(m) / 2;  // the group's first byte
+    for (int64_t j = 0; j < weight4_group(m) / 2; ++j) bytes.data<uint8_t>()[first + j] = 0x00;
+    MoeWeights w = layer.weights();
+    w.w2 = bytes.view();
+    w.w2_scale = scales.view();
+    // Largest finite: mxfp4 1.5 (0x3) x 2^127, int4 -8 (nibble 0) x FLT_MAX / 8.
+    if (mx) {
+      scales.data<uint8_t>()[group] = 254;
+      for (int64_t j = 0; j < weight4_group(m) / 2; ++j) bytes.data<uint8_t>()[first + j] = 0x33;
+    } else {
+      scales.data<float>()[group] = std::numeric_limits<float>::max() / 8.0f;
+    }
+    EXPECT_TRUE(prepare(layer.config, w).ok()) << prepare(layer.config, w).to_string();
+    if (mx) {
+      bytes.data<uint8_t>()[first + 5] = 0x70;  // column 11 of the group: e2m1 6.0
+    } else {
+      scales.data<float>()[group] = 3e38f;
+    }
+    const int64_t per_row = s.I / weight4_group(m);
+    const std::string where = "w2_scale[0, " + std::to_string(group / per_row) + ", " + std::to_string(group % per_row) + "]";
+    expect_refused(prepare(layer.config, w), std::string("w2: a value ") + (mx ? "6" : "-8") + " times its scale " +
+                                                 where + " = " + (mx ? "2^127" : "3e+38") + " leaves f32's range");
+    if (mx) {  // code 253 (2^126) with 4.0
+      scales.data<uint8_t>()[group] = 253;
+      bytes.data<uint8_t>()[first + 5] = 0x60;
+      expect_refused(prepare(layer.config, w), "w2: a value 4 times its scale " + where + " = 2^126");
     }
   }
 }

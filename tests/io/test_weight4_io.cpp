@@ -201,6 +201,15 @@ TEST_F(Weight4Io, GptOssMxfp4KeptPackedRefusesNanScalesAndBadShapes) {
   t.at("model.layers.0.mlp.experts.down_proj_scales").data<uint8_t>()[7] = kE8M0Nan;
   write_weights(t);
   expect_refused("model.layers.0.mlp.experts.down_proj_scales: element 7 is 255, the E8M0 code of NaN", true);
+  // Code 254 (2^127) passes alone, but times e2m1 6.0 it is infinite: refused kept packed, as dequantized.
+  t = gpt_oss_mxfp4(rng_);
+  t.at("model.layers.0.mlp.experts.down_proj_scales").data<uint8_t>()[7] = 254;
+  std::memset(t.at("model.layers.0.mlp.experts.down_proj_blocks").data<uint8_t>() + 7 * 16, 0x77, 16);
+  write_weights(t);
+  expect_refused("model.layers.0.mlp.experts.down_proj_blocks: a value 6 times its scale "
+                 "model.layers.0.mlp.experts.down_proj_scales[0, 7, 0] = 2^127 leaves f32's range",
+                 true);
+  expect_refused("model.layers.0.mlp.experts.down_proj_scales: element 7 (exponent 127) takes a weight past bf16's range");
   t = gpt_oss_mxfp4(rng_);
   t.at("model.layers.0.mlp.experts.gate_up_proj_scales") = HostTensor(DType::kU8, {kOssE, 2 * kOssI, 1});
   write_weights(t);
@@ -380,6 +389,13 @@ TEST_F(Weight4Io, Int4CompressedTensorsBadInputsNameTheProblem) {
        e0 + ".weight_scale: shape [32, 1], expected [32, 2] (int4_g32: a scale per 32 columns)"},
       {"zero scale", ct_config(H, I), [&](Tensors& t) { t.at(up1 + ".weight_scale").data<uint16_t>()[3] = 0; },
        up1 + ".weight_scale: element 3 is 0.000000; int4 scales must be finite and > 0"},
+      {"scale overflows a weight", ct_config(H, I),
+       [&](Tensors& t) {
+         t.at(up1 + ".weight_scale").data<uint16_t>()[3] = f32_to_bf16_bits(3e38f);  // finite, > FLT_MAX / 8
+         HostTensor& w = t.at(up1 + ".weight_packed");
+         std::memset(w.data<uint8_t>(), 0, w.nbytes());  // every value q = -8
+       },
+       up1 + ".weight_packed: a value -8 times its scale " + up1 + ".weight_scale[1, 1] = 3.00406e+38 leaves"},
       {"packed shape", ct_config(H, I),
        [&](Tensors& t) { t.at(up1 + ".weight_packed") = HostTensor(DType::kI32, {I, H / 4}); },
        up1 + ".weight_packed: shape [32, 16], expected [32, 8] (eight values a word)"},
@@ -594,8 +610,11 @@ TEST_F(Weight4Io, StackedWeight4LayerFileBadScales) {
   HostTensor nan_scale = q2->scale;
   nan_scale.data<float>()[4] = std::nanf("");
   HostTensor u8_scale(DType::kU8, {E, H, I / 32});
+  HostTensor huge_scale = q13->scale;  // finite, but no nonzero weight times it is
+  for (int64_t i = 0; i < huge_scale.numel(); ++i) huge_scale.data<float>()[i] = 3e38f;
   const Case cases[] = {
       {"nan", q13->scale, nan_scale, "mlp.w2_scale: element 4 is nan; int4 scales must be finite and > 0"},
+      {"overflow", huge_scale, q2->scale, "times its scale mlp.w13_scale[0, 0, 0] = 3e+38 leaves f32's range"},
       {"dtypes differ", q13->scale, u8_scale, "mlp.w13_scale / mlp.w2_scale: dtypes F32 / U8"},
       {"group 16", HostTensor(DType::kF32, {E, 2 * I, 4}), q2->scale,
        "mlp.w13_scale: F32 [2, 64, 4] makes groups of 16 columns"},

@@ -263,6 +263,12 @@ Status prepare_weight4(const MoeConfig& config, const ExpertsShape& shape, Devic
     };
     MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, view(s13, w.w13_scale), "w13_scale"));
     MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(method, view(s2, w.w2_scale), "w2_scale"));
+    MoeWeights host = w;
+    host.w13 = view(w13, w.w13);
+    host.w2 = view(w2, w.w2);
+    host.w13_scale = view(s13, w.w13_scale);
+    host.w2_scale = view(s2, w.w2_scale);
+    MOEKIT_RETURN_IF_ERROR(check_weight4_weights(method, host));
   }
   const Activation kind = config.activation.kind;
   const auto w13_row = [&](int64_t r) { return w13_source_row(kind, I, r); };
