@@ -52,8 +52,7 @@ def one_input(data: bytes) -> None:
             fmt.read_capture(PATH)
         elif mode == 1:  # base64 .npy text
             text = base64.b64encode(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 4096)))
-            rest = base64.b64encode(fdp.ConsumeBytes(fdp.remaining_bytes()))
-            convert.from_vllm("r", text, rest)
+            convert.from_vllm("r", text, [fdp.ConsumeIntInRange(0, 3)])
         else:  # arrays of any integer dtype and shape
             dtype = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.int64][fdp.ConsumeIntInRange(0, 5)]
             dims = [fdp.ConsumeIntInRange(0, 6) for _ in range(fdp.ConsumeIntInRange(0, 4))]
@@ -61,7 +60,7 @@ def one_input(data: bytes) -> None:
             raw = fdp.ConsumeBytes(count * np.dtype(dtype).itemsize)
             raw = raw + bytes(count * np.dtype(dtype).itemsize - len(raw))
             a = np.frombuffer(raw, dtype=dtype).reshape(dims)
-            convert.from_vllm("r", a, a[:0] if a.ndim == 3 else a)
+            convert.from_vllm("r", a, [fdp.ConsumeIntInRange(0, 3)])
     except ValueError:
         pass
 

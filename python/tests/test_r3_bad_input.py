@@ -49,15 +49,11 @@ def test_write_capture_refuses_a_prompt_boundary_before_the_first_token(tmp_path
 
 
 @pytest.mark.parametrize("E", [16, 300])
-def test_to_vllm_base64_refuses_ids_outside_num_experts(E):
+def test_to_vllm_refuses_ids_outside_num_experts(E):
     req = r3.RequestRoutes("q", ids_of(E=E), 0, 2)
     req.ids[3, 1, 2] = E  # u8 would store 16 as 16, u16 300 as 300: both not an expert of E
     with pytest.raises(ValueError, match=rf"id {E} at \[3, 1, 2\] outside \[0, num_experts={E}\)"):
-        r3.to_vllm(req, encoding="base64_npy", num_experts=E)
-    req.ids[3, 1, 2] = 0 if 0 not in req.ids[3, 1] else req.ids[3, 1, 2]
-    big = r3.RequestRoutes("q", ids_of(E=300), 0, 2)  # ids up to 299 in a u8 file would wrap
-    with pytest.raises(ValueError, match=r"outside \[0, num_experts=255\)"):
-        r3.to_vllm(big, encoding="base64_npy", num_experts=255)
+        r3.to_vllm(req, num_hidden_layers=2, model_layers=[0, 1], num_experts=E)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.uint16])
@@ -87,14 +83,14 @@ def test_from_sglang_refuses_float_ids():
 
 
 @pytest.mark.parametrize("convert", [
-    lambda a: r3.from_vllm("q", a, a[:0]),
+    lambda a: r3.from_vllm("q", a, list(range(a.shape[1]))),
     lambda a: r3.from_megatron("q", a),
     lambda a: r3.from_padded_batch(a[None], [a.shape[0]], ["q"])[0],
 ])
 def test_from_converters_refuse_wide_and_float_ids(convert):
     a = ids_of().astype(np.int64)
     a[1, 0, 2] = 2 ** 16 + 3  # would wrap to expert 3 in int16
-    with pytest.raises(ValueError, match=r"id 65539 at \[1, 0, 2\] outside \[-1, 32767\]"):
+    with pytest.raises(ValueError, match=r"id 65539 at \[1, 0, 2\] (outside|is not)"):
         convert(a)
     with pytest.raises(ValueError, match="integer"):
         convert(ids_of().astype(np.float32))
@@ -309,17 +305,16 @@ def test_from_sglang_with_zero_layers_or_k_is_a_value_error():
                                   base64.b64encode(b"\x93NUMPY\x01\x00v\x00{'descr': '<u2', 'fortran_order': False, "
                                                    b"'shape': (4, 2, 3), }" + b" " * 60 + b"\n\x01").decode()])
 def test_from_vllm_refuses_truncated_or_foreign_bytes(text):
-    with pytest.raises(ValueError, match="prompt_routed_experts: not"):
-        r3.from_vllm("q", text, np.zeros((0, 2, 3), np.int16))
+    with pytest.raises(ValueError, match="routed_experts: not"):
+        r3.from_vllm("q", text, [0])
 
 
-def test_from_vllm_base64_round_trips_the_u16_sentinel():
+def test_from_vllm_base64_round_trips_u16_ids():
     req = r3.RequestRoutes("q", ids_of(E=300), 0, 2)
-    req.ids[4, 1] = -1
-    out = r3.to_vllm(req, encoding="base64_npy", num_experts=300)
-    raw = np.load(io.BytesIO(base64.b64decode(out["routed_experts"])))
-    assert raw.dtype == np.uint16 and (raw[2, 1] == 0xFFFF).all()
-    back = r3.from_vllm("q", out["prompt_routed_experts"], out["routed_experts"])
+    text = r3.to_vllm(req, num_hidden_layers=2, model_layers=[0, 1], num_experts=300, encoding="base64_npy")
+    raw = np.load(io.BytesIO(base64.b64decode(text)))
+    assert raw.dtype == np.uint16
+    back = r3.from_vllm("q", text, [0, 1], num_prompt_tokens=2)
     assert np.array_equal(back.ids, req.ids)
 
 
@@ -344,4 +339,4 @@ def test_from_vllm_refuses_an_npy_header_its_tokenizer_rejects():
     # Found by fuzz/python/fuzz_r3.py: np.load raised tokenize.TokenError on this header.
     text = base64.b64encode(b'\x93NUMPY\x01\x00\x01\x00)\xd7t"')
     with pytest.raises(ValueError, match="not an .npy array"):
-        r3.from_vllm("r", text, text)
+        r3.from_vllm("r", text, [0])

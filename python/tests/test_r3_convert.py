@@ -19,23 +19,32 @@ def same(a: r3.RequestRoutes, b: r3.RequestRoutes):
     assert b.ids.dtype == np.int16 and np.array_equal(a.ids, b.ids)
 
 
-@pytest.mark.parametrize("E", [16, 255, 256, 3000])
+def full(req):
+    """The request without its unwritten row (vLLM's format has no sentinel)."""
+    ids = req.ids.copy()
+    ids[ids < 0] = np.arange(ids.shape[2])[None].repeat((ids < 0).any(axis=2).sum(), 0).ravel()
+    return r3.RequestRoutes(req.request, ids, req.first_token, req.first_generated_token)
+
+
+@pytest.mark.parametrize("E", [16, 256, 257, 3000])
 @pytest.mark.parametrize("encoding", ["array", "base64_npy"])
-def test_vllm_round_trip(E, encoding):
-    req = request(E=E, first=2, fg=7, seed=seed_of("vllm", E, encoding))
-    out = r3.to_vllm(req, encoding=encoding, num_experts=E)
-    if encoding == "array":
-        assert out["prompt_routed_experts"].shape == (5, 3, 4) and out["prompt_routed_experts"].dtype == np.int16
-    else:
+def test_vllm_round_trip_over_every_hidden_layer(E, encoding):
+    req = full(request(E=E, first=2, fg=7, seed=seed_of("vllm", E, encoding)))
+    out = r3.to_vllm(req, num_hidden_layers=5, model_layers=[1, 2, 4], num_experts=E, encoding=encoding)
+    if encoding == "base64_npy":
         import base64, io
-        arr = np.load(io.BytesIO(base64.b64decode(out["routed_experts"])))
-        assert arr.dtype == (np.uint8 if E <= 255 else np.uint16)
-    same(req, r3.from_vllm("r", out["prompt_routed_experts"], out["routed_experts"], first_token=2))
+        out = np.load(io.BytesIO(base64.b64decode(out)))
+    assert out.shape == (11, 5, 4) and out.dtype == (np.uint8 if E <= 256 else np.uint16)
+    assert (out[:, [0, 3]] == 0).all()  # dense layers are zeros, as vLLM writes them
+    same(req, r3.from_vllm("r", out, [1, 2, 4], prompt_start=2, num_prompt_tokens=7))
 
 
-def test_vllm_needs_the_prompt_boundary():
-    with pytest.raises(ValueError, match="first_generated_token is not known"):
-        r3.to_vllm(request(fg=-1))
+def test_vllm_has_no_sentinel_and_catches_the_wrong_layer_map():
+    with pytest.raises(ValueError, match=r"row \[5, 1, 0\] was never captured"):
+        r3.to_vllm(request(), num_hidden_layers=3, model_layers=[0, 1, 2], num_experts=300)
+    out = r3.to_vllm(full(request(E=20)), num_hidden_layers=4, model_layers=[1, 2, 3], num_experts=20)
+    with pytest.raises(ValueError, match="layer 1 is not among model_layers"):
+        r3.from_vllm("r", out, [0, 2, 3])
 
 
 @pytest.mark.parametrize("fill", [-1, 0])

@@ -102,75 +102,92 @@ def _check_row_count(req: RequestRoutes):
                          f"first_token {req.first_token}")
 
 
-# ---------------------------------------------------------------- vLLM-style: prompt / generation arrays
+# ---------------------------------------------------------------- vLLM 0.32: one array per request
 
-def to_vllm(req: RequestRoutes, encoding: str = "array", num_experts: Optional[int] = None) -> Dict[str, object]:
-    """{"prompt_routed_experts": [prompt rows, L, k], "routed_experts": [generated rows, L, k]}.
+VLLM_VERSION = "0.32"  # the vLLM release whose output these two follow (docs/r3.md)
 
-    The split is at first_generated_token (required). Generation rows are the tokens that were fed back
-    (each generated token but the last, which no forward has seen). encoding: "array" gives int16 arrays
-    (-1 stays -1); "base64_npy" gives base64 text of an .npy file of uint8 (num_experts <= 255) or uint16,
-    the sentinel stored as 255 / 65535 (the format's rule), so num_experts is then required.
-    A capture that starts after token 0 (first_token > 0) holds no rows of the skipped prompt: the prompt
-    array then has first_generated_token - first_token rows.
-    """
-    _check_row_count(req)
-    if req.first_generated_token < 0:
-        raise ValueError(f"request {req.request!r}: first_generated_token is not known; cannot split prompt rows")
+
+def _vllm_dtype(num_experts: int):
+    return np.uint8 if num_experts <= 256 else np.uint16  # vLLM's RoutedExpertsCapturer.output_dtype
+
+
+def to_vllm(req: RequestRoutes, num_hidden_layers: int, model_layers: Sequence[int], num_experts: int,
+            encoding: str = "array"):
+    """What vLLM 0.32 returns for this request as CompletionOutput.routed_experts: [rows, num_hidden_layers, k],
+    uint8 when num_experts <= 256 else uint16, every hidden layer present and the dense ones 0 (not a
+    sentinel), row r the token at req.first_token + r (SamplingParams.routed_experts_prompt_start).
+    model_layers[l]: the hidden layer of MoE layer l. encoding="base64_npy": its OpenAI server's text
+    (base64 of the .npy). vLLM has no sentinel: a request with unwritten (-1) rows is refused."""
     if encoding not in ("array", "base64_npy"):
         raise ValueError(f"encoding must be 'array' or 'base64_npy', got {encoding!r}")
+    if not _is_int(num_experts) or not 1 <= num_experts <= np.iinfo(np.uint16).max:
+        raise ValueError(f"num_experts must be an integer in [1, 65535], got {num_experts!r:.40}")
+    _check_row_count(req)
     ids = _as_i16(_ids3(req.ids, f"request {req.request!r}"), f"request {req.request!r}")
-    if num_experts is not None or encoding == "base64_npy":
-        if num_experts is None:
-            raise ValueError("encoding='base64_npy' needs num_experts (it picks uint8 or uint16)")
-        if not _is_int(num_experts) or not 1 <= num_experts <= np.iinfo(np.int16).max:
-            raise ValueError(f"num_experts must be an integer in [1, 32767], got {num_experts!r:.40}")
-        bad = (ids != SENTINEL) & (ids >= num_experts)
-        if bad.any():
-            raise ValueError(f"request {req.request!r}: id {ids[tuple(np.argwhere(bad)[0])]} at [{_first_bad(bad)}] "
-                             f"outside [0, num_experts={num_experts})")
-    split = min(req.first_generated_token - req.first_token, ids.shape[0])
-    prompt, gen = ids[:split], ids[split:]
+    layers = _layers(model_layers, num_hidden_layers)
+    if len(layers) != ids.shape[1]:
+        raise ValueError(f"request {req.request!r}: {ids.shape[1]} MoE layers but {len(layers)} model_layers")
+    if (ids == SENTINEL).any():
+        raise ValueError(f"request {req.request!r}: row [{_first_bad(ids == SENTINEL)}] was never captured; "
+                         "vLLM's routed_experts has no sentinel for it")
+    if (ids >= num_experts).any():
+        bad = ids >= num_experts
+        raise ValueError(f"request {req.request!r}: id {ids[tuple(np.argwhere(bad)[0])]} at [{_first_bad(bad)}] "
+                         f"outside [0, num_experts={num_experts})")
+    out = np.zeros((ids.shape[0], num_hidden_layers, ids.shape[2]), dtype=_vllm_dtype(num_experts))
+    out[:, layers] = ids
     if encoding == "array":
-        return {"prompt_routed_experts": prompt, "routed_experts": gen}
-    dt, sentinel = (np.uint8, 0xFF) if num_experts <= MAX_U8_EXPERTS else (np.uint16, 0xFFFF)
-
-    def enc(a):
-        stored = a.astype(np.int64)  # ids are in [-1, num_experts): widen before the sentinel goes in
-        stored[stored == SENTINEL] = sentinel
-        buf = io.BytesIO()
-        np.save(buf, stored.astype(dt), allow_pickle=False)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
-    return {"prompt_routed_experts": enc(prompt), "routed_experts": enc(gen)}
+        return out
+    buf = io.BytesIO()
+    np.save(buf, out, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def from_vllm(request: str, prompt_routed_experts, routed_experts, first_token: int = 0) -> RequestRoutes:
-    """The inverse of to_vllm: arrays (any integer dtype; -1 is the sentinel) or base64 .npy text
-    (uint8 with 255 or uint16 with 65535 as the sentinel; int16 with -1)."""
-    def dec(x, what):
-        if isinstance(x, (str, bytes)):
-            try:
-                raw = base64.b64decode(x, validate=True)
-            except ValueError as e:  # binascii.Error
-                raise ValueError(f"{what}: not base64 text: {e}") from None
-            try:
-                a = np.load(io.BytesIO(raw), allow_pickle=False)
-            except Exception as e:  # noqa: BLE001 - untrusted bytes: np.load's parser raises many kinds
-                # (truncated data, a header its tokenizer rejects, ...): every one is "not an .npy".
-                raise ValueError(f"{what}: not an .npy array ({type(e).__name__}: {e})") from None
-            if not isinstance(a, np.ndarray):
-                raise ValueError(f"{what}: not an .npy array")
-            sentinel = {np.dtype(np.uint8): 0xFF, np.dtype(np.uint16): 0xFFFF}.get(a.dtype.newbyteorder("="))
-            return _as_i16(_ids3(a, what), what, sentinel)
-        return _as_i16(_ids3(x, what), what)
-    p = dec(prompt_routed_experts, "prompt_routed_experts")
-    g = dec(routed_experts, "routed_experts")
-    if p.shape[1:] != g.shape[1:]:
-        raise ValueError(f"prompt rows are [*, {p.shape[1]}, {p.shape[2]}] but generation rows "
-                         f"[*, {g.shape[1]}, {g.shape[2]}]")
-    if not _is_int(first_token) or first_token < 0:
-        raise ValueError(f"first_token must be an integer >= 0, got {first_token!r}")
-    return _routes(request, np.concatenate([p, g]), first_token, first_token + p.shape[0])
+def _vllm_array(x, what: str) -> Array:
+    if isinstance(x, (str, bytes)):
+        try:
+            raw = base64.b64decode(x, validate=True)
+        except ValueError as e:  # binascii.Error
+            raise ValueError(f"{what}: not base64 text: {e}") from None
+        try:
+            a = np.load(io.BytesIO(raw), allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - untrusted bytes: np.load's parser raises many kinds
+            # (truncated data, a header its tokenizer rejects, ...): every one is "not an .npy".
+            raise ValueError(f"{what}: not an .npy array ({type(e).__name__}: {e})") from None
+        if not isinstance(a, np.ndarray):
+            raise ValueError(f"{what}: not an .npy array")
+        x = a
+    a = _ids3(x, what)
+    if a.size and (int(a.min()) < 0 or int(a.max()) > np.iinfo(np.uint16).max):
+        bad = (a < 0) | (a > np.iinfo(np.uint16).max)
+        raise ValueError(f"{what}: id {a[tuple(np.argwhere(bad)[0])]} at [{_first_bad(bad)}] is not a vLLM expert id")
+    return a
+
+
+def from_vllm(request: str, routed_experts, model_layers: Sequence[int], prompt_start: int = 0,
+              num_prompt_tokens: int = -1) -> RequestRoutes:
+    """The inverse of to_vllm: vLLM 0.32's CompletionOutput.routed_experts [rows, num_hidden_layers, k]
+    (any unsigned dtype it uses) or its OpenAI server's base64 .npy text, as moekit's routes of the MoE
+    layers model_layers. prompt_start: the request's routed_experts_prompt_start (row 0's token);
+    num_prompt_tokens: its prompt length, if known (the prompt/generation boundary). The columns of the
+    other (dense) layers must be 0, as vLLM writes them: anything else means model_layers is not this
+    model's, and is refused."""
+    a = _vllm_array(routed_experts, "routed_experts")
+    layers = _layers(model_layers, a.shape[1])
+    if not layers:
+        raise ValueError("model_layers is empty: name the MoE layers (the hidden layers vLLM routed)")
+    dense = np.ones(a.shape[1], bool)
+    dense[layers] = False
+    if (a[:, dense] != 0).any():
+        t, l, j = np.argwhere(a[:, dense] != 0)[0]
+        raise ValueError(f"routed_experts: layer {int(np.flatnonzero(dense)[l])} is not among model_layers "
+                         f"{list(layers)} but holds expert {int(a[t, np.flatnonzero(dense)[l], j])} at row {int(t)}: "
+                         "are these this model's MoE layers?")
+    if not _is_int(prompt_start) or prompt_start < 0:
+        raise ValueError(f"prompt_start must be an integer >= 0, got {prompt_start!r}")
+    if not _is_int(num_prompt_tokens) or num_prompt_tokens < -1:
+        raise ValueError(f"num_prompt_tokens must be an integer >= -1, got {num_prompt_tokens!r}")
+    return _routes(request, _as_i16(a[:, layers], "routed_experts"), prompt_start, num_prompt_tokens)
 
 
 # ---------------------------------------------------------------- SGLang-style: flat int32 over all layers
