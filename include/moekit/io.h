@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,9 +79,18 @@ struct SafetensorsEntry {
   uint64_t nbytes = 0;
 };
 
+class SafetensorsFile;
+namespace detail {
+// SafetensorsFile::open with `between` run after the file is mapped and before
+// its header is read: the moment tests truncate it at.
+StatusOr<SafetensorsFile> open_safetensors(const std::string& path, const std::function<void()>& between);
+}  // namespace detail
+
 // A safetensors file, memory-mapped and validated on open: header length,
 // JSON, every entry's dtype, shape and offsets (in range, size = numel x
-// element size, no two tensors overlapping). Move-only; views returned by
+// element size, no two tensors overlapping). The length and header are copied
+// out through pread() and the size checked again before open() returns, so a
+// file cut meanwhile is DataLoss, not SIGBUS. Move-only; views returned by
 // view() live as long as this object.
 class SafetensorsFile {
  public:
@@ -134,6 +144,7 @@ class SafetensorsFile {
   struct Mapping;
   SafetensorsFile() = default;
   static StatusOr<SafetensorsFile> from_mapping(std::unique_ptr<Mapping> mapping, std::string path);
+  friend StatusOr<SafetensorsFile> detail::open_safetensors(const std::string&, const std::function<void()>&);
   StatusOr<const SafetensorsEntry*> loadable(std::string_view name) const;
 
   std::string path_;

@@ -102,8 +102,8 @@ Status ByteSource::read(uint64_t offset, uint64_t n, void* dst) const {
       return os_error(path_, "read failed", errno);
     }
     if (got == 0) {
-      return DataLoss(path_ + ": the file ends at byte " + std::to_string(offset + done) + ", but its header says " +
-                      std::to_string(size_) + " bytes (truncated while moekit had it open?)");
+      return DataLoss(path_ + ": the file ends at byte " + std::to_string(offset + done) + ", but it had " +
+                      std::to_string(size_) + " bytes when it was opened (truncated while moekit had it open?)");
     }
     done += static_cast<uint64_t>(got);
   }
@@ -115,8 +115,8 @@ Status ByteSource::check_intact(uint64_t end) const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return os_error(path_, "cannot check", errno);
   if (static_cast<uint64_t>(st.st_size) < end) {
-    return DataLoss(path_ + ": the file is now " + std::to_string(st.st_size) + " bytes, but its header says " +
-                    std::to_string(size_) + " (truncated while moekit had it open?)");
+    return DataLoss(path_ + ": the file is now " + std::to_string(st.st_size) + " bytes, but it had " +
+                    std::to_string(size_) + " when it was opened (truncated while moekit had it open?)");
   }
   return Status::Ok();
 }

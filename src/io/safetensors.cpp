@@ -165,11 +165,20 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
 SafetensorsFile::~SafetensorsFile() = default;
 
-StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+namespace detail {
+
+StatusOr<SafetensorsFile> open_safetensors(const std::string& path, const std::function<void()>& between) {
   MOEKIT_ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> bytes, ByteSource::map_file(path));
-  auto m = std::make_unique<Mapping>();
+  if (between) between();
+  auto m = std::make_unique<SafetensorsFile::Mapping>();
   m->bytes = std::move(bytes);
-  return from_mapping(std::move(m), path);
+  return SafetensorsFile::from_mapping(std::move(m), path);
+}
+
+}  // namespace detail
+
+StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  return detail::open_safetensors(path, nullptr);
 }
 
 StatusOr<SafetensorsFile> SafetensorsFile::parse(const void* bytes, size_t size, std::string_view name) {
@@ -224,14 +233,20 @@ StatusOr<SafetensorsFile> SafetensorsFile::of_views(const std::vector<NamedTenso
 }
 
 StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping> mapping, std::string path) {
-  const uint8_t* b = mapping->bytes->data();
-  const uint64_t size = mapping->bytes->size();
+  // The length and the header are copied through the checked read, never
+  // parsed from the mapping: a file cut since it was mapped is then DataLoss,
+  // not SIGBUS.
+  const ByteSource& src = *mapping->bytes;
+  const uint8_t* b = src.data();
+  const uint64_t size = src.size();
   if (size < 8) {
     return DataLoss(path + ": " + std::to_string(size) + " bytes is too short for a safetensors file (the "
                     "header length alone takes 8)");
   }
+  uint8_t length[8];
+  MOEKIT_RETURN_IF_ERROR(src.read(0, 8, length));
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | b[i];
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length[i];
   if (header_len > size - 8) {
     return DataLoss(path + ": header length " + std::to_string(header_len) + " exceeds the " +
                     std::to_string(size - 8) + " bytes after the length field (truncated or not safetensors)");
@@ -240,7 +255,13 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
     return DataLoss(path + ": header length " + std::to_string(header_len) + " exceeds the format's limit of " +
                     std::to_string(safetensors::kMaxHeaderBytes));
   }
-  const std::string_view text(reinterpret_cast<const char*>(b + 8), header_len);
+  std::string text;
+  try {
+    text.resize(header_len);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(path + ": cannot allocate " + std::to_string(header_len) + " bytes for the header");
+  }
+  MOEKIT_RETURN_IF_ERROR(src.read(8, header_len, text.data()));
   MOEKIT_ASSIGN_OR_RETURN(const Json header, parse_json_strict(text, path + ": header"));
   if (!header.is_object()) return DataLoss(path + ": header is not a JSON object");
 
@@ -280,6 +301,9 @@ StatusOr<SafetensorsFile> SafetensorsFile::from_mapping(std::unique_ptr<Mapping>
     prev = &e;
   }
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_.emplace(f.entries_[i].name, i);
+  // The entries were checked against the size at mapping time: the file must
+  // still have it before any pointer into the mapping is handed out.
+  MOEKIT_RETURN_IF_ERROR(src.check_intact(size));
   f.mapping_ = std::move(mapping);
   f.data_ = b + 8 + header_len;
   return f;

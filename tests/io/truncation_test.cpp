@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,30 @@ TEST_F(Truncation, ReadsOfATruncatedMappedFileAreErrorsNotSigbus) {
     EXPECT_EQ(v.status().code(), StatusCode::kDataLoss) << v.status().to_string();
     EXPECT_FALSE(f->bytes(name).ok());
     EXPECT_FALSE(f->copy_bytes(name).ok());
+  }
+}
+
+// Cut between mapping and parsing (detail::open_safetensors' seam): inside the
+// length field, inside a header of several pages (its later pages would raise
+// SIGBUS if it were parsed from the mapping), and inside the data section.
+TEST_F(Truncation, AFileTruncatedBeforeItsHeaderIsParsedIsDataLossNotSigbus) {
+  HostTensor a(DType::kF32, {64, 64});
+  for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = 0.5f;
+  const std::string path = file("big_header.safetensors");
+  const std::map<std::string, std::string> meta = {{"note", std::string(3 * 4096, 'x')}};
+  ASSERT_TRUE(io::write_safetensors(path, {{"a", a.view(), {}}}, meta).ok());
+  const auto full = static_cast<off_t>(fs::file_size(path));
+  ASSERT_TRUE(io::detail::open_safetensors(path, nullptr).ok());
+  for (const off_t cut : {off_t{4}, off_t{64}, full - 100}) {
+    SCOPED_TRACE(cut);
+    const std::string copy = file("cut.safetensors");
+    fs::copy_file(path, copy, fs::copy_options::overwrite_existing);
+    const auto r = io::detail::open_safetensors(copy, [&] { EXPECT_EQ(::truncate(copy.c_str(), cut), 0); });
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+    EXPECT_NE(r.status().message().find(copy), std::string::npos) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("truncated while moekit had it open"), std::string::npos)
+        << r.status().to_string();
   }
 }
 
