@@ -230,8 +230,8 @@ Status run_layer(const LayerOptions& o) {
   if (!o.model_given) inputs.push_back({"--weights", o.weights_path});
   if (o.model_given) {
     if (o.model_dir.empty()) return InvalidArgument("--model: the option is empty; give the model folder");
-    // Every file of the folder the load reads: config.json, the index, the shards.
-    for (const std::string& f : model_folder_files(o.model_dir)) inputs.push_back({"--model", f});
+    const std::vector<PathFlag> model = model_folder_inputs(o.model_dir);
+    inputs.insert(inputs.end(), model.begin(), model.end());
   }
   if (o.capture_given) outputs.push_back({"--capture", o.capture_path});
   if (o.logits_given) inputs.push_back({"--logits", o.logits_path});

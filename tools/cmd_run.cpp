@@ -86,7 +86,10 @@ Status check_options(const RunOptions& o) {
                              std::to_string(o.eplb_redundant));
     }
   }
-  if (!o.no_capture) MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--capture", o.capture_path}}, {}));
+  if (!o.no_capture) {
+    const std::vector<PathFlag> inputs = o.model_dir.empty() ? std::vector<PathFlag>() : model_folder_inputs(o.model_dir);
+    MOEKIT_RETURN_IF_ERROR(check_output_paths({{"--capture", o.capture_path}}, inputs));
+  }
   return check_memory("run", run_memory_bytes(s, o.num_requests, o.prompt_tokens, o.decode_tokens, !o.no_capture));
 }
 

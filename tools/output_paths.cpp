@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "moekit/checkpoint.h"
+
 namespace moekit::tools {
 namespace {
 
@@ -20,6 +22,12 @@ bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
   return resolved(a) == resolved(b);
+}
+
+std::vector<PathFlag> model_folder_inputs(const std::string& model_dir, const std::string& flag) {
+  std::vector<PathFlag> inputs;
+  for (const std::string& f : model_folder_files(model_dir)) inputs.push_back({flag, f});
+  return inputs;
 }
 
 Status check_output_paths(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs) {

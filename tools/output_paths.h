@@ -20,6 +20,10 @@ struct PathFlag {
 // for an input is refused too.
 Status check_output_paths(const std::vector<PathFlag>& outputs, const std::vector<PathFlag>& inputs);
 
+// Every file a --model load reads (config.json, the index, the shards), each
+// an input of `flag`, so that no output of the command replaces one.
+std::vector<PathFlag> model_folder_inputs(const std::string& model_dir, const std::string& flag = "--model");
+
 // True when a and b name one file: the same inode when both exist, else the
 // same absolute path after resolving symlinks and "..".
 bool same_file(const std::string& a, const std::string& b);

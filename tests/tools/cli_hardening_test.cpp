@@ -463,5 +463,59 @@ TEST_F(CliHardening, ExpertParallelFlagsAreBoundChecked) {
   EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
 }
 
+// ------------------------------------------------- round 3, item 6: MXFP4 scales past f32
+
+// A stacked mxfp4 layer file whose w2 group 0 has code 254 (2^127) and e2m1
+// 6.0: every scale is valid, the weight is not. Refused, nothing written.
+TEST_F(CliHardening, Mxfp4LayerFileWhoseWeightOverflowsF32IsRefused) {
+  constexpr int64_t H = 32, I = 32, M = 3;
+  std::mt19937_64 rng(testing::seed_from({kE, H, I, 6}));
+  const auto bytes = [&](std::vector<int64_t> shape, int lo, int hi) {
+    HostTensor t(DType::kU8, std::move(shape));
+    std::uniform_int_distribution<int> d(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(d(rng));
+    return t;
+  };
+  Tensors t;
+  t.add("w13", bytes({kE, 2 * I, H / 2}, 0, 255));
+  t.add("w13_scale", bytes({kE, 2 * I, H / 32}, 120, 124));
+  t.add("w2", bytes({kE, H, I / 2}, 0, 255));
+  t.add("w2_scale", bytes({kE, H, I / 32}, 120, 124));
+  ASSERT_TRUE(t.write(file("ok.safetensors"), {{"moekit.quant", "mxfp4"}}).ok());
+  std::memset(t.list[2].second.data<uint8_t>(), 0x77, 16);  // w2 row 0: every value 6.0
+  t.list[3].second.data<uint8_t>()[0] = 254;
+  ASSERT_TRUE(t.write(file("bad.safetensors"), {{"moekit.quant", "mxfp4"}}).ok());
+  ASSERT_TRUE(io::write_npy(file("h32.npy"), testing::random_tensor(rng, DType::kF32, {M, H}, 1.0).view()).ok());
+  ASSERT_TRUE(io::write_npy(file("l32.npy"), testing::tie_free_logits(rng, DType::kF32, M, kE, 1e-2).view()).ok());
+  const std::string run = " --backend cpu --top-k 2 --hidden " + file("h32.npy") + " --logits " + file("l32.npy") +
+                          " --out " + file("o.npy");
+  const Result ok = run_cli("layer --weights " + file("ok.safetensors") + run);
+  ASSERT_EQ(ok.code, 0) << ok.out << ok.err;
+  fs::remove(file("o.npy"));
+  const Result r = run_cli("layer --weights " + file("bad.safetensors") + run);
+  expect_refused(r, "w2: a value 6 times its scale w2_scale[0, 0, 0] = 2^127 leaves f32's range", "code 254");
+  EXPECT_FALSE(fs::exists(file("o.npy")));
+}
+
+// ------------------------------------------------- round 3, item 7: run --model --capture
+
+TEST_F(CliHardening, RunRefusesACaptureThatIsOneOfTheModelFoldersFiles) {
+  const std::string one = model_folder("one", false), two = model_folder("two", true);
+  const auto before = listing(dir_.path());
+  const std::string run = " --requests 2 --tokens 4 --decode 1 --backend cpu";
+  for (const auto& [dir, out] : std::vector<std::pair<std::string, std::string>>{
+           {one, one + "/config.json"},
+           {one, one + "/model.safetensors"},
+           {two, two + "/model.safetensors.index.json"},
+           {two, two + "/model-00002-of-00002.safetensors"}}) {
+    const Result r = run_cli("run --model " + q(dir) + run + " --capture " + q(out));
+    expect_refused(r, "--capture names the input of --model", out);
+    EXPECT_TRUE(listing(dir_.path()) == before) << "files changed: " << out;
+  }
+  const Result ok = run_cli("run --model " + one + run + " --capture " + file("c.safetensors"));
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+  EXPECT_TRUE(fs::exists(file("c.safetensors")));
+}
+
 }  // namespace
 }  // namespace moekit
