@@ -63,7 +63,7 @@ StatusOr<double> time_all_to_all_us(Communicator& comm, void* stream, int64_t ma
 Status run_ep_comm_bench(const EpCommBenchOptions& o, std::ostream& log) {
   if (!nccl_built()) return Unsupported("bench --ep: this build has no NCCL (cmake/nccl.cmake)");
   int devices = 0;
-  EPB_CUDA(cudaGetDeviceCount(&devices));
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;  // no driver or no device: none usable
   if (devices < o.ranks) {
     return Unsupported("bench --ep " + std::to_string(o.ranks) + ": needs that many CUDA devices, found " +
                        std::to_string(devices));

@@ -1,6 +1,7 @@
 // `moekit backends`: the oracle's resolution report for a configuration — which
 // backend and kernel class would run it, and why every other candidate lost.
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "flag_checks.h"
 #include "moekit/checkpoint.h"
 #include "moekit/oracle.h"
 #include "moekit/platform.h"
@@ -170,14 +172,19 @@ void add_backends_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "auto, or a backend name (never falls back)")->capture_default_str();
   cmd->add_flag("--cpu-only", o->cpu_only, "resolve as on a machine without a GPU");
   cmd->add_option("--model", o->model_dir, "a model folder: layer --layer N as its config.json and tensors say");
-  cmd->add_option("--layer", o->layer, "with --model: the model layer");
+  CLI::Option* layer = cmd->add_option("--layer", o->layer, "with --model: the model layer")
+                           ->check(integer_in(0, std::numeric_limits<int>::max()));
   for (const char* name : {"--method", "--top-k", "--num-groups", "--topk-groups", "--scaling", "--no-renormalize", "--score-bias",
                            "--experts", "--hidden", "--intermediate", "--activation", "--weight-dtype", "--act-dtype",
                            "--quant", "--act-scale"}) {
     if (const CLI::Option* opt = cmd->get_option_no_throw(name)) o->layer_description.push_back(opt);
   }
-  cmd->callback([o] {
-    const Status st = run_backends(*o);
+  cmd->callback([o, layer] {
+    // --layer names a layer of a model folder; without --model the flags describe the layer.
+    const Status st = layer->count() > 0 && o->model_dir.empty()
+                          ? InvalidArgument("--layer goes with --model DIR (a layer of a model folder); without "
+                                            "--model the flags describe the layer")
+                          : run_backends(*o);
     finish(st.ok() ? kExitOk : report_error("backends", st));
   });
 }

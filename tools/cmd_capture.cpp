@@ -31,6 +31,19 @@ struct CheckFlags {
   bool json = false;
 };
 
+// "requests: a (12 tokens), b (7 tokens), ...": the names --expect-tokens
+// takes, the first kListedRequests of them (a capture can hold thousands).
+constexpr size_t kListedRequests = 20;
+void print_requests(const std::vector<RequestCapture>& requests) {
+  std::string line;
+  for (size_t i = 0; i < requests.size() && i < kListedRequests; ++i) {
+    line += (i ? ", " : "") + one_line(requests[i].request) + " (" + std::to_string(requests[i].num_tokens()) +
+            " token" + (requests[i].num_tokens() == 1 ? "" : "s") + ")";
+  }
+  if (requests.size() > kListedRequests) line += ", and " + std::to_string(requests.size() - kListedRequests) + " more";
+  std::printf("requests: %s\n", requests.empty() ? "none" : line.c_str());
+}
+
 StatusOr<CaptureCheckOptions> options_from(const CheckFlags& f) {
   CaptureCheckOptions o;
   for (const std::string& e : f.expect_tokens) {
@@ -75,6 +88,10 @@ int run_check(const CheckFlags& flags) {
     nlohmann::json counts = nlohmann::json::object();
     for (const auto& [kind, n] : report.counts) counts[capture_finding_name(kind)] = n;
     j["counts"] = counts;
+    j["requests"] = nlohmann::json::array();
+    for (const RequestCapture& r : captures->requests) {
+      j["requests"].push_back({{"request", r.request}, {"tokens", r.num_tokens()}});
+    }
     for (const CaptureFinding& f : report.findings) {
       j["findings"].push_back({{"kind", capture_finding_name(f.kind)}, {"request", f.request}, {"token", f.token},
                                {"layer", f.layer}, {"model_layer", f.model_layer}, {"slot", f.slot},
@@ -91,6 +108,7 @@ int run_check(const CheckFlags& flags) {
                 info.top_k(), info.num_moe_layers(), captures->requests.size(), tokens,
                 info.backend.empty() ? "not recorded" : one_line(info.backend).c_str(),
                 info.router_weights_dtype ? dtype_name(*info.router_weights_dtype) : "none");
+    print_requests(captures->requests);
     for (const CaptureFinding& f : report.findings) std::printf("  %s\n", one_line(f.message).c_str());
     for (const auto& [kind, n] : report.counts) {
       const int64_t listed = std::min<int64_t>(n, flags.max_per_kind);
@@ -131,6 +149,7 @@ Status run_stats(const std::string& path) {
   std::printf("capture:  %s: %zu requests, %" PRId64 " tokens, %d MoE layers x top-%d of E=%" PRId64
               ", routing %s%s\n", path.c_str(), set.requests.size(), tokens, L, k, info.num_experts,
               routing_method_name(info.routing.method), info.backend.empty() ? "" : (", by " + info.backend).c_str());
+  print_requests(set.requests);
   if (unwritten > 0) std::printf("unwritten: %" PRId64 " ids hold the sentinel -1 (not counted)\n", unwritten);
   std::vector<std::string> names;
   for (int l = 0; l < L; ++l) names.push_back("model layer " + std::to_string(info.model_layers[l]));

@@ -1,5 +1,7 @@
 // `moekit route`: route a dump of router logits with the CPU routing spec and
 // write the ids and weights, to compare against another engine's routing.
+#include <cinttypes>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +77,23 @@ Status check_route_memory(const RouteOptions& o) {
   return check_memory("route", logits + outputs);
 }
 
+// One line on success: what was routed, where it went, and how loaded the
+// busiest expert is (a quick sign of a skewed dump).
+void print_route_summary(const RoutingConfig& cfg, int64_t M, int64_t E, const HostTensor& counts,
+                         const std::vector<std::pair<std::string, std::vector<uint8_t>>>& files) {
+  const int32_t* c = counts.data<int32_t>();
+  int64_t busiest = 0, used = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (c[e] > c[busiest]) busiest = e;
+    used += c[e] > 0;
+  }
+  std::string written;
+  for (const auto& [path, bytes] : files) written += (written.empty() ? "" : ", ") + path;
+  std::printf("moekit route: %" PRId64 " tokens, %s top-%d of %" PRId64 " experts (%" PRId64
+              " used; busiest: expert %" PRId64 " with %d tokens); wrote %s\n",
+              M, routing_method_name(cfg.method), cfg.top_k, E, used, busiest, c[busiest], written.c_str());
+}
+
 Status run_route(const RouteOptions& o) {
   std::vector<PathFlag> outputs = {{"--out-ids", o.ids_path}, {"--out-weights", o.weights_path}};
   std::vector<PathFlag> inputs = {{"--logits", o.logits_path}};
@@ -112,7 +131,9 @@ Status run_route(const RouteOptions& o) {
   MOEKIT_RETURN_IF_ERROR(add(o.ids_path, ids));
   MOEKIT_RETURN_IF_ERROR(add(o.weights_path, weights));
   if (!o.counts_path.empty()) MOEKIT_RETURN_IF_ERROR(add(o.counts_path, counts));
-  return io::write_files_atomic(files);
+  MOEKIT_RETURN_IF_ERROR(io::write_files_atomic(files));
+  print_route_summary(cfg, M, E, counts, files);
+  return Status::Ok();
 }
 
 }  // namespace

@@ -10,10 +10,12 @@
 #include "cli_util.h"
 #include "memory_budget.h"
 #include "commands.h"
+#include "moekit/parallel_for.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"moekit: the Mixture-of-Experts layer of large language models, on CPUs and NVIDIA GPUs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "moekit " MOEKIT_VERSION, "print the version and exit");
   moekit::tools::add_route_command(app);
   moekit::tools::add_run_command(app);
   moekit::tools::add_backends_command(app);
@@ -26,6 +28,11 @@ int main(int argc, char** argv) {
   // code 2; help (--help) is the only multi-line answer.
   if (const std::string unknown = moekit::tools::unknown_command(app, argc, argv); !unknown.empty()) {
     std::cerr << "moekit: error: " << unknown << "\n";
+    return moekit::tools::kExitBadInput;
+  }
+  // The CPU pool cannot fail later: a bad thread count is refused before any work.
+  if (const moekit::Status st = moekit::check_num_threads_env(); !st.ok()) {
+    std::cerr << "moekit: error: " << moekit::tools::one_line(st.to_string()) << "\n";
     return moekit::tools::kExitBadInput;
   }
   try {

@@ -227,12 +227,15 @@ StatusOr<ReplayOutcome> replay_capture_file(const std::string& path, const Platf
     SyntheticModelSpec folder = run.spec;
     std::vector<int> moe_layers;
     MOEKIT_RETURN_IF_ERROR(spec_of_model_folder(run.model_dir, &folder, &moe_layers));
-    if (folder.num_layers != run.spec.num_layers || folder.num_experts != run.spec.num_experts ||
-        folder.top_k != run.spec.top_k || folder.hidden != run.spec.hidden) {
-      return FailedPrecondition(path + ": captured from " + run.model_dir + " with " +
-                                std::to_string(run.spec.num_layers) + " MoE layers (E = " +
-                                std::to_string(run.spec.num_experts) + "), but the folder now describes " +
-                                std::to_string(folder.num_layers) + " (E = " + std::to_string(folder.num_experts) + ")");
+    // Every size the capture depends on, named in the message so the one that changed shows.
+    const auto sizes = [](const SyntheticModelSpec& s) {
+      return std::to_string(s.num_layers) + " MoE layers (E = " + std::to_string(s.num_experts) +
+             ", k = " + std::to_string(s.top_k) + ", H = " + std::to_string(s.hidden) +
+             ", I = " + std::to_string(s.intermediate) + ")";
+    };
+    if (sizes(folder) != sizes(run.spec)) {
+      return FailedPrecondition(path + ": captured from " + run.model_dir + " with " + sizes(run.spec) +
+                                ", but the folder now describes " + sizes(folder));
     }
     MoeConfig first;
     MOEKIT_ASSIGN_OR_RETURN(model, build_checkpoint_model(run.model_dir, moe_layers, config, platform, &first));

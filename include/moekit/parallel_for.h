@@ -10,7 +10,7 @@
 // - Runs inline (one call f(0, n)) when n <= grain, when the pool has a single
 //   thread, or when called from inside another parallel_for (no nested pools,
 //   no deadlock). Concurrent calls from independent threads take turns.
-// - Pool size: MOEKIT_NUM_THREADS if set (>= 1; at most 1024), else std::thread::hardware_concurrency().
+// - Pool size: MOEKIT_NUM_THREADS if set (in [1, 1024]), else std::thread::hardware_concurrency().
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,11 @@ namespace moekit {
 
 // Threads parallel_for may use, the caller's included.
 int parallel_num_threads();
+// MOEKIT_NUM_THREADS, when set, must be an integer in [1, 1024]; anything
+// else ("abc", "0", "-4", "2x", "99999") is InvalidArgument naming it. The
+// pool falls back to the hardware count on such a value, so the CLI and the
+// CPU backend's prepare check it first.
+Status check_num_threads_env();
 // Remakes the pool with this many threads (in [1, 1024]), after the
 // parallel_for calls in flight; not from inside one.
 Status set_parallel_num_threads(int num_threads);

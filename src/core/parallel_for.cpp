@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -10,6 +11,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/printable.h"
 
 namespace moekit {
 namespace {
@@ -35,12 +38,20 @@ thread_local bool t_in_parallel = false;
 // threads than this is a typo, not a machine.
 constexpr long kMaxThreads = 1024;
 
+// MOEKIT_NUM_THREADS: 0 when unset, its count when it is one, -1 otherwise.
+long threads_in_env() {
+  const char* s = std::getenv("MOEKIT_NUM_THREADS");
+  if (s == nullptr) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s, &end, 10);  // atoi's overflow is undefined; strtol's is not
+  return end != s && *end == '\0' && errno == 0 && v >= 1 && v <= kMaxThreads ? v : -1;
+}
+
+// A bad value falls back to the hardware count here (parallel_for cannot
+// fail); check_num_threads_env() refuses it where a Status can be returned.
 int threads_from_env() {
-  if (const char* s = std::getenv("MOEKIT_NUM_THREADS")) {
-    char* end = nullptr;
-    const long v = std::strtol(s, &end, 10);  // atoi's overflow is undefined; strtol's is not
-    if (end != s && *end == '\0' && v >= 1) return static_cast<int>(std::min(v, kMaxThreads));
-  }
+  if (const long v = threads_in_env(); v > 0) return static_cast<int>(v);
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);
 }
@@ -138,6 +149,13 @@ std::shared_lock<std::shared_mutex> lock_pool() {
 }
 
 }  // namespace
+
+Status check_num_threads_env() {
+  if (threads_in_env() >= 0) return Status::Ok();
+  return InvalidArgument("MOEKIT_NUM_THREADS='" + printable(std::getenv("MOEKIT_NUM_THREADS"), 40) +
+                         "': must be an integer in [1, " + std::to_string(kMaxThreads) +
+                         "] (unset, every hardware thread)");
+}
 
 int parallel_num_threads() {
   const auto lk = lock_pool();

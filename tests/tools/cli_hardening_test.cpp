@@ -517,5 +517,94 @@ TEST_F(CliHardening, RunRefusesACaptureThatIsOneOfTheModelFoldersFiles) {
   EXPECT_TRUE(fs::exists(file("c.safetensors")));
 }
 
+// ------------------------------------------------- round 3: wrong or unclear answers
+
+TEST_F(CliHardening, BadMoekitNumThreadsIsRefusedNamingTheVariable) {
+  std::mt19937_64 rng(testing::seed_from({kM, kE, 31}));
+  ASSERT_TRUE(io::write_npy(file("logits.npy"), testing::tie_free_logits(rng, DType::kF32, kM, 8, 1e-2).view()).ok());
+  const std::string route = " route --top-k 2 --logits " + file("logits.npy") + " --out-ids " + file("i.npy") +
+                            " --out-weights " + file("w.npy");
+  for (const char* bad : {"abc", "0", "-4", "2x", "99999", ""}) {
+    SCOPED_TRACE(bad);
+    const Result r =
+        testing::run_command_split("MOEKIT_NUM_THREADS='" + std::string(bad) + "' " + MOEKIT_CLI_PATH + route);
+    expect_refused(r, "MOEKIT_NUM_THREADS='" + std::string(bad) + "': must be an integer in [1, 1024]", bad);
+    EXPECT_FALSE(fs::exists(file("i.npy")));
+  }
+  const Result ok = testing::run_command_split(std::string("MOEKIT_NUM_THREADS=3 ") + MOEKIT_CLI_PATH + route);
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+}
+
+TEST_F(CliHardening, VersionPrintsTheProjectVersion) {
+  const Result r = run_cli("--version");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("moekit [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
+}
+
+TEST_F(CliHardening, RoutePrintsAOneLineSummary) {
+  std::mt19937_64 rng(testing::seed_from({kM, kE, 32}));
+  ASSERT_TRUE(io::write_npy(file("logits.npy"), testing::tie_free_logits(rng, DType::kF32, kM, 8, 1e-2).view()).ok());
+  const Result r = run_cli("route --method renormalize --top-k 2 --logits " + file("logits.npy") + " --out-ids " +
+                           file("i.npy") + " --out-weights " + file("w.npy"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^moekit route: 6 tokens, renormalize top-2 of 8 experts \\([0-9]+ "
+                                                  "used; busiest: expert [0-9]+ with [0-9]+ tokens\\); wrote .*i\\.npy, "
+                                                  ".*w\\.npy\n$")))
+      << r.out;
+}
+
+TEST_F(CliHardening, BackendsLayerFlagsSayWhatIsWrong) {
+  expect_refused(run_cli("backends --layer 1"), "--layer goes with --model DIR", "--layer without --model");
+  const std::string dir = model_folder("m", false);
+  expect_refused(run_cli("backends --model " + dir + " --layer -1"), "--layer: must be an integer in [0, ", "-1");
+  expect_refused(run_cli("backends --model " + dir), "--layer N is required with --model", "no --layer");
+  const Result ok = run_cli("backends --model " + dir + " --layer 0");
+  EXPECT_EQ(ok.code, 0) << ok.out << ok.err;
+}
+
+TEST_F(CliHardening, ReplayOfAFolderWhoseTopKChangedNamesK) {
+  const std::string dir = model_folder("m", false);
+  const std::string cap = file("c.safetensors");
+  const Result run = run_cli("run --model " + dir + " --requests 2 --tokens 4 --decode 1 --backend cpu --capture " + cap);
+  ASSERT_EQ(run.code, 0) << run.out << run.err;
+  std::string config = qwen3_config();
+  config.replace(config.find("\"num_experts_per_tok\": 2"), 24, "\"num_experts_per_tok\": 3");
+  std::ofstream(dir + "/config.json") << config;
+  const Result r = run_cli("replay --captures " + cap);
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("1 MoE layers (E = 4, k = 2, H = 16, I = 8), but the folder now describes 1 MoE layers (E = 4, "
+                       "k = 3, H = 16, I = 8)"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(CliHardening, CaptureStatsAndCheckListTheRequestNames) {
+  const std::string cap = file("c.safetensors");
+  const Result run = run_cli("run" + kSmallRun + " --capture " + cap);
+  ASSERT_EQ(run.code, 0) << run.out << run.err;
+  for (const char* sub : {"stats", "check"}) {
+    SCOPED_TRACE(sub);
+    const Result r = run_cli(std::string("capture ") + sub + " " + cap);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("\nrequests: request-0 \\([0-9]+ tokens\\), request-1 \\([0-9]+ "
+                                                    "tokens\\), request-2 \\([0-9]+ tokens\\), request-3 \\([0-9]+ "
+                                                    "tokens\\)\n")))
+        << r.out;
+  }
+  const Result j = run_cli("capture check --json " + cap);
+  ASSERT_EQ(j.code, 0) << j.out << j.err;
+  EXPECT_NE(j.out.find("\"request\": \"request-3\""), std::string::npos) << j.out;
+}
+
+// Without as many GPUs as ranks the answer is a sentence, not a CUDA error code.
+TEST_F(CliHardening, BenchWithoutTheGpusItNeedsSaysSo) {
+  const Result r = run_cli("bench --ep 2");
+  if (r.code == 0) GTEST_SKIP() << "this machine has the GPUs";
+  expect_refused(r, "Unsupported: ", "bench --ep 2");
+  EXPECT_EQ(r.err.find("Internal"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("cudaGetDeviceCount"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace moekit

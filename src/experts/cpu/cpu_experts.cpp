@@ -35,6 +35,7 @@ void assign_or_clear(ExpertWeightsF32& dst, const TensorView& src) {
 }  // namespace
 
 Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
+  MOEKIT_RETURN_IF_ERROR(check_num_threads_env());  // the pool would fall back to every hardware thread
   const TensorView& w13 = weights.w13;
   const TensorView& w2 = weights.w2;
   const int64_t E = config.num_experts, H = config.hidden, I = config.intermediate;
