@@ -66,6 +66,115 @@ def in_spec_order(spec_ids: torch.Tensor, ids: torch.Tensor):
 
 TRAIN_PATHS = ("moekit", "transformers")  # what a forward that needs gradients runs
 
+
+# --- Writes a tensor's version counter does not see ---
+# `p.data` is an alias of p with a version counter of its own (so `p.data.copy_(w)` leaves p._version as
+# it was), and `p.data = new` swaps p's storage. A patched block's weights get a class whose `data`
+# property records both (_Watch); a forward then compares a fingerprint of each weight (its identity,
+# storage, version counter and watch epoch) with the one of the last preparation. Writes outside torch
+# (a NumPy view, DLPack, a raw pointer) are not seen: refit() after them.
+
+class _Watch:
+    """What went through one weight's `.data`: epoch grows with every write seen (or possible).
+    Aliases handed out since the last poll are held (a temporary `p.data.mul_(2)` dies before the next
+    forward) and checked at the poll; one still alive then is followed by a weak reference, and its
+    death counts as a write (it may have been written after the poll)."""
+    __slots__ = ("epoch", "fresh", "kept", "quiet")
+
+    def __init__(self):
+        self.epoch, self.fresh, self.kept, self.quiet = 0, [], {}, False
+
+    def handed_out(self, alias: torch.Tensor) -> None:
+        self.fresh.append((alias, alias._version))
+        if len(self.fresh) > 64:  # a loop of reads with no forward: bound what is held
+            self.poll()
+
+    def _died(self, ref) -> None:
+        self.kept.pop(id(ref), None)
+        if not self.quiet:
+            self.epoch += 1
+
+    def poll(self) -> int:
+        for key, (ref, version) in list(self.kept.items()):
+            alias = ref()
+            if alias is not None and alias._version != version:
+                self.epoch += 1
+                self.kept[key] = (ref, alias._version)
+            del alias
+        fresh, self.fresh = self.fresh, []
+        for alias, version in fresh:
+            if alias._version != version:
+                self.epoch += 1
+            ref = weakref.ref(alias, self._died)
+            self.kept[id(ref)] = (ref, alias._version)
+        self.quiet = True  # the aliases only we held die here, checked: no write is possible after
+        try:
+            del fresh[:]
+            alias = None
+        finally:
+            self.quiet = False
+        return self.epoch
+
+
+_WATCHES: Dict[int, _Watch] = {}  # id(weight) -> its watch, while the weight lives
+
+
+def _watch_of(t: torch.Tensor) -> Optional[_Watch]:
+    return _WATCHES.get(id(t))
+
+
+class _WatchedData:
+    """The `data` property of a watched weight: torch's, recorded."""
+    __slots__ = ()
+
+    @property
+    def data(self):
+        alias = torch._C.TensorBase.data.__get__(self)
+        w = _watch_of(self)
+        if w is not None:
+            w.handed_out(alias)
+        return alias
+
+    @data.setter
+    def data(self, new):
+        torch._C.TensorBase.data.__set__(self, new)
+        w = _watch_of(self)
+        if w is not None:
+            w.epoch += 1
+
+
+class _WatchedParameter(_WatchedData, torch.nn.Parameter):
+    pass
+
+
+class _WatchedBuffer(_WatchedData, torch.Tensor):
+    __torch_function__ = torch._C._disabled_torch_function_impl  # results are plain tensors, as a buffer's
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = copy.deepcopy(self.as_subclass(torch.Tensor), memo)
+        return memo[id(self)]
+
+
+_WATCHED_CLASSES = {torch.nn.Parameter: _WatchedParameter, torch.Tensor: _WatchedBuffer}
+
+
+def _watch(t: torch.Tensor) -> None:
+    """Gives a weight of class Parameter or Tensor the recording `data` property (another class, e.g.
+    a quantized parameter's, is followed through its version counter and storage only)."""
+    watched = _WATCHED_CLASSES.get(type(t))
+    if watched is not None:
+        t.__class__ = watched
+    if isinstance(t, _WatchedData) and id(t) not in _WATCHES:
+        _WATCHES[id(t)] = _Watch()
+        weakref.finalize(t, _WATCHES.pop, id(t), None)
+
+
+def _unwatch(t: torch.Tensor) -> None:
+    for plain, watched in _WATCHED_CLASSES.items():
+        if type(t) is watched:
+            t.__class__ = plain
+
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                        torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.int8: "I8",
                        torch.int32: "I32", torch.int64: "I64", torch.float64: "F64"}
@@ -154,7 +263,24 @@ class MoE(torch.nn.Module):
                 self.layer._layer.adopt_workspace(previous._layer)
         # Read here, not in forward(): torch.compile cannot trace the native config's properties.
         self._act_dtype = torch.float32 if self.layer.config.act_dtype == "f32" else torch.bfloat16
-        self._versions = [t._version for t in self._weights()]
+        for t in self._weights():
+            _watch(t)
+        self._prepared = self._fingerprint()
+
+    def _unwatch_weights(self) -> None:
+        """The weights' own classes back (unpatch)."""
+        for t in self._weights():
+            _unwatch(t)
+
+    def _fingerprint(self) -> list:
+        """What a write changes, per weight: the tensor, its storage, its version counter and the writes
+        through its `.data` (module section above). Compared before every eager forward: measured in
+        docs/transformers.md ("Refit")."""
+        out = []
+        for t in self._weights():
+            w = _watch_of(t)
+            out.append((id(t), t.data_ptr(), t._version, None if w is None else w.poll()))
+        return out
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -173,14 +299,23 @@ class MoE(torch.nn.Module):
         return torch.is_grad_enabled() and (hidden_states.requires_grad or
                                             any(p.requires_grad for p in self.parameters()))
 
+    def train(self, mode: bool = True) -> "MoE":
+        super().train(mode)
+        self.block.training = mode  # not a submodule, but its forward (train_path="transformers") reads it
+        return self
+
     def forward(self, hidden_states: torch.Tensor):
         training = self._needs_grad(hidden_states)
         if training and self.options["train_path"] == "transformers":
             return self.block(hidden_states)  # transformers' own forward and backward
-        # An in-place update (an optimizer step, load_state_dict) since the last preparation.
+        # Mixtral's router jitter, in train mode, as its block applies it (the same draw from torch's generator).
+        jitter = getattr(self.block, "jitter_noise", 0.0)
+        if self.training and jitter > 0:
+            hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - jitter, 1.0 + jitter)
+        # A write to a weight since the last preparation (an optimizer step, load_state_dict, p.data...).
         # Not looked for inside torch.compile, where tensor versions are not graph values:
         # a compiled model calls refit() itself after changing its weights.
-        if not torch.compiler.is_compiling() and [t._version for t in self._weights()] != self._versions:
+        if not torch.compiler.is_compiling() and self._fingerprint() != self._prepared:
             self.refit()
         x = hidden_states.reshape(-1, hidden_states.shape[-1])
         router_out = getattr(self, self._router_name)(x)  # the block's own router: its hooks fire
@@ -269,12 +404,14 @@ class _TrainingForward(torch.autograd.Function):
         with torch.enable_grad():
             h = hidden.detach().requires_grad_(needs[2])
             w = weights.detach().requires_grad_(needs[4])
-            router = getattr(moe.block, moe._router_name)
+            router, training = getattr(moe.block, moe._router_name), moe.block.training
             setattr(moe.block, moe._router_name, _FixedRouter(logits, w, ids))
+            moe.block.training = False  # the saved input carries the forward's router jitter already
             try:
                 ref = moe.block(h)
             finally:
                 setattr(moe.block, moe._router_name, router)
+                moe.block.training = training
             ref = ref[0] if moe._returns_scores else ref
             wanted = [(i, t) for i, t in [(2, h), (4, w)] + [(6 + j, p) for j, p in enumerate(params)] if needs[i]]
             grads = torch.autograd.grad(ref, [t for _, t in wanted], grad_out, allow_unused=True) if wanted else ()

@@ -99,6 +99,7 @@ def unpatch(model: torch.nn.Module) -> int:
     for layer in _decoder_layers(model):
         block = getattr(layer, "mlp", None)
         if isinstance(block, MoE):
+            block._unwatch_weights()
             layer.mlp = block.block
             restored += 1
     return restored
