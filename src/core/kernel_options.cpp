@@ -1,5 +1,6 @@
 // KernelOptions (config.h): the names each path knob takes, and the one place
 // the environment's overrides are read.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/kernel_instances.h"
 #include "moekit/config.h"
 
 namespace moekit {
@@ -17,7 +19,7 @@ struct Knob {
   std::string KernelOptions::*field;
   const char* name;  // the field's name
   const char* env;   // the variable that overrides it
-  // The values validate() accepts; empty: an instance name the backend checks.
+  // The values validate() accepts; empty: an instance name (kInstanceKnobs).
   std::array<const char*, 4> values;
 };
 
@@ -33,6 +35,40 @@ constexpr std::array<Knob, 10> kKnobs = {{
     {&KernelOptions::sm90_w4_tile, "sm90_w4_tile", "MOEKIT_SM90_W4_TILE", {"n128", "n256"}},
     {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed_bf16"}},
 }};
+
+// The knobs that name a kernel instance, checked against the built tables
+// (core/kernel_instances.h), so a typo is refused on any machine, not only
+// where the CUDA backend is asked.
+struct InstanceKnob {
+  std::string KernelOptions::*field;
+  const char* const* names;
+  size_t count;
+  const char* also;  // one more accepted value ("off"), or nullptr
+};
+
+template <size_t N>
+constexpr InstanceKnob instance_knob(std::string KernelOptions::*field, const std::array<const char*, N>& names,
+                                     const char* also = nullptr) {
+  return {field, names.data(), N, also};
+}
+
+constexpr std::array<InstanceKnob, 4> kInstanceKnobs = {{
+    instance_knob(&KernelOptions::sm90_stream, kSm90StreamNames),
+    instance_knob(&KernelOptions::sm90_cutlass, kSm90CutlassNames),
+    instance_knob(&KernelOptions::sm90_fp8_stream, kSm90Fp8StreamNames, "off"),
+    instance_knob(&KernelOptions::sm90_w4_stream, kSm90W4StreamNames),
+}};
+
+// "" when `v` is one of the knob's names, else the list a message shows.
+std::string unknown_instance(const InstanceKnob& k, const std::string& v) {
+  std::string list = k.also != nullptr ? k.also : "";
+  if (k.also != nullptr && v == k.also) return "";
+  for (size_t i = 0; i < k.count; ++i) {
+    if (v == k.names[i]) return "";
+    list += (list.empty() ? "" : ", ") + std::string(k.names[i]);
+  }
+  return list;
+}
 
 KernelOptions read_environment() {
   KernelOptions env;
@@ -91,6 +127,15 @@ Status KernelOptions::validate() const {
     if (!expected.empty()) {
       return InvalidArgument(std::string("config.kernel.") + k.name + " (or " + k.env + "): '" + v +
                              "' is not one of " + expected);
+    }
+  }
+  for (const InstanceKnob& ik : kInstanceKnobs) {
+    const std::string& v = this->*ik.field;
+    if (v.empty()) continue;
+    if (const std::string names = unknown_instance(ik, v); !names.empty()) {
+      const Knob& k = *std::find_if(kKnobs.begin(), kKnobs.end(), [&](const Knob& x) { return x.field == ik.field; });
+      return InvalidArgument(std::string("config.kernel.") + k.name + " (or " + k.env + "): '" + v +
+                             "' is not one of the built instances: " + names);
     }
   }
   return Status::Ok();

@@ -65,8 +65,42 @@ TEST(KernelOptions, ValidateRefusesAPathNameNoBackendHas) {
             std::string::npos)
       << s.message();
   c.kernel.sm90_gemm = "streaming";
-  c.kernel.sm90_stream = "any_name";  // instance names are the backend's to check (supports())
   EXPECT_TRUE(c.validate().ok());
+}
+
+// Instance names are checked against the built tables on every machine (this
+// build may have no CUDA at all), from the config and from the environment.
+TEST(KernelOptions, ValidateRefusesAnInstanceNameThatIsNotBuilt) {
+  struct Case {
+    std::string KernelOptions::*field;
+    const char *name, *env, *good, *bad, *listed;
+  };
+  const Case cases[] = {
+      {&KernelOptions::sm90_stream, "sm90_stream", "MOEKIT_SM90_STREAM", "rows32_k64_t16", "rows7_k3", "rows128_k64"},
+      {&KernelOptions::sm90_cutlass, "sm90_cutlass", "MOEKIT_SM90_CUTLASS", "swap_n64", "m256", "m128_n256"},
+      {&KernelOptions::sm90_fp8_stream, "sm90_fp8_stream", "MOEKIT_SM90_FP8_STREAM", "off", "w1_t8", "off, w1_t8_k128_s2"},
+      {&KernelOptions::sm90_w4_stream, "sm90_w4_stream", "MOEKIT_SM90_W4_STREAM", "w4_t16_k128_s3", "t8_k128_s4",
+       "w1_t8_k128_s3"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    MoeConfig c = small_config();
+    c.kernel.*k.field = k.good;
+    EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+    c.kernel.*k.field = k.bad;
+    const Status s = c.validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    const std::string want = std::string("config.kernel.") + k.name + " (or " + k.env + "): '" + k.bad +
+                             "' is not one of the built instances: " + k.listed;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+    c.kernel.*k.field = "";
+    ::setenv(k.env, k.bad, 1);
+    reload_kernel_options_environment();
+    EXPECT_NE(c.validate().message().find(want), std::string::npos) << c.validate().message();
+    ::unsetenv(k.env);
+    reload_kernel_options_environment();
+    EXPECT_TRUE(c.validate().ok());
+  }
 }
 
 // Sets one variable and reloads the options' environment for a scope.

@@ -364,15 +364,7 @@ int64_t slabs_of(const Fp8StreamGemm& g, int warps) {
 }  // namespace
 
 const char* fp8_stream_variant_name(Fp8StreamVariant v) {
-  switch (v) {
-    case Fp8StreamVariant::kW1T8K128S2: return "w1_t8_k128_s2";
-    case Fp8StreamVariant::kW1T8K128S3: return "w1_t8_k128_s3";
-    case Fp8StreamVariant::kW1T8K256S2: return "w1_t8_k256_s2";
-    case Fp8StreamVariant::kW1T16K128S2: return "w1_t16_k128_s2";
-    case Fp8StreamVariant::kW1T16K256S2: return "w1_t16_k256_s2";
-    case Fp8StreamVariant::kW1T32K256S2: return "w1_t32_k256_s2";
-  }
-  return "?";
+  return kSm90Fp8StreamNames[static_cast<size_t>(v)];  // in the enum's order (core/kernel_instances.h)
 }
 
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name) {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/kernel_instances.h"
 #include "moekit/config.h"
 #include "moekit/status.h"
 
@@ -38,6 +39,8 @@ inline constexpr Fp8StreamVariant kAllFp8StreamVariants[] = {
     Fp8StreamVariant::kW1T8K128S2,  Fp8StreamVariant::kW1T8K128S3,  Fp8StreamVariant::kW1T8K256S2,
     Fp8StreamVariant::kW1T16K128S2, Fp8StreamVariant::kW1T16K256S2, Fp8StreamVariant::kW1T32K256S2,
 };
+static_assert(names_every_value(kAllFp8StreamVariants, kSm90Fp8StreamNames),
+              "one name per instance, in order (core/kernel_instances.h)");
 const char* fp8_stream_variant_name(Fp8StreamVariant v);  // "w1_t8_k128_s2", ...
 std::optional<Fp8StreamVariant> parse_fp8_stream_variant(std::string_view name);
 

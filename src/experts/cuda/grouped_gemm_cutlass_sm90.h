@@ -27,6 +27,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/kernel_instances.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "moekit/config.h"
 #include "moekit/kernel.h"
@@ -45,6 +46,8 @@ enum class CutlassTile : uint8_t {
 };
 inline constexpr CutlassTile kAllCutlassTiles[] = {CutlassTile::kM128N256, CutlassTile::kM64N256,
                                                    CutlassTile::kSwapN32, CutlassTile::kSwapN64};
+static_assert(names_every_value(kAllCutlassTiles, kSm90CutlassNames),
+              "one name per instance, in order (core/kernel_instances.h)");
 const char* cutlass_tile_name(CutlassTile t);  // "m128_n256", ...
 std::optional<CutlassTile> parse_cutlass_tile(std::string_view name);
 

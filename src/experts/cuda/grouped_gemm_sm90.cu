@@ -117,13 +117,7 @@ const char* sm90_gemm_path_name(Sm90GemmPath p) {
 }
 
 const char* cutlass_tile_name(CutlassTile t) {
-  switch (t) {
-    case CutlassTile::kM128N256: return "m128_n256";
-    case CutlassTile::kM64N256: return "m64_n256";
-    case CutlassTile::kSwapN32: return "swap_n32";
-    case CutlassTile::kSwapN64: return "swap_n64";
-  }
-  return "?";
+  return kSm90CutlassNames[static_cast<size_t>(t)];  // in the enum's order (core/kernel_instances.h)
 }
 
 std::optional<CutlassTile> parse_cutlass_tile(std::string_view name) {

@@ -44,19 +44,7 @@ auto with_traits(StreamVariant v, F&& f) {
 }  // namespace
 
 const char* stream_variant_name(StreamVariant v) {
-  switch (v) {
-    case StreamVariant::kRows128K64: return "rows128_k64";
-    case StreamVariant::kRows64K64: return "rows64_k64";
-    case StreamVariant::kRows64K64T32: return "rows64_k64_t32";
-    case StreamVariant::kRows32K64T16: return "rows32_k64_t16";
-    case StreamVariant::kRows32K64T32: return "rows32_k64_t32";
-    case StreamVariant::kRows32K128T16: return "rows32_k128_t16";
-    case StreamVariant::kRows32K64T16S4: return "rows32_k64_t16_s4";
-    case StreamVariant::kRows32K128T16S3: return "rows32_k128_t16_s3";
-    case StreamVariant::kRows32K128T16S2: return "rows32_k128_t16_s2";
-    case StreamVariant::kRows32K64T16S3: return "rows32_k64_t16_s3";
-  }
-  return "?";
+  return kSm90StreamNames[static_cast<size_t>(v)];  // in the enum's order (core/kernel_instances.h)
 }
 
 std::optional<StreamVariant> parse_stream_variant(std::string_view name) {

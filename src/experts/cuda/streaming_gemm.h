@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/kernel_instances.h"
 #include "experts/cuda/grouped_gemm.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
@@ -34,6 +35,8 @@ inline constexpr StreamVariant kAllStreamVariants[] = {
     StreamVariant::kRows32K64T32,    StreamVariant::kRows32K128T16,    StreamVariant::kRows32K128T16S3,
     StreamVariant::kRows32K128T16S2,
 };
+static_assert(names_every_value(kAllStreamVariants, kSm90StreamNames),
+              "one name per instance, in order (core/kernel_instances.h)");
 const char* stream_variant_name(StreamVariant v);  // "rows128_k64", ...
 std::optional<StreamVariant> parse_stream_variant(std::string_view name);
 int stream_variant_rows(StreamVariant v);

@@ -425,14 +425,7 @@ cudaError_t launch(const W4Params& p, int64_t blocks, cudaStream_t stream) {
 }  // namespace
 
 const char* w4_stream_variant_name(W4StreamVariant v) {
-  switch (v) {
-    case W4StreamVariant::kW1T8K128S3: return "w1_t8_k128_s3";
-    case W4StreamVariant::kW4T8K128S3: return "w4_t8_k128_s3";
-    case W4StreamVariant::kW4T16K128S3: return "w4_t16_k128_s3";
-    case W4StreamVariant::kW4T32K128S3: return "w4_t32_k128_s3";
-    case W4StreamVariant::kW4T64K128S3: return "w4_t64_k128_s3";
-  }
-  return "?";
+  return kSm90W4StreamNames[static_cast<size_t>(v)];  // in the enum's order (core/kernel_instances.h)
 }
 
 std::optional<W4StreamVariant> parse_w4_stream_variant(std::string_view name) {

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/kernel_instances.h"
 #include "moekit/config.h"
 #include "moekit/status.h"
 
@@ -47,6 +48,8 @@ enum class W4StreamVariant : uint8_t {
 inline constexpr W4StreamVariant kAllW4StreamVariants[] = {
     W4StreamVariant::kW1T8K128S3, W4StreamVariant::kW4T8K128S3, W4StreamVariant::kW4T16K128S3,
     W4StreamVariant::kW4T32K128S3, W4StreamVariant::kW4T64K128S3};
+static_assert(names_every_value(kAllW4StreamVariants, kSm90W4StreamNames),
+              "one name per instance, in order (core/kernel_instances.h)");
 // mxfp4 layers whose largest E8M0 code is at most this (scales <= 2) multiply the
 // scale into the bf16 weights exactly; others scale each group's f32 partial.
 inline constexpr int kMxfp4FoldMaxCode = 128;
