@@ -12,6 +12,8 @@ import torch
 
 from . import _moekit
 from .layer import route
+from .r3.format import routing_dict
+from .routes import Routes
 from .nn import TRAIN_PATHS, MoE, in_spec_order, is_moe_block, router_of
 from .torch import replay_routing, routing_spec
 
@@ -132,31 +134,17 @@ def _blocks(model) -> List[_Block]:
     return out
 
 
-class Routes:
-    """What capture() recorded: per request (batch row), [tokens, moe_layers, k] int16
-    logical ids in the routing spec's order, for every token the model computed
-    (prompt and generated; pad tokens included, as they were computed), and the
-    MoE-layer -> model-layer map. A token the model never computed (generate's last
-    one) has no row; replay() routes such rows live."""
+def _routing_of(config) -> dict:
+    return routing_dict(config.routing, config.top_k, config.num_groups, config.topk_groups,
+                        config.routed_scaling_factor, config.routing == "deepseek_v3", config.renormalize)
 
-    def __init__(self, model_layers: List[int], top_k: int, num_experts: int):
-        self.model_layers = list(model_layers)
-        self.top_k = top_k
-        self.num_experts = num_experts
-        self._steps: List[List[torch.Tensor]] = [[] for _ in model_layers]  # per layer: [B, S, k] per call
 
-    @property
-    def num_requests(self) -> int:
-        return self._steps[0][0].shape[0] if self._steps[0] else 0
-
-    def ids(self, request: int) -> torch.Tensor:
-        """[tokens, moe_layers, k] int16 of batch row `request`."""
-        per_layer = [torch.cat([s[request] for s in steps], dim=0) for steps in self._steps]
-        return torch.stack(per_layer, dim=1)
-
-    def batch(self) -> torch.Tensor:
-        """[requests, tokens, moe_layers, k] int16: every row's ids (rows of one batch share their length)."""
-        return torch.stack([self.ids(r) for r in range(self.num_requests)])
+def _forward_inputs(args, kwargs):
+    """(input_ids [B, S] or None, the KV cache's length before this forward) of a decoder model's forward."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    cache = kwargs.get("past_key_values")
+    start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    return (ids if isinstance(ids, torch.Tensor) else None), int(start)
 
 
 def _spec_ids(b: _Block, logits: torch.Tensor) -> torch.Tensor:
@@ -171,17 +159,29 @@ class capture:
     Records, for every MoE layer and every forward, the ids the layer runs, in the
     routing spec's order (descending score, the spec's tie rule) wherever they are
     the set the spec selects from the router's logits (always, unless a replay forced
-    others, which are kept as forced). Works on patched and unpatched models; hooks
-    are removed on exit."""
+    others, which are kept as forced), with each batch row's token ids. A forward that
+    starts a sequence (no KV cache yet) starts new requests, named "0", "1", ... in
+    order; a cached forward (generate's decode steps) continues them. The routes are
+    complete when the block exits. Works on patched and unpatched models."""
 
     def __init__(self, model):
         self._blocks = _blocks(model)
-        self.routes = Routes([b.index for b in self._blocks], self._blocks[0].config.top_k,
-                             self._blocks[0].config.num_experts)
+        self._inner = getattr(model, "model", model)
+        first = self._blocks[0].config
+        self.routes = Routes([b.index for b in self._blocks], first.top_k, first.num_experts, _routing_of(first))
         self._hooks = []
 
     def __enter__(self) -> Routes:
         self._batch = {}  # MoE layer -> [B, S] of its call in flight
+        self._groups = []  # per sequence-starting forward: {"tokens": [[B, S] per forward], "ids": per layer [[B, S, k]]}
+
+        def on_forward(module, args, kwargs):
+            tokens, start = _forward_inputs(args, kwargs)
+            if start == 0 or not self._groups:
+                self._groups.append({"tokens": [], "ids": [[] for _ in self._blocks]})
+            self._groups[-1]["tokens"].append(None if tokens is None else tokens.detach().to("cpu", torch.int64))
+
+        self._hooks.append(self._inner.register_forward_pre_hook(on_forward, with_kwargs=True))
         for l, b in enumerate(self._blocks):
             def before(module, args, l=l):
                 self._batch[l] = args[0].shape[:-1]  # [B, S] of this call
@@ -194,7 +194,9 @@ class capture:
                 else:
                     ids, _ = in_spec_order(_spec_ids(b, out[0]).to(torch.int64), ran)
                 ids = ids.to(torch.int16).cpu()
-                self.routes._steps[l].append(ids.reshape(*batch, -1) if len(batch) == 2 else ids[None])
+                if not self._groups:  # the block called on its own, not through the model
+                    self._groups.append({"tokens": [], "ids": [[] for _ in self._blocks]})
+                self._groups[-1]["ids"][l].append(ids.reshape(*batch, -1) if len(batch) == 2 else ids[None])
 
             self._hooks.append(b.block.register_forward_pre_hook(before))
             self._hooks.append(b.router.register_forward_hook(after))
@@ -204,24 +206,59 @@ class capture:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if exc[0] is None:
+            for group in self._groups:
+                self._add_requests(group)
+
+    def _add_requests(self, group) -> None:
+        if not group["ids"][0]:
+            return
+        rows = group["ids"][0][0].shape[0]
+        ids = torch.stack([torch.cat(calls, dim=1) for calls in group["ids"]], dim=2)  # [B, T, L, k]
+        known = all(t is not None for t in group["tokens"]) and group["tokens"]
+        tokens = torch.cat(group["tokens"], dim=1) if known else torch.full((rows, 0), -1, dtype=torch.int64)
+        for b in range(rows):
+            # Without token ids (a forward of embeddings) the rows cannot be checked: they hold -1 tokens.
+            t = tokens[b] if known else torch.full((ids.shape[1],), -1, dtype=torch.int64)
+            self.routes.add(str(self.routes.num_requests), ids[b], t)
 
 
 class replay:
     """with moekit.transformers.replay(model, routes): loss = model(input_ids).loss
 
-    Forces the captured ids in every MoE layer of the forward (input [B, T]: row b
-    takes routes.ids(b)'s first T tokens; tokens past what was captured route live).
-    The weights of the forced ids come from the live router logits through
-    moekit.torch.replay_routing, so the router gets its gradient; the experts run as
-    the forward would run them (transformers' own modules in training, moekit's layer
-    without gradients), so their gradients are transformers' own."""
+    Forces the captured ids in every MoE layer of the forward: batch row b is request b of
+    `routes` (routes.select(names) puts them in the batch's order), token t takes the ids
+    of its position in the request (a KV-cached forward, e.g. generate's decode steps,
+    continues where the cache ends). Before anything is forced, each row's token ids are
+    checked against its request's (ValueError naming the row and request, and which
+    request they do match); at most live_tail tokens of a row may lie past the request's
+    routed tokens (they route live; 1: generate's last token, which no forward computed).
+    Under torch.compile the checks are the caller's (routes.check_batch). The weights of the
+    forced ids come from the live router logits through moekit.torch.replay_routing, so
+    the router gets its gradient; the experts run as the forward would run them
+    (transformers' own modules in training, moekit's layer without gradients). Replays
+    do not nest (the inner one would change what the outer forces): a second replay of
+    the same model raises."""
 
-    def __init__(self, model, routes: Routes):
+    def __init__(self, model, routes: Routes, live_tail: int = 1):
+        if not isinstance(routes, Routes):
+            raise TypeError(f"routes: expected moekit.transformers.Routes, got {type(routes).__module__}."
+                            f"{type(routes).__qualname__} (Routes.from_ids / from_capture build one)")
+        if not isinstance(live_tail, int) or isinstance(live_tail, bool) or live_tail < 0:
+            raise ValueError(f"live_tail must be an integer >= 0, got {live_tail!r}")
         self._blocks = _blocks(model)
+        self._inner = getattr(model, "model", model)
         if [b.index for b in self._blocks] != routes.model_layers:
             raise ValueError(f"routes: captured on MoE layers {routes.model_layers}, the model has "
                              f"{[b.index for b in self._blocks]}")
+        top_k, num_experts = self._blocks[0].config.top_k, self._blocks[0].config.num_experts
+        if (routes.top_k, routes.num_experts) != (top_k, num_experts):
+            raise ValueError(f"routes: k={routes.top_k} of E={routes.num_experts} experts, the model routes "
+                             f"k={top_k} of E={num_experts}")
+        if routes.num_requests == 0:
+            raise ValueError("routes: no requests to replay")
         self.routes = routes
+        self.live_tail = live_tail
         self._hooks = []
 
     def _forced(self, l: int, batch, device) -> torch.Tensor:
@@ -230,14 +267,26 @@ class replay:
         if device not in self._tables:
             self._tables[device] = self.routes.batch().to(device=device, dtype=torch.int64)  # [R, T, L, k]
         table = self._tables[device]
-        rows, tokens = min(B, table.shape[0]), min(S, table.shape[1])
+        start = self._start
+        rows, tokens = min(B, table.shape[0]), max(0, min(S, table.shape[1] - start))
         forced = torch.full((B, S, table.shape[3]), -1, dtype=torch.int64, device=device)
-        forced[:rows, :tokens] = table[:rows, :tokens, l]
+        forced[:rows, :tokens] = table[:rows, start:start + tokens, l]
         return forced.reshape(B * S, -1)
 
     def __enter__(self) -> "replay":
+        if any(getattr(b.router, "_moekit_replaying", False) for b in self._blocks):
+            raise ValueError("replay: this model is already under a replay; replays do not nest (exit the "
+                             "first, or select() the routes you need into one)")
         self._tables = {}  # the captured ids, one copy per device they are forced on
         self._batch = {}  # MoE layer -> [B, S] of its call in flight (an attribute, which torch.compile traces)
+        self._start = 0  # the forward's first position (the KV cache's length)
+
+        def on_forward(module, args, kwargs):
+            tokens, self._start = _forward_inputs(args, kwargs)
+            if tokens is not None and not torch.compiler.is_compiling():
+                self.routes.check_batch(tokens, self._start, self.live_tail)
+
+        self._hooks.append(self._inner.register_forward_pre_hook(on_forward, with_kwargs=True))
         for l, b in enumerate(self._blocks):
             def before(module, args, l=l):
                 self._batch[l] = args[0].shape[:-1]  # [B, S] of this call (the router sees [B*S, H])
