@@ -19,6 +19,40 @@ def _config_arg(config) -> MoeConfig:
     return config
 
 
+def _fixed_order_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [M, K] . weight [N, K]^T (+ bias [N]), float32, each row computed as it is alone, whatever M: a
+    GEMM's blocking and kernel follow M (F.linear rounds differently by batch). On the CPU, one product
+    per row (the same library call for every row); on a GPU, where a call per row costs a launch, the K
+    products zero-padded to a power of two and halves added pairwise: elementwise operations only (each
+    correctly rounded), so one order for every element, in pieces of at most 2^24 products (64 MiB)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    out = torch.empty((M, N), dtype=torch.float32, device=x.device)
+    if x.device.type == "cpu":
+        wt = weight.t()
+        for r in range(M):
+            torch.mm(x[r:r + 1], wt, out=out[r:r + 1])
+    else:
+        _pairwise_linear(x, weight, out)
+    return out if bias is None else out + bias
+
+
+def _pairwise_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    """out [M, N] = x [M, K] . weight [N, K]^T by elementwise operations in one order (_fixed_order_linear)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    P = 1 << max(0, (K - 1).bit_length())
+    xt = torch.nn.functional.pad(x, (0, P - K)).t()  # K first: each halving adds two contiguous blocks
+    wt = torch.nn.functional.pad(weight, (0, P - K)).t()
+    step = max(1, (1 << 24) // (N * P))
+    for s in range(0, M, step):
+        v = xt[:, s:s + step, None] * wt[:, None, :]  # [P, m, N]
+        while v.shape[0] > 1:
+            half = v.shape[0] // 2
+            v = v[:half] + v[half:]
+        out[s:s + step] = v[0]
+
+
 class MoeLayer:
     """One MoE layer: the kernel the oracle chose, its prepared weights and workspace.
 
@@ -90,6 +124,7 @@ class MoeLayer:
         # Python values: torch.compile traces __call__, not the C++ config.
         self._top_k = config.top_k
         self._logits_dtype = _LOGITS_DTYPES[config.logits_dtype]
+        self._batch_invariant = bool(config.batch_invariant)
 
     router_weight: Optional[torch.Tensor] = None  # [E, H] float32 (from_pretrained)
     router_bias: Optional[torch.Tensor] = None    # [E] float32 (from_pretrained, gpt-oss)
@@ -166,9 +201,12 @@ class MoeLayer:
         return ids.to(torch.int32)
 
     def router_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[M, E] float32 = hidden . router_weight^T (+ router_bias), from the checkpoint's router."""
+        """[M, E] float32 = hidden . router_weight^T (+ router_bias), from the checkpoint's router.
+        A batch-invariant layer computes it in one fixed order whatever M (_fixed_order_linear)."""
         if self.router_weight is None:
             raise ValueError("router_logits: this layer has no router weights (give router_logits)")
+        if self._batch_invariant:
+            return _fixed_order_linear(hidden.float(), self.router_weight, self.router_bias)
         return torch.nn.functional.linear(hidden.float(), self.router_weight, self.router_bias)
 
     @property

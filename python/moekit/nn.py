@@ -199,7 +199,8 @@ class MoE(torch.nn.Module):
     block: the live block (e.g. model.model.layers[i].mlp); model_config: the model's
     transformers config (routing, family); layer_index: the block's decoder layer.
     max_num_tokens: rows per moekit call (longer inputs run in pieces); backend,
-    batch_invariant, capture: as MoeConfig's; train_path: "moekit" or "transformers",
+    batch_invariant, capture: as MoeConfig's (batch_invariant covers moekit's layer, not the
+    block's router, which is transformers' F.linear); train_path: "moekit" or "transformers",
     what a forward that needs gradients runs (module docstring)."""
 
     def __init__(self, block: torch.nn.Module, model_config, layer_index: int, max_num_tokens: int = 4096,
