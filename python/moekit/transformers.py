@@ -11,7 +11,8 @@ from typing import Dict, List
 import torch
 
 from . import _moekit
-from .layer import route
+from ._moekit import MoeConfig
+from .layer import MoeLayer, route, select_backend
 from .r3.format import routing_dict
 from .routes import Routes
 from .nn import TRAIN_PATHS, MoE, in_spec_order, is_moe_block, router_of
@@ -36,6 +37,23 @@ def _check_layer_options(options: dict) -> None:
         raise ValueError(f"patch: max_num_tokens must be > 0, got {options['max_num_tokens']}")
     if options.get("train_path", TRAIN_PATHS[0]) not in TRAIN_PATHS:
         raise ValueError(f"patch: train_path must be one of {', '.join(TRAIN_PATHS)}, got {options['train_path']!r}")
+
+
+def _check_backend(options: dict, device: torch.device) -> None:
+    """What every block would be refused for alike, refused once: a backend name moekit does not run on
+    the model's device, or a bad MOEKIT_* variable (read when a config or a layer is made)."""
+    try:
+        cfg = MoeConfig(num_experts=2, top_k=1, hidden_size=128, intermediate_size=128,
+                        batch_invariant=options.get("batch_invariant", False), capture=options.get("capture", True))
+        names = sorted({r["backend"] for r in select_backend(cfg, device.type)})
+        if device.type == "cpu":  # the thread-count variable is read by a CPU layer
+            MoeLayer(cfg, torch.zeros(2, 256, 128, dtype=torch.bfloat16), torch.zeros(2, 128, 128, dtype=torch.bfloat16))
+    except ValueError as e:
+        raise ValueError(f"patch: {e}") from None
+    backend = options.get("backend", "auto")
+    if backend != "auto" and backend not in names:
+        raise ValueError(f"patch: backend {backend!r} is not one moekit runs on {device.type} here "
+                         f"(available: {', '.join(names)}; or 'auto')")
 
 
 def _decoder_layers(model: torch.nn.Module):
@@ -64,6 +82,8 @@ def patch(model: torch.nn.Module, strict: bool = False, share_workspace: bool = 
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"model: {type(model).__name__} has no config (the transformers config says the routing)")
+    weights = next(iter(model.parameters()), None)
+    _check_backend(layer_options, weights.device if weights is not None else torch.device("cpu"))
     for i, layer in enumerate(layers):
         block = getattr(layer, "mlp", None)
         name = type(block).__name__
@@ -142,7 +162,8 @@ def _routing_of(config) -> dict:
 def _forward_inputs(args, kwargs):
     """(input_ids [B, S] or None, the KV cache's length before this forward) of a decoder model's forward."""
     ids = kwargs.get("input_ids", args[0] if args else None)
-    cache = kwargs.get("past_key_values")
+    # transformers 5.25 renamed the forward's past_key_values to cache (the old name still works there).
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
     return (ids if isinstance(ids, torch.Tensor) else None), int(start)
 

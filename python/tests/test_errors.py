@@ -144,3 +144,22 @@ def test_cuda_without_a_device_is_moekits_answer():
     w13, w2 = torch.zeros(E, 2 * I, H, dtype=torch.bfloat16), torch.zeros(E, H, I, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"device 'cuda': moekit sees no usable CUDA device here \(cpu threads="):
         moekit.MoeLayer(cfg, w13, w2, device="cuda")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-4", "2x", "99999"])
+def test_a_bad_moekit_num_threads_is_refused_when_a_cpu_layer_is_made(value):
+    """The pool would silently use every hardware thread; the CPU backend refuses instead."""
+    import os
+    import subprocess
+    import sys
+    script = ("import torch, moekit\n"
+              "cfg = moekit.MoeConfig(num_experts=4, top_k=2, hidden_size=16, intermediate_size=8)\n"
+              "try:\n"
+              "    moekit.MoeLayer(cfg, torch.zeros(4, 16, 16, dtype=torch.bfloat16),\n"
+              "                    torch.zeros(4, 16, 8, dtype=torch.bfloat16), device='cpu')\n"
+              "except ValueError as e:\n"
+              "    print(e)\n")
+    env = dict(os.environ, MOEKIT_NUM_THREADS=value)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"MOEKIT_NUM_THREADS='{value}': must be an integer in [1, 1024]" in r.stdout, r.stdout + r.stderr

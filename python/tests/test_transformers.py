@@ -289,6 +289,15 @@ def test_patch_refuses_what_it_cannot_run():
         mt.patch(torch.nn.Linear(4, 4))
 
 
+def test_a_backend_name_moekit_does_not_run_is_refused_once_not_every_block_left():
+    """Before: a typo in backend= left every block to transformers, each with the same reason."""
+    model = make_model("qwen3_moe")
+    with pytest.raises(ValueError, match=r"patch: backend 'cpu_monolitic' is not one moekit runs on cpu here "
+                                         r"\(available: cpu; or .auto.\)"):
+        mt.patch(model, backend="cpu_monolitic")
+    assert not any(isinstance(layer.mlp, moekit.nn.MoE) for layer in model.model.layers)  # nothing half-patched
+
+
 def test_patched_model_compiles_with_fullgraph():
     """torch.compile(fullgraph=True) of a patched model: no graph break (moekit's layer
     is a registered op), the same logits as the eager patched model (f32, 1e-5)."""
