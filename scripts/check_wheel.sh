@@ -54,5 +54,12 @@ import moekit, os
 where = os.path.dirname(moekit.__file__)
 assert where.endswith(os.path.join("site", "moekit")), f"imported moekit from {where}, not the wheel"
 print(f"check_wheel: moekit from {where}; {moekit.platform()}")
+# The entry point vLLM loads in every process it starts (docs/vllm.md).
+from importlib.metadata import entry_points
+plugin = [e for e in entry_points(group="vllm.general_plugins") if e.name == "moekit"]
+assert plugin and plugin[0].value == "moekit.vllm:register", f"vllm.general_plugins: {plugin}"
+import moekit.vllm
+assert plugin[0].load() is moekit.vllm.register
+print("check_wheel: vllm.general_plugins entry point moekit = moekit.vllm:register")
 PY
 PYTHONPATH="$SITE" "$PY" -m pytest "$ROOT/python/tests" -q -rs -p no:cacheprovider

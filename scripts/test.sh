@@ -4,7 +4,9 @@
 # skipped, when no CUDA device is present), then the Python package's pytest
 # suite in .venv (its gpu tests skip the same way), then the same suite against
 # a wheel that `pip install .` built (scripts/check_wheel.sh, CPU backend), with
-# the newest numpy, torch and transformers on PyPI (.venv has the pinned ones). Every
+# the newest numpy, torch and transformers on PyPI (.venv has the pinned ones), then
+# moekit inside the real vLLM (scripts/setup_vllm.sh's .venv-vllm, the CPU build of
+# vLLM 0.32: python/tests/test_vllm.py; MOEKIT_VLLM_TESTS=OFF leaves it out). Every
 # part always runs; exits non-zero when any had a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,11 +18,17 @@ readonly VENV="${MOEKIT_VENV:-.venv}"
 
 cpp=0
 (cd "$BUILD_DIR" && ctest --output-on-failure --label-regex '^(unit|gpu)$' -j "$JOBS") || cpp=$?
-py=0 wheel=0
+py=0 wheel=0 vllm=0
 if [[ ${MOEKIT_PYTHON:-ON} == ON ]]; then
-  # -rs: every skipped test is listed with its reason.
+  # -rs: every skipped test is listed with its reason (test_vllm.py's, where vLLM is not installed).
   "$VENV/bin/python" -m pytest python/tests -q -rs -p no:cacheprovider || py=$?
   ./scripts/check_wheel.sh || wheel=$?
+  if [[ ${MOEKIT_VLLM_TESTS:-ON} == ON ]]; then
+    { ./scripts/setup_vllm.sh &&
+      .venv-vllm/bin/python -m pytest python/tests/test_vllm.py -q -rs -p no:cacheprovider; } || vllm=$?
+  else
+    echo "test: vLLM tests left out (MOEKIT_VLLM_TESTS=OFF)"
+  fi
 fi
-echo "test: C++ tests exit $cpp, Python tests exit $py, wheel check exit $wheel"
-((cpp == 0 && py == 0 && wheel == 0))
+echo "test: C++ tests exit $cpp, Python tests exit $py, wheel check exit $wheel, vLLM tests exit $vllm"
+((cpp == 0 && py == 0 && wheel == 0 && vllm == 0))

@@ -10,6 +10,8 @@ moekit_routes_start + r; tokens outside the rows route live, as do requests with
 
 The step's rows are mapped to (request, position) from the model runner's input batch, around
 GPUModelRunner._model_forward (the one call through which every forward of vLLM 0.32's runner goes).
+vLLM's Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1) is not followed: a request with routes is
+refused there, rather than routed live.
 """
 import base64
 import io
@@ -109,3 +111,30 @@ def install() -> None:
 
     _model_forward._moekit_replay = True
     GPUModelRunner._model_forward = _model_forward
+    _refuse_routes_on_runner_v2()
+
+
+def check_no_routes(scheduler_output) -> None:
+    """ValueError when a new request carries routes: the runner it reaches does not apply them."""
+    for new in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+        extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
+        if ROUTES_KEY in extra:
+            raise ValueError(f"request {new.req_id!r}: {ROUTES_KEY} is not applied by vLLM's Model Runner V2 "
+                             "(VLLM_USE_V2_MODEL_RUNNER=1); forced routes run on the V1 runner")
+
+
+def _refuse_routes_on_runner_v2() -> None:
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
+    except ImportError:
+        return
+    if getattr(RunnerV2.add_requests, "_moekit_replay", False):
+        return
+    add = RunnerV2.add_requests
+
+    def add_requests(self, scheduler_output):
+        check_no_routes(scheduler_output)
+        return add(self, scheduler_output)
+
+    add_requests._moekit_replay = True
+    RunnerV2.add_requests = add_requests
