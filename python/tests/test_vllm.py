@@ -201,23 +201,76 @@ def test_routes_forced_in_vllm_reproduce_the_capture(served):
     assert np.array_equal(ids[0], got_ids[0])  # forced: in the order given
 
 
-def test_vllms_routes_replay_in_transformers(served):
-    """The rollout's ids (vLLM's arrays, through moekit.r3) forced in the transformers model: the ids it
-    runs are vLLM's, and its logits those of the unforced forward (the same routing, f32)."""
+def patched_copy(family, model):
+    """A copy of the transformers model with every MoE block on moekit."""
+    import copy
     import moekit.transformers as mt
-    family, _, model, tokens, ids, _ = served
+    patched = copy.deepcopy(model)
+    assert [p["layer"] for p in mt.patch(patched, strict=True)["patched"]] == FAMILIES[family][3]
+    return patched
+
+
+def vllm_routes(family, ids, tokens):
+    import moekit.transformers as mt
     moe_layers = FAMILIES[family][3]
     seqs = [p + t for p, t in zip(PROMPTS, tokens)]
-    routes = mt.Routes.from_ids({str(i): r3.from_vllm(str(i), a, moe_layers).ids for i, a in enumerate(ids)},
-                                {str(i): s for i, s in enumerate(seqs)}, moe_layers, num_experts(family))
+    return seqs, mt.Routes.from_ids({str(i): r3.from_vllm(str(i), a, moe_layers).ids for i, a in enumerate(ids)},
+                                    {str(i): s for i, s in enumerate(seqs)}, moe_layers, num_experts(family))
+
+
+def test_vllms_routes_replay_in_the_patched_transformers_model(served):
+    """The rollout's ids (vLLM's arrays, through moekit.r3) forced in the moekit-patched transformers model:
+    the ids it runs are vLLM's; its logits are the capture-free forward's bit for bit where the routing
+    order is vLLM's own (Qwen3, Mixtral: the same ids in the same order, so the same sums). DeepSeek's
+    ids are the same set in another order (same_routes), so its k products are summed in another order:
+    f32 rounding, |d| <= 1e-6 relative (k = 4 terms of O(1), a few ulps through two layers).
+    Its greedy tokens at the generated positions are the ones vLLM generated under the same routes forced
+    (test_routes_forced_in_vllm_reproduce_the_capture), so forced replay in vLLM equals transformers'."""
+    import moekit.transformers as mt
+    family, _, model, tokens, ids, _ = served
+    patched = patched_copy(family, model)
+    seqs, routes = vllm_routes(family, ids, tokens)
     for i, seq in enumerate(seqs):
         x = torch.tensor([seq])
-        with torch.no_grad(), mt.capture(model) as ran, mt.replay(model, routes.select([str(i)])):
-            forced = model(x).logits
+        with torch.no_grad(), mt.capture(patched) as ran, mt.replay(patched, routes.select([str(i)])):
+            forced = patched(x).logits
         with torch.no_grad():
-            plain = model(x).logits
-        assert torch.equal(ran.ids(0)[:routes.ids(i).shape[0]].sort(-1).values, routes.ids(i).sort(-1).values)
-        assert (forced - plain).norm() <= 1e-5 * plain.norm()
+            plain = patched(x).logits
+        routed = routes.ids(i).shape[0]  # every token a forward computed (not the last generated one)
+        assert same_routes(family, ran.ids(0)[:routed].numpy(), routes.ids(i).numpy())
+        if family == "deepseek_v3":
+            assert (forced - plain).norm() <= 1e-6 * plain.norm()
+        else:
+            assert torch.equal(forced, plain)
+        generated = forced[0, len(PROMPTS[i]) - 1:-1].argmax(-1).tolist()
+        assert generated == tokens[i]
+
+
+def test_replay_in_the_patched_model_gives_the_router_a_gradient(served):
+    """Training under the rollout's routes: the loss's gradient reaches the router's weight (finite, nonzero)
+    and equals the gradient without replay (the same routing: vLLM's ids are the live ones), to f32
+    rounding of the forced weights (replay_routing recomputes them from the logits: relative 1e-5)."""
+    import moekit.transformers as mt
+    from moekit.nn import router_of
+    family, _, model, tokens, ids, _ = served
+    patched = patched_copy(family, model).train()
+    seqs, routes = vllm_routes(family, ids, tokens)
+    x = torch.tensor([seqs[0]])
+    layer = FAMILIES[family][3][0]
+    router = router_of(patched.model.layers[layer].mlp)
+
+    def grad(replaying):
+        patched.zero_grad()
+        if replaying:
+            with mt.replay(patched, routes.select(["0"])):
+                patched(x).logits.square().mean().backward()
+        else:
+            patched(x).logits.square().mean().backward()
+        return router.weight.grad.clone()
+
+    forced, plain = grad(True), grad(False)
+    assert torch.isfinite(forced).all() and forced.abs().max() > 0
+    assert (forced - plain).norm() <= 1e-5 * plain.norm()
 
 
 def test_a_weight_reload_reaches_moekits_layers(served):
