@@ -11,9 +11,12 @@
 //   thread, or when called from inside another parallel_for (no nested pools,
 //   no deadlock). Concurrent calls from independent threads take turns.
 // - Pool size: MOEKIT_NUM_THREADS if set (in [1, 1024]), else std::thread::hardware_concurrency().
+// - The pool is moekit's own threads, or (use_openmp_runtime) the threads of an
+//   OpenMP runtime the process already runs, e.g. torch's.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -31,6 +34,20 @@ Status check_num_threads_env();
 // Remakes the pool with this many threads (in [1, 1024]), after the
 // parallel_for calls in flight; not from inside one.
 Status set_parallel_num_threads(int num_threads);
+
+// Runs parallel_for's chunks on the worker threads of an OpenMP runtime that is
+// already loaded in this process (`library`: its file name or path, as the
+// process loaded it; any runtime with libgomp's GOMP_parallel entry: GNU
+// libgomp, LLVM's and Intel's libomp). Inside a program whose own work is
+// OpenMP (torch's CPU ops), one set of threads then runs both: moekit's
+// chunks do not wait behind the other pool's threads spinning on the same
+// cores, nor they behind moekit's. The thread count stays
+// parallel_num_threads(). An empty `library` goes back to moekit's own pool.
+// NotFound when the library is not loaded, InvalidArgument when it has no
+// GOMP_parallel; the pool in use is then unchanged. Not from inside a parallel_for.
+Status use_openmp_runtime(const std::string& library);
+// The library use_openmp_runtime bound, or "" for moekit's own pool.
+std::string openmp_runtime();
 
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end);

@@ -34,10 +34,29 @@ def get_num_threads() -> int:
     return _moekit.num_threads()
 
 
+def _torch_openmp_runtime() -> str:
+    """The OpenMP runtime torch's CPU ops run on (the libgomp or libomp it loaded), or ""."""
+    try:
+        with open("/proc/self/maps") as maps:
+            loaded = {line.split()[-1] for line in maps if "omp" in line and ".so" in line}
+    except OSError:  # not Linux: moekit's own pool
+        return ""
+    torch_dir = _os.path.dirname(_pytorch.__file__)
+    runtimes = sorted(p for p in loaded if _os.path.basename(p).startswith(("libgomp", "libiomp", "libomp")))
+    return next((p for p in runtimes if p.startswith(torch_dir)), runtimes[0] if runtimes else "")
+
+
 # Inside a torch process moekit's CPU threads follow torch's intra-op threads (torch.set_num_threads,
-# OMP_NUM_THREADS), so the two pools do not oversubscribe the cores; MOEKIT_NUM_THREADS overrides.
+# OMP_NUM_THREADS; MOEKIT_NUM_THREADS overrides), and they are the same threads: moekit's work runs on
+# torch's OpenMP runtime, so neither waits behind the other's workers spinning on the same cores
+# (MOEKIT_THREAD_POOL=own keeps moekit's own pool). docs/cpu_backend.md, Threads.
 if "MOEKIT_NUM_THREADS" not in _os.environ:
     set_num_threads(min(max(1, _pytorch.get_num_threads()), 1024))
+if _os.environ.get("MOEKIT_THREAD_POOL", "torch") not in ("torch", "own"):
+    raise ValueError(f"MOEKIT_THREAD_POOL={_os.environ['MOEKIT_THREAD_POOL']!r}: must be 'torch' (run on torch's "
+                     "OpenMP threads, the default) or 'own' (moekit's own pool)")
+if _os.environ.get("MOEKIT_THREAD_POOL", "torch") == "torch" and (_runtime := _torch_openmp_runtime()):
+    _moekit.use_openmp_runtime(_runtime)
 
 
 def _quiet_leak_report_after_torch_compile() -> None:

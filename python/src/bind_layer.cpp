@@ -218,6 +218,11 @@ void bind_layer(nb::module_& m) {
       },
       nb::arg("num_threads"));
   m.def("num_threads", [] { return parallel_num_threads(); });
+  m.def(
+      "use_openmp_runtime",
+      [](const std::string& library) { throw_if_error(without_gil([&] { return use_openmp_runtime(library); })); },
+      nb::arg("library"));
+  m.def("openmp_runtime", [] { return openmp_runtime(); });
 }
 
 }  // namespace moekit::python

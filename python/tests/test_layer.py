@@ -131,6 +131,47 @@ def test_set_num_threads_keeps_the_results():
         moekit.set_num_threads(before)
 
 
+def test_cpu_work_runs_on_torchs_openmp_threads_with_the_same_bits():
+    """Inside torch, moekit's CPU chunks run on the OpenMP runtime torch loaded (so a layer call
+    right after a torch op does not wait behind torch's spinning workers); MOEKIT_THREAD_POOL=own
+    keeps moekit's own pool, a bad value is an error at import, and both pools compute the same bits."""
+    import subprocess
+    import sys
+    script = """
+import torch, moekit
+from moekit import _moekit
+cfg = moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, max_num_tokens=32)
+gen = torch.Generator().manual_seed(5)
+w13 = (torch.randn(8, 64, 64, generator=gen) / 8).bfloat16()
+w2 = (torch.randn(8, 64, 32, generator=gen) / 6).bfloat16()
+x = torch.randn(32, 64, generator=gen).bfloat16()
+torch.set_num_threads(2); moekit.set_num_threads(2)
+torch.mm(torch.randn(64, 64), torch.randn(64, 64))  # torch's workers are up and spinning
+out = moekit.MoeLayer(cfg, w13, w2, device="cpu")(x, torch.randn(32, 8, generator=gen))
+print(_moekit.openmp_runtime() or "-")
+print(out.float().sum().item(), out.float().abs().sum().item(), out.view(torch.int16).long().sum().item())
+"""
+    def run(pool):
+        env = {k: v for k, v in os.environ.items() if k != "MOEKIT_THREAD_POOL"}
+        if pool is not None:
+            env["MOEKIT_THREAD_POOL"] = pool
+        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+
+    default, own = run(None), run("own")
+    assert default.returncode == 0 and own.returncode == 0, default.stderr + own.stderr
+    runtime = default.stdout.splitlines()[0]
+    torch_dir = os.path.dirname(torch.__file__)
+    assert os.path.basename(runtime).startswith(("libgomp", "libomp", "libiomp")), runtime
+    assert runtime.startswith(torch_dir) or not any(
+        f.startswith(("libgomp", "libomp", "libiomp")) for f in os.listdir(os.path.join(torch_dir, "lib")))
+    assert own.stdout.splitlines()[0] == "-"
+    assert default.stdout.splitlines()[1] == own.stdout.splitlines()[1]
+    bad = run("threads")
+    assert bad.returncode != 0 and "MOEKIT_THREAD_POOL='threads'" in bad.stderr
+    with pytest.raises(ValueError, match="not loaded in this process"):
+        moekit._moekit.use_openmp_runtime("/nonexistent/libgomp.so.1")
+
+
 def test_update_weights_in_place_equals_a_layer_made_with_them():
     """update_weights: the same layer object computes what a layer made with the new weights
     computes, bit for bit (deepseek_v3: its selection bias too); a NaN weight is refused by

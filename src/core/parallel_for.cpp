@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <dlfcn.h>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,32 @@ struct Job {
 // True on pool workers and on a caller while its parallel_for runs: a nested
 // call then runs inline.
 thread_local bool t_in_parallel = false;
+
+void run_chunks(Job& job) {
+  for (int64_t c = job.next.fetch_add(1); c < job.num_chunks; c = job.next.fetch_add(1)) {
+    const int64_t begin = c * job.chunk;
+    const int64_t end = std::min(job.n, begin + job.chunk);
+    job.fn(job.ctx, begin, end);
+    job.done.fetch_add(1);
+  }
+}
+
+// libgomp's ABI for `#pragma omp parallel` (GCC emits calls to it; LLVM's and
+// Intel's runtimes export it too): fn(data) on num_threads threads, the caller
+// one of them, returning after all have.
+using GompParallel = void (*)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+
+struct OpenMpRuntime {
+  std::string library;
+  GompParallel parallel = nullptr;
+};
+
+void run_chunks_on_omp_thread(void* job) {
+  const bool outer = t_in_parallel;
+  t_in_parallel = true;
+  run_chunks(*static_cast<Job*>(job));
+  t_in_parallel = outer;
+}
 
 // NOTE: the same bound as `moekit run --threads` (tools/cmd_run.cpp): more
 // threads than this is a typo, not a machine.
@@ -87,15 +114,6 @@ class Pool {
   }
 
  private:
-  static void run_chunks(Job& job) {
-    for (int64_t c = job.next.fetch_add(1); c < job.num_chunks; c = job.next.fetch_add(1)) {
-      const int64_t begin = c * job.chunk;
-      const int64_t end = std::min(job.n, begin + job.chunk);
-      job.fn(job.ctx, begin, end);
-      job.done.fetch_add(1);
-    }
-  }
-
   void worker_loop() {
     t_in_parallel = true;
     uint64_t seen = 0;
@@ -130,10 +148,13 @@ class Pool {
   bool stop_ = false;        // guarded by mu_
 };
 
-// The pool, made on first use and remade by set_parallel_num_threads: parallel_for
-// holds the lock shared for its job, a resize holds it alone.
+// The pool, made on first use and remade by set_parallel_num_threads, and the
+// OpenMP runtime that runs its jobs instead when one is bound (the pool then
+// only says how many threads): parallel_for holds the lock shared for its job,
+// a change holds it alone.
 std::shared_mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;
+OpenMpRuntime g_runtime;
 
 // The pool made if need be, held (shared) as long as the lock lives.
 std::shared_lock<std::shared_mutex> lock_pool() {
@@ -173,6 +194,32 @@ Status set_parallel_num_threads(int num_threads) {
   return Status::Ok();
 }
 
+Status use_openmp_runtime(const std::string& library) {
+  if (t_in_parallel) return FailedPrecondition("openmp runtime: cannot be changed from inside a parallel_for");
+  OpenMpRuntime runtime{library, nullptr};
+  if (!library.empty()) {
+    // RTLD_NOLOAD: the process's own copy or nothing (a second copy would be a second pool).
+    void* handle = dlopen(library.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) {
+      return NotFound("openmp runtime '" + printable(library, 200) + "': not loaded in this process");
+    }
+    runtime.parallel = reinterpret_cast<GompParallel>(dlsym(handle, "GOMP_parallel"));
+    dlclose(handle);  // it stays loaded: the process had it before, and holds it
+    if (runtime.parallel == nullptr) {
+      return InvalidArgument("openmp runtime '" + printable(library, 200) +
+                             "': has no GOMP_parallel (not an OpenMP runtime with libgomp's interface)");
+    }
+  }
+  std::unique_lock<std::shared_mutex> lk(g_pool_mu);  // waits for the jobs in flight
+  g_runtime = std::move(runtime);
+  return Status::Ok();
+}
+
+std::string openmp_runtime() {
+  std::shared_lock<std::shared_mutex> lk(g_pool_mu);
+  return g_runtime.library;
+}
+
 namespace detail {
 
 void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
@@ -195,6 +242,10 @@ void parallel_for_impl(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
   job.n = n;
   job.chunk = chunk;
   job.num_chunks = (n + chunk - 1) / chunk;
+  if (g_runtime.parallel != nullptr) {
+    g_runtime.parallel(run_chunks_on_omp_thread, &job, static_cast<unsigned>(p.num_threads()), 0);
+    return;
+  }
   t_in_parallel = true;
   p.run(job);
   t_in_parallel = false;

@@ -2,7 +2,12 @@
 // concurrent calls, and the inline path for small n.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -50,6 +55,41 @@ TEST(ParallelFor, NestedAndConcurrentCallsFinish) {
   work();
   other.join();
   EXPECT_EQ(total.load(), 2 * 64 * 100);
+}
+
+// An OpenMP runtime the process loaded (libgomp, as a torch process has it) runs the
+// chunks on its threads: each index once, on more than one thread, nested calls
+// inline; a library not loaded or without GOMP_parallel is refused, keeping the pool.
+TEST(ParallelFor, RunsOnALoadedOpenMpRuntime) {
+  EXPECT_FALSE(use_openmp_runtime("libmoekit-no-such-runtime.so").ok());
+  void* gomp = dlopen("libgomp.so.1", RTLD_NOW);
+  if (gomp == nullptr) GTEST_SKIP() << "libgomp.so.1 is not installed here";
+  const Status no_entry = use_openmp_runtime("libdl.so.2");
+  EXPECT_FALSE(no_entry.ok());
+  EXPECT_EQ(openmp_runtime(), "");
+  ASSERT_TRUE(set_parallel_num_threads(2).ok());
+  ASSERT_TRUE(use_openmp_runtime("libgomp.so.1").ok());
+  EXPECT_EQ(openmp_runtime(), "libgomp.so.1");
+  const int64_t n = 100003;
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  std::atomic<int64_t> nested{0}, calls{0};
+  parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      threads.insert(std::this_thread::get_id());
+    }
+    for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    calls.fetch_add(1);
+    parallel_for(10, 1, [&](int64_t b2, int64_t e2) { nested.fetch_add(e2 - b2); });
+    // Long enough chunks that both threads of the team take some.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  ASSERT_TRUE(use_openmp_runtime("").ok());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  EXPECT_EQ(threads.size(), 2u);
+  EXPECT_EQ(nested.load(), 10 * calls.load());  // each nested call covered its range, inline
 }
 
 }  // namespace
