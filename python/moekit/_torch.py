@@ -74,3 +74,11 @@ def weight(name: str, t: Optional[torch.Tensor], optional: bool = True) -> Optio
     Anything but a torch.Tensor (or None where allowed) is a TypeError naming `name`."""
     t = on_a_real_device(name, tensor_arg(name, t, optional))
     return t.detach() if t is not None and t.requires_grad else t
+
+
+def flag(name: str, value) -> bool:
+    """A yes/no option: True or False (a NumPy bool too), never a truth value of something else
+    (capture="no" is not True)."""
+    if isinstance(value, bool) or type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {value!r}")

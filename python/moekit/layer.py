@@ -7,8 +7,8 @@ import torch
 
 from . import _moekit, ops
 from ._moekit import MoeConfig
-from ._torch import (DeviceLike, no_grad_needed, on_a_real_device, parse_device, stream_of, tensor_arg, to_device,
-                     weight)
+from ._torch import (DeviceLike, flag, no_grad_needed, on_a_real_device, parse_device, stream_of, tensor_arg,
+                     to_device, weight)
 
 _LOGITS_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -143,8 +143,9 @@ class MoeLayer:
         than dequantized to bf16; compressed-tensors INT4 experts are always packed."""
         device = to_device(device, default=torch.device("cpu"))
         return cls._of_checkpoint(device, _moekit.load_checkpoint_layer(
-            str(model_dir), layer, max_num_tokens, device.type, device.index or 0, backend, bool(batch_invariant),
-            bool(capture), bool(keep_packed_weights)))
+            str(model_dir), layer, max_num_tokens, device.type, device.index or 0, backend,
+            flag("batch_invariant", batch_invariant), flag("capture", capture),
+            flag("keep_packed_weights", keep_packed_weights)))
 
     @classmethod
     def _of_checkpoint(cls, device: torch.device, loaded) -> "MoeLayer":
@@ -330,7 +331,7 @@ class Model:
     streams or threads) need share_workspace=False."""
 
     def __init__(self, layers: Optional[List[Tuple[MoeLayer, int]]] = None, share_workspace: bool = True):
-        self._model = _moekit.Model(bool(share_workspace))
+        self._model = _moekit.Model(flag("share_workspace", share_workspace))
         self.layers: List[MoeLayer] = []
         for layer, index in layers or []:
             self.add_layer(layer, index)

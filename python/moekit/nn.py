@@ -25,12 +25,14 @@ force its ids). Then:
 """
 import copy
 import json
+import warnings
 import weakref
 from typing import Dict, Optional
 
 import torch
 
 from . import _moekit
+from ._torch import flag
 from .layer import MoeLayer
 
 # The sparse-MoE block of each family the loader reads: its router's attribute,
@@ -43,11 +45,38 @@ _FAMILY_BLOCKS = {
     "Glm4MoeMoE": ("gate", False),
     "GptOssMLP": ("router", True),
 }
+# The config model_type(s) each block is built from: a block with another family's config
+# would be read by that family's rules (its top-k, its routing) without an error.
+_FAMILY_MODEL_TYPES = {
+    "MixtralSparseMoeBlock": ("mixtral",),
+    "Qwen2MoeSparseMoeBlock": ("qwen2_moe",),
+    "Qwen3MoeSparseMoeBlock": ("qwen3_moe",),
+    "DeepseekV3MoE": ("deepseek_v3",),
+    "Glm4MoeMoE": ("glm4_moe",),
+    "GptOssMLP": ("gpt_oss",),
+}
+MODEL_TYPES = tuple(sorted({t for types in _FAMILY_MODEL_TYPES.values() for t in types}))
 
 
 def is_moe_block(module: torch.nn.Module) -> bool:
     """Whether `module` is a sparse-MoE block of a family moekit runs."""
     return type(module).__name__ in _FAMILY_BLOCKS
+
+
+def looks_like_moe_block(module: torch.nn.Module) -> bool:
+    """Whether `module` is some family's MoE block (moekit's or not): it holds experts or a router
+    (OLMoE's and Llama4's blocks hold `experts`, GraniteMoE's a `router`)."""
+    return any(hasattr(module, a) for a in ("experts", "router")) or type(module).__name__.endswith(("MoE", "Moe"))
+
+
+def _check_model_config(block_name: str, model_config) -> None:
+    """A transformers config of the block's own family (a dict or None is not one)."""
+    if not callable(getattr(model_config, "to_dict", None)) or not hasattr(model_config, "model_type"):
+        raise TypeError(f"model_config: expected the model's transformers config (model.config), got "
+                        f"{type(model_config).__module__}.{type(model_config).__qualname__}")
+    if model_config.model_type not in _FAMILY_MODEL_TYPES[block_name]:
+        raise ValueError(f"model_config: model_type {model_config.model_type!r} is not the family of a "
+                         f"{block_name} ({', '.join(_FAMILY_MODEL_TYPES[block_name])})")
 
 
 def router_of(block: torch.nn.Module) -> torch.nn.Module:
@@ -213,6 +242,7 @@ class MoE(torch.nn.Module):
                              f"({', '.join(sorted(_FAMILY_BLOCKS))})")
         if train_path not in TRAIN_PATHS:
             raise ValueError(f"train_path: expected one of {', '.join(TRAIN_PATHS)}, got {train_path!r}")
+        _check_model_config(name, model_config)
         self._router_name, self._returns_scores = _FAMILY_BLOCKS[name]
         for child_name, child in block.named_children():
             self.add_module(child_name, child)
@@ -225,18 +255,37 @@ class MoE(torch.nn.Module):
         self.model_config = model_config
         self.layer_index = int(layer_index)
         self.options = dict(max_num_tokens=int(max_num_tokens), backend=str(backend),
-                            batch_invariant=bool(batch_invariant), capture=bool(capture),
+                            batch_invariant=flag("batch_invariant", batch_invariant),
+                            capture=flag("capture", capture),
                             train_path=str(train_path))
         self.layer: Optional[MoeLayer] = None
+        self.runs_transformers: Optional[str] = None  # why the block runs transformers' forward (_apply)
         self.refit()
+        self._check_block_agrees()
 
     @classmethod
-    def from_transformers(cls, block: torch.nn.Module, model_config=None, layer_index: int = 0, **options) -> "MoE":
-        """The module for a live transformers block (model_config: block.config when omitted)."""
+    def from_transformers(cls, block: torch.nn.Module, model_config=None, layer_index: Optional[int] = None,
+                          **options) -> "MoE":
+        """The module for a live transformers block (model_config: block.config when omitted).
+        layer_index is required: it decides which rules of the config apply (DeepSeek-V3's first
+        layers are dense, gpt-oss's layer types alternate) and names the block's tensors."""
         model_config = model_config if model_config is not None else getattr(block, "config", None)
         if model_config is None:
             raise ValueError("model_config: this block carries no config; pass the model's (model.config)")
+        if layer_index is None:
+            raise ValueError("layer_index: required, the block's decoder layer (model.model.layers[i].mlp: i)")
         return cls(block, model_config, layer_index, **options)
+
+    def _check_block_agrees(self) -> None:
+        """The block's own sizes (its router's top-k and expert count, where it keeps them) are the
+        ones moekit read from the config: a config of another model is refused, not run."""
+        cfg, router = self.layer.config, getattr(self, self._router_name)
+        for module in (self.block, router):
+            for attr, ours in (("top_k", cfg.top_k), ("num_experts", cfg.num_experts)):
+                theirs = getattr(module, attr, None)
+                if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs != ours:
+                    raise ValueError(f"model_config: says {attr} = {ours}, but the block's "
+                                     f"{type(module).__name__}.{attr} is {theirs} (the config of another model?)")
 
     def _weights(self):
         return list(self.parameters()) + list(self.buffers())
@@ -285,7 +334,17 @@ class MoE(torch.nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        self.refit()  # .to(device/dtype): the prepared copy follows the weights
+        # .to(device/dtype): the prepared copy follows the weights. Where moekit does not run the new
+        # ones (.half(): f16 weights), torch has converted part of the model already and cannot be
+        # stopped half way, so the block runs transformers' own forward (a warning says why) until a
+        # conversion moekit runs (.bfloat16(), .float()) brings moekit's layer back.
+        try:
+            self.refit()
+            self.runs_transformers = None
+        except ValueError as e:
+            self.runs_transformers = str(e)
+            warnings.warn(f"moekit: layer {self.layer_index} runs transformers' forward after this conversion: {e}",
+                          RuntimeWarning, stacklevel=2)
         return out
 
     def __deepcopy__(self, memo):
@@ -294,6 +353,8 @@ class MoE(torch.nn.Module):
 
     def extra_repr(self) -> str:
         layer = self.layer
+        if self.runs_transformers is not None:
+            return f"transformers' forward ({self.runs_transformers}), layer {self.layer_index}"
         return f"moekit {layer.backend}/{layer.kernel}, layer {self.layer_index}" if layer is not None else ""
 
     def _needs_grad(self, hidden_states: torch.Tensor) -> bool:
@@ -307,6 +368,8 @@ class MoE(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor):
         training = self._needs_grad(hidden_states)
+        if self.runs_transformers is not None:  # weights moekit does not run (_apply)
+            return self.block(hidden_states)
         if training and self.options["train_path"] == "transformers":
             return self.block(hidden_states)  # transformers' own forward and backward
         # Mixtral's router jitter, in train mode, as its block applies it (the same draw from torch's generator).

@@ -12,10 +12,11 @@ import torch
 
 from . import _moekit
 from ._moekit import MoeConfig
+from ._torch import flag
 from .layer import MoeLayer, route, select_backend
 from .r3.format import routing_dict
 from .routes import Routes
-from .nn import TRAIN_PATHS, MoE, in_spec_order, is_moe_block, router_of
+from .nn import MODEL_TYPES, TRAIN_PATHS, MoE, in_spec_order, is_moe_block, looks_like_moe_block, router_of
 from .torch import replay_routing, routing_spec
 
 
@@ -56,6 +57,10 @@ def _check_backend(options: dict, device: torch.device) -> None:
                          f"(available: {', '.join(names)}; or 'auto')")
 
 
+# Where other families keep a decoder layer's MLP block (Llama4, GraniteMoE, Mixtral before transformers 5).
+_OTHER_BLOCK_ATTRS = ("feed_forward", "block_sparse_moe")
+
+
 def _decoder_layers(model: torch.nn.Module):
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -76,6 +81,7 @@ def patch(model: torch.nn.Module, strict: bool = False, share_workspace: bool = 
     share_workspace: the patched layers run one at a time (a model's forward), so
     those on one device share one kernel workspace, the largest (a refit keeps it);
     False for a model whose layers run concurrently (other streams or threads)."""
+    strict, share_workspace = flag("strict", strict), flag("share_workspace", share_workspace)
     _check_layer_options(layer_options)
     report = {"patched": [], "left": []}
     layers = _decoder_layers(model)
@@ -86,11 +92,17 @@ def patch(model: torch.nn.Module, strict: bool = False, share_workspace: bool = 
     _check_backend(layer_options, weights.device if weights is not None else torch.device("cpu"))
     for i, layer in enumerate(layers):
         block = getattr(layer, "mlp", None)
-        name = type(block).__name__
+        other = next((getattr(layer, a) for a in _OTHER_BLOCK_ATTRS if hasattr(layer, a)), None)
+        name = type(block if block is not None else other).__name__
         if isinstance(block, MoE):
             report["left"].append({"layer": i, "block": name, "reason": "already patched"})
         elif block is None or not is_moe_block(block):
-            report["left"].append({"layer": i, "block": name, "reason": "not a sparse-MoE block (a dense MLP)"})
+            found = block if block is not None else other
+            reason = (f"an MoE block of a family moekit does not run ({config.model_type}; moekit runs "
+                      f"{', '.join(MODEL_TYPES)})" if found is not None and looks_like_moe_block(found)
+                      else "not a sparse-MoE block (a dense MLP)" if found is not None
+                      else f"no MLP block ({type(layer).__name__} has none of mlp, {', '.join(_OTHER_BLOCK_ATTRS)})")
+            report["left"].append({"layer": i, "block": name, "reason": reason})
         else:
             try:
                 moe = MoE(block, config, i, **layer_options)

@@ -31,13 +31,25 @@ struct LayerOptions {
 //  selection bias [E] f32 | None). With `into` (a layer made here before) of
 // the same config on the same device, that layer is updated in place
 // (MoeLayer::update_weights) and returned instead of a new one.
+// An allocation that failed while the layer was read or prepared, said with the layer's size:
+// std::bad_alloc names none (`what`: which layer; `bytes`: its tensors in the shards, 0 if unknown).
+Status with_size(Status s, const std::string& what, uint64_t bytes) {
+  if (s.ok() || s.code() != StatusCode::kResourceExhausted) return s;
+  const std::string size = bytes == 0 ? std::string()
+                                      : ": its tensors are " + std::to_string(bytes) + " bytes in the shards, held " +
+                                            "while the layer prepares its own copy (as large again, twice that for "
+                                            "bf16 weights on the f32 GEMM path)";
+  return ResourceExhausted(what + size + ": " + s.message());
+}
+
 nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const LayerOptions& o,
-                   const std::string& device_type, int device_index, std::shared_ptr<MoeLayer> into = nullptr) {
+                   const std::string& device_type, int device_index, std::shared_ptr<MoeLayer> into = nullptr,
+                   const std::function<Status(Status)>& explain = [](Status s) { return s; }) {
   const Device device = parse_device(device_type, device_index);
   StatusOr<CheckpointLayer> ck = InvalidArgument("not loaded");
   StatusOr<std::shared_ptr<MoeLayer>> made = InvalidArgument("not created");
   const Platform& platform = Platform::probe();  // probed (once) with the GIL held
-  throw_if_error(without_gil([&] {
+  throw_if_error(explain(without_gil([&] {
     ck = read();
     if (ck.ok()) {
       MoeConfig& c = ck->config;
@@ -58,9 +70,10 @@ nb::tuple layer_of(const std::function<StatusOr<CheckpointLayer>()>& read, const
       }
     }
     return Status::Ok();  // both results are raised below, with the GIL
-  }));
-  throw_if_error(ck.status());
-  std::shared_ptr<MoeLayer> native = value_or_throw(std::move(made));
+  })));
+  throw_if_error(explain(ck.status()));
+  if (!made.ok()) throw_if_error(explain(made.status()));
+  std::shared_ptr<MoeLayer> native = std::move(made).value();
   auto optional = [](HostTensor& t) { return t.shape().empty() ? nb::none() : to_torch(std::move(t)); };
   const MoeConfig config = ck->config;
   const std::string summary = ck->summary();
@@ -86,8 +99,15 @@ nb::tuple load(const std::string& model_dir, nb::handle layer_arg, nb::handle ma
   const LayerOptions o = options_of(max_num_tokens_arg, backend, batch_invariant, capture);
   CheckpointLoadOptions load_options;
   load_options.keep_packed_weights = keep_packed_weights;
+  uint64_t tensor_bytes = 0;
+  load_options.check_size = [&](const CheckpointLayerSize& size) {
+    tensor_bytes = size.tensor_bytes;
+    return Status::Ok();
+  };
   return layer_of([&] { return load_checkpoint_layer(model_dir, layer, load_options); }, o, device_type,
-                  device_index);
+                  device_index, nullptr, [&](Status s) {
+                    return with_size(std::move(s), "layer " + std::to_string(layer) + " of " + model_dir, tensor_bytes);
+                  });
 }
 
 // A live model's layer: config.json's text and the block's tensors (names

@@ -1,5 +1,8 @@
 """Bad input raises ValueError naming the problem (the library's Status message),
 before anything is written; never a crash, never silent zeros."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -163,3 +166,32 @@ def test_a_bad_moekit_num_threads_is_refused_when_a_cpu_layer_is_made(value):
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"MOEKIT_NUM_THREADS='{value}': must be an integer in [1, 1024]" in r.stdout, r.stdout + r.stderr
+
+
+_OUT_OF_MEMORY = """
+import resource, sys, torch, transformers, moekit
+folder = sys.argv[1]
+cfg = transformers.Qwen3MoeConfig(vocab_size=32, hidden_size=512, num_hidden_layers=1, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, moe_intermediate_size=512, intermediate_size=512, num_experts=64,
+    num_experts_per_tok=2)
+transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+moekit.MoeLayer.from_pretrained(folder, 0, max_num_tokens=16)  # the thread pool and the allocator's arenas up
+size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+# Room to map the 100 MB shard, not to hold its tensors and the layer's copy as well.
+resource.setrlimit(resource.RLIMIT_AS, (size + 150 * 2**20, resource.RLIM_INFINITY))
+try:
+    moekit.MoeLayer.from_pretrained(folder, 0)
+except MemoryError as e:
+    print(e)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_a_layer_too_big_for_memory_says_its_size(tmp_path):
+    """from_pretrained's MemoryError named no size (std::bad_alloc's message); now it names the layer
+    and the bytes of its tensors."""
+    pytest.importorskip("transformers")
+    run = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY, str(tmp_path / "m")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    message = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert message.startswith(f"layer 0 of {tmp_path / 'm'}: its tensors are 100728832 bytes in the shards"), message

@@ -3,6 +3,7 @@ uint8 weights with their scales, against a torch decoding written here (e2m1 by 
 fields, int4 as nibble - 8) and a float64 layer on the decoded weights; bad scales
 refused by name."""
 import math
+import re
 
 import pytest
 import torch
@@ -98,6 +99,16 @@ def test_weight4_bad_scales_are_refused_by_name():
                         device="cpu")
     with pytest.raises(ValueError, match="intermediate: 48 is not a multiple of mxfp4's group of 32"):
         moekit.MoeConfig(num_experts=E, top_k=K, hidden_size=H, intermediate_size=48, quant="mxfp4")
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32", "int4_g128"])
+def test_weight4_layer_refuses_activation_scales_it_would_ignore(scheme):
+    """4-bit schemes quantize weights only: a static activation scale (fp8 per-tensor's a13/a2_scale)
+    would not be applied, so it is refused by name instead of being dropped."""
+    cfg, p13, s13, p2, s2, *_ = packed_layer_inputs(scheme, seed_of("weight4 act scale", scheme))
+    for name in ("a13_scale", "a2_scale"):
+        with pytest.raises(ValueError, match=re.escape(f"{name}: given, but quant {{method={scheme},")):
+            moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu", **{name: torch.ones(E)})
 
 
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32"])

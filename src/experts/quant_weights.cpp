@@ -139,12 +139,15 @@ Status check_quant_scales(const MoeConfig& c, const MoeWeights& w, Device device
       const DType sd = weight4_scale_dtype(q.method);
       MOEKIT_RETURN_IF_ERROR(check_tensor(w.w13_scale, "w13_scale", {sd}, {E, n1, H / g}, device));
       MOEKIT_RETURN_IF_ERROR(check_tensor(w.w2_scale, "w2_scale", {sd}, {E, H, I / g}, device));
+      // Weight-only: the activations are not quantized, so a static activation scale would be ignored.
+      MOEKIT_RETURN_IF_ERROR(must_be_absent(w.a13_scale, "a13_scale", q));
+      MOEKIT_RETURN_IF_ERROR(must_be_absent(w.a2_scale, "a2_scale", q));
       if (device.type == DeviceType::kCpu) {
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w13_scale, "w13_scale"));
         MOEKIT_RETURN_IF_ERROR(check_weight4_scale_values(q.method, w.w2_scale, "w2_scale"));
         MOEKIT_RETURN_IF_ERROR(check_weight4_weights(q.method, w));
       }
-      return Status::Ok();  // weight-only: no activation scales
+      return Status::Ok();
     }
   }
   if (static_act) {
