@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """moekit's CPU work inside a torch process: its own thread pool against torch's OpenMP threads.
 
-Each side runs in a subprocess of its own (MOEKIT_THREAD_POOL=own | torch; the pool is chosen at
-import), on every core torch uses, and times:
-  layer_after_torch_op   a Qwen1.5-MoE-A2.7B-sized layer (H 2048, 60 experts, top-4, I 1408, bf16,
-                         softmax top-k), M = 4, its router logits computed by F.linear right
+Each side runs in a subprocess of its own (MOEKIT_THREAD_POOL=own | torch, the pool chosen at
+import; and own with OMP_WAIT_POLICY=PASSIVE), on every core torch uses, and times:
+  layer_after_torch_op   a bf16 softmax top-k layer (--layer E,k,H,I,M; default 16 experts, top-4,
+                         H 512, I 256, M = 4), its router logits computed by F.linear right
                          before the call (a torch op, so torch's workers have just run): median
   layer_logits_given     the same call with the logits computed once, before the timing
   decode                 greedy generate() of a 2-layer Qwen2-MoE model (H 1024, 60 experts,
@@ -25,11 +25,11 @@ import sys
 import time
 
 
-def layer_times(reps: int) -> dict:
+def layer_times(shape, reps: int) -> dict:
     import torch
     import torch.nn.functional as F
     import moekit
-    E, K, H, I, M = 60, 4, 2048, 1408, 4
+    E, K, H, I, M = shape
     g = torch.Generator().manual_seed(0)
     w13 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16()
     w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
@@ -78,13 +78,13 @@ def decode_tokens_per_s(reps: int) -> dict:
     return out
 
 
-def side(reps: int) -> dict:
+def side(shape, reps: int) -> dict:
     import torch
     import moekit
     from moekit import _moekit
     res = {"threads": moekit.get_num_threads(), "torch_threads": torch.get_num_threads(),
            "openmp_runtime": _moekit.openmp_runtime()}
-    res.update(layer_times(20 * reps))
+    res.update(layer_times(shape, 20 * reps))
     res["decode"] = decode_tokens_per_s(reps)
     return res
 
@@ -93,27 +93,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="cpu_thread_pool.json")
-    ap.add_argument("--side", help=argparse.SUPPRESS)
+    ap.add_argument("--layer", default="16,4,512,256,4",
+                    help="E,k,H,I,M of the layer cases (default: a small layer, where a stall shows; "
+                         "60,4,2048,1408,4 is Qwen1.5-MoE-A2.7B's, bound by memory bandwidth)")
+    ap.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    shape = [int(v) for v in args.layer.split(",")]
     if args.side:
-        print(json.dumps(side(args.reps)))
+        print(json.dumps(side(shape, args.reps)))
         return
     sides = {}
-    for pool in ("own", "torch"):
-        env = dict(os.environ, MOEKIT_THREAD_POOL=pool)
-        run = subprocess.run([sys.executable, __file__, "--side", pool, "--reps", str(args.reps)], env=env,
-                             capture_output=True, text=True, check=True)
-        sides[pool] = json.loads(run.stdout.strip().splitlines()[-1])
-        print(pool, json.dumps(sides[pool]))
+    # The third side: moekit's own pool with every OpenMP thread waiting passively (torch's too).
+    for name, env in (("own", dict(MOEKIT_THREAD_POOL="own")), ("torch", dict(MOEKIT_THREAD_POOL="torch")),
+                      ("own_passive", dict(MOEKIT_THREAD_POOL="own", OMP_WAIT_POLICY="PASSIVE"))):
+        run = subprocess.run([sys.executable, __file__, "--side", "--layer", args.layer, "--reps", str(args.reps)],
+                             env=dict(os.environ, **env), capture_output=True, text=True, check=True)
+        sides[name] = json.loads(run.stdout.strip().splitlines()[-1])
+        print(name, json.dumps(sides[name]))
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+              "layer": dict(zip(("num_experts", "top_k", "hidden", "intermediate", "tokens"), shape)),
               "sides": sides}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{'':24}{'own pool':>12}{'torch OpenMP':>14}")
+    print(f"{'':28}" + "".join(f"{n:>14}" for n in sides))
     for case in ("layer_after_torch_op", "layer_logits_given"):
-        print(f"{case + ' ms':24}{sides['own'][case]['median_ms']:12.2f}{sides['torch'][case]['median_ms']:14.2f}")
-    print(f"{'decode patched/unpatched':24}{sides['own']['decode']['patched_over_unpatched']:12.2f}"
-          f"{sides['torch']['decode']['patched_over_unpatched']:14.2f}")
+        print(f"{case + ' ms':28}" + "".join(f"{sides[n][case]['median_ms']:14.3f}" for n in sides))
+    for key in ("unpatched", "patched"):
+        print(f"{'decode ' + key + ' tok/s':28}" + "".join(f"{sides[n]['decode'][key]['tokens_per_s']:14.1f}"
+                                                           for n in sides))
 
 
 if __name__ == "__main__":
