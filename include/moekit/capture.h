@@ -1,4 +1,4 @@
-// Routed-expert capture (record) and replay (force), DESIGN.md §2.3-§2.4 and
+// Routed-expert capture (record) and replay (force), docs/design.md §2.3-§2.4 and
 // docs/capture.md.
 //
 // Record:  capturer = RoutedExpertsCapturer::create(...); bind(model, *capturer);

@@ -1,5 +1,5 @@
 // Communicator: the collectives expert parallelism needs, over one group of
-// ranks (DESIGN.md §2.5). Two implementations sit behind it: NCCL (one process
+// ranks (docs/design.md §2.5). Two implementations sit behind it: NCCL (one process
 // per GPU) and loopback (N ranks as threads of one process over host memory,
 // so every EP code path runs without a GPU).
 //

@@ -12,7 +12,7 @@
 
 namespace moekit {
 
-// Routing methods of the versioned routing spec (docs/routing.md, DESIGN.md §3).
+// Routing methods of the versioned routing spec (docs/routing.md, docs/design.md §3).
 enum class RoutingMethod : uint8_t {
   kSoftmaxTopk,       // p = softmax(logits); ids = topk(p); w = p[ids]
   kRenormalize,       // ids = topk(logits); w = softmax(logits[ids])

@@ -1,5 +1,5 @@
 // ExpertParallelLayer: one MoE layer whose experts are spread over the ranks
-// of a Communicator (DESIGN.md §2.5, docs/expert_parallel.md). It runs the
+// of a Communicator (docs/design.md §2.5, docs/expert_parallel.md). It runs the
 // same layer pipeline as MoeLayer with an expert-parallel prepare/finalize:
 // each rank routes its own tokens (logical ids; capture and replay see only
 // those), maps every (token, slot) to a physical replica by the token's

@@ -1,4 +1,4 @@
-// Expert placement and EPLB (DESIGN.md §2.5): which rank holds which
+// Expert placement and EPLB (docs/design.md §2.5): which rank holds which
 // *physical* expert slot, which *logical* expert each slot holds, and a planner
 // that replicates hot experts and packs the slots onto ranks (DeepSeek's
 // published expert-parallel load balancer, written from its description).

@@ -1,4 +1,4 @@
-// The kernel interface every MoE kernel class implements (DESIGN.md §2.2):
+// The kernel interface every MoE kernel class implements (docs/design.md §2.2):
 // supports -> workspace_size -> prepare_weights (once) -> run(stream).
 // run() neither allocates nor synchronizes with the host, so a forward can be
 // captured in a CUDA graph.

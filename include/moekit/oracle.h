@@ -1,4 +1,4 @@
-// The backend oracle (DESIGN.md §2.2, docs/oracle.md): a registry of backends,
+// The backend oracle (docs/design.md §2.2, docs/oracle.md): a registry of backends,
 // each listing its kernel classes in priority order, and select_backend(), which
 // walks them and returns the first class whose supports() says yes, with a
 // report of every candidate and its reason. Selection is pure and deterministic:
@@ -20,7 +20,7 @@ namespace moekit {
 struct KernelClass {
   std::string name;         // "CpuMonolithic"
   bool monolithic = false;  // routing inside the kernel (router logits in)
-  // ok, or the first failing reason in the order of DESIGN.md §2.2.
+  // ok, or the first failing reason in the order of docs/design.md §2.2.
   Support (*supports)(const MoeConfig& config, const Platform& platform) = nullptr;
   // Builds the kernel for a config that supports() accepted.
   StatusOr<std::unique_ptr<MoeKernel>> (*create)(const MoeConfig& config, const Platform& platform) = nullptr;

@@ -1,4 +1,4 @@
-// The expert-parallel prepare/finalize on GPUs (DESIGN.md §1, §2.5;
+// The expert-parallel prepare/finalize on GPUs (docs/design.md §1, §2.5;
 // docs/expert_parallel.md "The GPU path"): all-to-all over a communicator
 // whose buffers live on the device (NCCL), with every step a device kernel.
 //

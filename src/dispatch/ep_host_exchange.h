@@ -1,5 +1,5 @@
 // The token movement of the host expert-parallel PrepareFinalize
-// (prepare_finalize.h, DESIGN.md §1, §2.5): prepare moves token rows from the
+// (prepare_finalize.h, docs/design.md §1, §2.5): prepare moves token rows from the
 // rank that routed them to the ranks holding their experts; finalize brings the
 // expert outputs back and reduces them.
 //

@@ -1,4 +1,4 @@
-// Local (single-rank) PrepareFinalize (DESIGN.md §1): no token movement between
+// Local (single-rank) PrepareFinalize (docs/design.md §1): no token movement between
 // ranks; prepare widens the activations to the fp32 the experts stage reads,
 // finalize writes the fp32 layer output back in the activation dtype. The
 // weighted top-k reduce is done by the experts stage, in its fixed order.

@@ -1,4 +1,4 @@
-// PrepareFinalize (DESIGN.md §1): the stage between routing and the experts.
+// PrepareFinalize (docs/design.md §1): the stage between routing and the experts.
 // prepare turns this rank's routed tokens into the experts stage's input;
 // finalize turns the experts' output into the layer output. One interface,
 // three implementations:

@@ -1,4 +1,4 @@
-// LayerPipeline: the one forward of every MoE layer (DESIGN.md §1):
+// LayerPipeline: the one forward of every MoE layer (docs/design.md §1):
 //   routing stage -> PrepareFinalize.prepare -> experts -> PrepareFinalize.finalize
 // MoeLayer runs it with the local PrepareFinalize (or, for a monolithic kernel,
 // with routing inside the experts stage and none); ExpertParallelLayer with the

@@ -1,4 +1,4 @@
-// The routing step of every MoE layer's forward (DESIGN.md §1), whatever runs
+// The routing step of every MoE layer's forward (docs/design.md §1), whatever runs
 // the experts: the forward's ids target, the forced-id upload, routing (or the
 // caller's ids), the capture of ids and router weights, the expert counts and
 // the load counters. Its buffers are allocated once, for max_num_tokens.

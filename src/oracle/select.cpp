@@ -24,7 +24,7 @@ Support evaluate(const KernelClass& kernel, const MoeConfig& config, const Platf
     return Support::no("kernel class is registered without supports()/create()");
   }
   const Support s = kernel.supports(config, platform);
-  // Capture needs are checked last (DESIGN.md §2.2), here once for every class.
+  // Capture needs are checked last (docs/design.md §2.2), here once for every class.
   if (s.ok && config.needs_capture && kernel.monolithic && !kernel.writes_routing_replay_out) {
     return Support::no("cannot write the routed expert ids (no routing_replay_out) while capture is on");
   }

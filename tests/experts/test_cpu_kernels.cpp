@@ -317,7 +317,7 @@ TEST(CpuGemmPath, PerConfigCpuAndEnvironment) {
 }
 
 // ---------------------------------------------------------------------------
-// supports(): reasons, in DESIGN.md §2.2 order.
+// supports(): reasons, in docs/design.md §2.2 order.
 
 TEST(CpuKernelSupports, Reasons) {
   MoeConfig c;

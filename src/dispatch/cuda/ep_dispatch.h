@@ -1,4 +1,4 @@
-// Device kernels of the expert-parallel all-to-all on GPUs (DESIGN.md §2.5,
+// Device kernels of the expert-parallel all-to-all on GPUs (docs/design.md §2.5,
 // docs/expert_parallel.md "The GPU path"): everything between a rank's routed
 // ids and the inputs of its experts, and back. Each launcher enqueues on one
 // stream; none allocates or waits on the host, so a forward can be captured

@@ -1,4 +1,4 @@
-// The experts stage of the CPU backend (DESIGN.md §1, Experts.apply):
+// The experts stage of the CPU backend (docs/design.md §1, Experts.apply):
 // permute rows by expert -> GEMM1 -> activation -> GEMM2 -> weighted top-k
 // reduce. Both CPU kernels (modular and monolithic) run exactly this code, in
 // this order, which is what makes their outputs bitwise equal.

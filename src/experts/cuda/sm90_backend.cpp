@@ -1,5 +1,5 @@
 // The cuda_sm90 backend's rules and registration (sm90_kernels.h): what its two
-// kernel classes support, in the order of DESIGN.md §2.2, and the candidates in
+// kernel classes support, in the order of docs/design.md §2.2, and the candidates in
 // priority order. The classes live in sm90_modular.cpp and sm90_monolithic.cpp
 // (their common part in sm90_kernel.h), their weights in sm90_weights.h.
 #include "experts/cuda/sm90_kernels.h"
@@ -97,7 +97,7 @@ ExpertsShape sm90_shape_of(const MoeConfig& c) {
   return s;
 }
 
-// The reasons both classes share, in the order of DESIGN.md §2.2.
+// The reasons both classes share, in the order of docs/design.md §2.2.
 Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolithic) {
   // device / arch
   if (!platform.cuda_built) return Support::no("this build has no CUDA kernels");

@@ -1,4 +1,4 @@
-// The cuda_sm90 backend's kernel classes (DESIGN.md §2.2), in priority order:
+// The cuda_sm90 backend's kernel classes (docs/design.md §2.2), in priority order:
 //   Sm90Monolithic: router logits -> out in one call; routing inside (every
 //                   built-in method), writes routing_replay_out, accepts forced ids.
 //   Sm90Modular:    the caller's ids/weights (any routing, custom included).
