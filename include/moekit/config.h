@@ -224,7 +224,7 @@ struct KernelOptions {
   std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | mixed | dequant (moe_pipeline_weight4.h)
   std::string sm90_w4_stream;   // 4-bit streaming instance (weight4_streaming_gemm.h names)
   std::string sm90_w4_tile;     // 4-bit mixed-input tile: n128 | n256 (token rows per tile)
-  std::string cpu_gemm;         // cpu GEMM path: blas (f32 BLAS) | packed_bf16
+  std::string cpu_gemm;         // cpu GEMM path: blas (f32 BLAS) | packed (packed_bf16: its older name)
 
   bool empty() const;
   // Sets the field called `name` (e.g. "sm90_gemm"); InvalidArgument for another name.

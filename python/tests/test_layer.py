@@ -91,7 +91,7 @@ def test_kernel_options_force_a_path_and_the_layer_says_which():
                                   routing="renormalize", max_num_tokens=16, kernel={"cpu_gemm": "blas"})
     assert forced_cfg.kernel == "cpu_gemm=blas" and "kernel{cpu_gemm=blas}" in repr(forced_cfg)
     forced = moekit.MoeLayer(forced_cfg, case.w13, case.w2, device="cpu")
-    assert "blas_f32 (forced by kernel.cpu_gemm)" in forced.gemm_plan(8)
+    assert "blas_f32 (bf16 weights, forced by kernel.cpu_gemm)" in forced.gemm_plan(8)
     assert f"resolved: cpu / {forced.kernel}" in forced.report
     assert f"gemm plan ({forced.kernel}):" in forced.report and "forced by kernel.cpu_gemm" in forced.report
     default = case.layer()

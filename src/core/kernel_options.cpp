@@ -33,7 +33,7 @@ constexpr std::array<Knob, 10> kKnobs = {{
     {&KernelOptions::sm90_w4_gemm, "sm90_w4_gemm", "MOEKIT_SM90_W4_GEMM", {"streaming", "mixed", "dequant"}},
     {&KernelOptions::sm90_w4_stream, "sm90_w4_stream", "MOEKIT_SM90_W4_STREAM", {}},
     {&KernelOptions::sm90_w4_tile, "sm90_w4_tile", "MOEKIT_SM90_W4_TILE", {"n128", "n256"}},
-    {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed_bf16"}},
+    {&KernelOptions::cpu_gemm, "cpu_gemm", "MOEKIT_CPU_GEMM", {"blas", "packed", "packed_bf16"}},
 }};
 
 // The knobs that name a kernel instance, checked against the built tables

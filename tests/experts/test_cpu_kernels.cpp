@@ -305,15 +305,20 @@ TEST(CpuMonolithic, ReplayOfCaptureReproducesOutputBitwise) {
 TEST(CpuGemmPath, PerConfigCpuAndEnvironment) {
   MoeConfig c;
   const char* env = std::getenv("MOEKIT_CPU_GEMM");
-  const bool packed = packed_bf16_gemm_supported() && !(env != nullptr && std::string(env) == "blas");
+  const bool packed = packed_gemm_supported() && !(env != nullptr && std::string(env) == "blas");
   const CpuGemmPath bf16_path = packed ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kBlasF32;
+  const CpuGemmPath f32_path = packed ? CpuGemmPath::kPackedF32 : CpuGemmPath::kBlasF32;
   c.quant.weight_dtype = c.quant.act_dtype = DType::kBF16;
   EXPECT_EQ(cpu_gemm_path(c), bf16_path);
   RecordProperty("bf16_gemm_path", cpu_gemm_path_name(cpu_gemm_path(c)));
   c.quant.act_dtype = DType::kF32;  // bf16 weights, f32 activations: A stays fp32 on both paths
   EXPECT_EQ(cpu_gemm_path(c), bf16_path);
   c.quant.weight_dtype = DType::kF32;
-  EXPECT_EQ(cpu_gemm_path(c), CpuGemmPath::kBlasF32);
+  EXPECT_EQ(cpu_gemm_path(c), f32_path);
+  RecordProperty("f32_gemm_path", cpu_gemm_path_name(cpu_gemm_path(c)));
+  c.quant.method = QuantMethod::kFp8Block128;  // fp8 and 4-bit weights are dequantized to f32 once
+  c.quant.weight_dtype = DType::kF8E4M3;
+  EXPECT_EQ(cpu_gemm_path(c), f32_path);
 }
 
 // ---------------------------------------------------------------------------

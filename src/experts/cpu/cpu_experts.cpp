@@ -3,6 +3,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "dispatch/topk_reduce.h"
 #include "moekit/parallel_for.h"
@@ -69,26 +70,38 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
   a2_scale_ = host_vector(weights.a2_scale);
   path_ = cpu_gemm_path(config);
   batch_invariant_ = config.batch_invariant;
+  // The weights as fp32 (the BLAS path's operands; the packed f32 path packs them).
+  ExpertWeightsF32 w13_f32, w2_f32;
+  if (path_ != CpuGemmPath::kPackedBf16) {
+    if (quant_.is_fp8()) {
+      w13_f32.assign_fp8(quant_.method, w13, weights.w13_scale, w13_parts(activation_));
+      w2_f32.assign_fp8(quant_.method, w2, weights.w2_scale, 1);
+    } else if (quant_.is_weight4()) {
+      w13_f32.assign_weight4(quant_.method, w13, weights.w13_scale);
+      w2_f32.assign_weight4(quant_.method, w2, weights.w2_scale);
+    } else {
+      w13_f32.assign(w13);
+      w2_f32.assign(w2);
+    }
+  }
+  w13_ = {};
+  w2_ = {};
+  w13_packed_ = {};
+  w2_packed_ = {};
+  w13_packed_f32_ = {};
+  w2_packed_f32_ = {};
   switch (path_) {
     case CpuGemmPath::kBlasF32:
-      if (quant_.is_fp8()) {
-        w13_.assign_fp8(quant_.method, w13, weights.w13_scale, w13_parts(activation_));
-        w2_.assign_fp8(quant_.method, w2, weights.w2_scale, 1);
-      } else if (quant_.is_weight4()) {
-        w13_.assign_weight4(quant_.method, w13, weights.w13_scale);
-        w2_.assign_weight4(quant_.method, w2, weights.w2_scale);
-      } else {
-        w13_.assign(w13);
-        w2_.assign(w2);
-      }
-      w13_packed_ = {};
-      w2_packed_ = {};
+      w13_ = std::move(w13_f32);
+      w2_ = std::move(w2_f32);
       break;
     case CpuGemmPath::kPackedBf16:
-      w13_packed_.assign(w13);
-      w2_packed_.assign(w2);
-      w13_ = {};
-      w2_ = {};
+      w13_packed_.assign(w13.ptr<const uint16_t>(), E, n1, H);
+      w2_packed_.assign(w2.ptr<const uint16_t>(), E, H, I);
+      break;
+    case CpuGemmPath::kPackedF32:
+      w13_packed_f32_.assign(w13_f32.data(), E, n1, H);
+      w2_packed_f32_.assign(w2_f32.data(), E, H, I);
       break;
   }
   assign_or_clear(w13_bias_, weights.w13_bias);
@@ -106,7 +119,7 @@ CpuExperts::Buffers CpuExperts::take_buffers(const MoeConfig& config, int64_t nu
   b.x_perm = layout.take<float>(pairs * config.hidden);
   b.h = layout.take<float>(pairs * n1);
   b.y_perm = layout.take<float>(pairs * config.hidden);
-  b.active = layout.take<int32_t>(cpu_gemm_path(config) == CpuGemmPath::kPackedBf16 ? config.num_experts : 0);
+  b.active = layout.take<int32_t>(cpu_gemm_path(config) != CpuGemmPath::kBlasF32 ? config.num_experts : 0);
   const int64_t shared_rows = config.shared_intermediate > 0 ? num_tokens : 0;
   b.shared_h = layout.take<float>(shared_rows * gemm1_width(config.activation.kind, config.shared_intermediate));
   b.shared_y = layout.take<float>(shared_rows * config.hidden);
@@ -146,11 +159,11 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   // NOTE: fp8 schemes round each GEMM's input through e4m3 right before the
   // GEMM (docs/fp8.md); the GPU kernels quantize at these same two points.
   quantize_gemm_input(b.x_perm, pairs, H, H, a13_scale_, b);
-  grouped_gemm(b.x_perm, H, w13_, w13_packed_, n1, H, b.h, b);
+  grouped_gemm(b.x_perm, H, w13_, w13_packed_, w13_packed_f32_, n1, H, b.h, b);
   if (!w13_bias_.empty()) add_expert_bias(b.h, w13_bias_, n1);
   apply_activation(activation_, b.h, pairs, I);
   quantize_gemm_input(b.h, pairs, I, n1, a2_scale_, b);
-  grouped_gemm(b.h, n1, w2_, w2_packed_, H, I, b.y_perm, b);
+  grouped_gemm(b.h, n1, w2_, w2_packed_, w2_packed_f32_, H, I, b.y_perm, b);
   if (!w2_bias_.empty()) add_expert_bias(b.y_perm, w2_bias_, H);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
@@ -184,8 +197,8 @@ void CpuExperts::quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64
 }
 
 void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,
-                              const PackedBf16Weights& w_packed, int64_t n, int64_t k, float* c,
-                              const Buffers& b) const {
+                              const PackedBf16Weights& w_bf16, const PackedF32Weights& w_packed_f32, int64_t n,
+                              int64_t k, float* c, const Buffers& b) const {
   switch (path_) {
     case CpuGemmPath::kBlasF32:
       // NOTE: expert by expert, each on OpenBLAS's threads; the calls (and so
@@ -201,7 +214,10 @@ void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF3
       }
       return;
     case CpuGemmPath::kPackedBf16:
-      grouped_gemm_packed_bf16(a, lda, b.expert_offsets, w_packed, c, n, b.active);
+      grouped_gemm_packed(a, lda, b.expert_offsets, w_bf16, c, n, b.active);
+      return;
+    case CpuGemmPath::kPackedF32:
+      grouped_gemm_packed(a, lda, b.expert_offsets, w_packed_f32, c, n, b.active);
       return;
   }
 }

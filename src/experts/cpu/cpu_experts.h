@@ -22,13 +22,14 @@ class CpuExperts {
   // Validates the expert weights, w13 [E, 2I, H] (gated) or [E, I, H] (relu2),
   // w2 [E, H, I], both in the config's weight dtype, and for the fp8 schemes
   // their scales (errors name the tensor), and keeps them as
-  // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights) or widened to
-  // fp32 (ExpertWeightsF32; fp8 weights dequantized, fp8_emulation.h).
+  // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights), or widened to
+  // fp32 (fp8 and 4-bit weights dequantized) and then packed (PackedF32Weights)
+  // or kept for BLAS (ExpertWeightsF32).
   // With config.has_expert_bias, w13_bias [E, n1] and w2_bias [E, H] (f32 or
   // the weight dtype) are kept in fp32; with a shared expert, its weights too
   // (always on the fp32 path: it is one dense GEMM pair per call).
   Status prepare(const MoeConfig& config, const MoeWeights& weights);
-  bool prepared() const { return !w13_.empty() || !w13_packed_.empty(); }
+  bool prepared() const { return !w13_.empty() || !w13_packed_.empty() || !w13_packed_f32_.empty(); }
   CpuGemmPath gemm_path() const { return path_; }
 
   // Reserves this stage's scratch for `num_tokens` tokens in `layout`, for
@@ -41,7 +42,7 @@ class CpuExperts {
     float* x_perm = nullptr;            // [M * k, H] f32: token rows grouped by expert
     float* h = nullptr;                 // [M * k, n1] f32: GEMM1 out; activation written over cols [0, I)
     float* y_perm = nullptr;            // [M * k, H] f32: GEMM2 out, per (token, slot)
-    int32_t* active = nullptr;          // [E] i32: experts with rows (kPackedBf16 only)
+    int32_t* active = nullptr;          // [E] i32: experts with rows (packed paths only)
     float* shared_h = nullptr;          // [M, n1s] f32: shared GEMM1 out (shared expert only)
     float* shared_y = nullptr;          // [M, H] f32: shared expert output (shared expert only)
   };
@@ -59,8 +60,8 @@ class CpuExperts {
  private:
   // c[r, 0..n) = a[r, 0..k) . W_e^T for every expert e and its permuted rows
   // r, on this stage's path; a: [M * k, lda] f32, c: [M * k, n] f32.
-  void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_packed,
-                    int64_t n, int64_t k, float* c, const Buffers& b) const;
+  void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_bf16,
+                    const PackedF32Weights& w_packed_f32, int64_t n, int64_t k, float* c, const Buffers& b) const;
 
   // fp8 schemes: GEMM input rows [0, rows) (cols wide, stride ld, grouped by
   // expert as b.expert_offsets says) rounded through e4m3 in place, with the
@@ -78,6 +79,8 @@ class CpuExperts {
   ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only
   PackedBf16Weights w13_packed_;  // w13 packed (N = n1, K = H); kPackedBf16 only
   PackedBf16Weights w2_packed_;   // w2 packed (N = H, K = I); kPackedBf16 only
+  PackedF32Weights w13_packed_f32_;  // w13 as f32, packed; kPackedF32 only
+  PackedF32Weights w2_packed_f32_;   // w2 as f32, packed; kPackedF32 only
   ExpertWeightsF32 w13_bias_;     // [E, n1] f32, or empty
   ExpertWeightsF32 w2_bias_;      // [E, H] f32, or empty
   CpuSharedExpert shared_;        // y += g * shared(x) after the reduce, when the layer has one

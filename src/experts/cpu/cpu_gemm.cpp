@@ -15,15 +15,16 @@ const char* cpu_gemm_path_name(CpuGemmPath path) {
   switch (path) {
     case CpuGemmPath::kBlasF32: return "blas_f32";
     case CpuGemmPath::kPackedBf16: return "packed_bf16";
+    case CpuGemmPath::kPackedF32: return "packed_f32";
   }
   return "?";
 }
 
 CpuGemmPath cpu_gemm_path(const MoeConfig& config) {
-  // kernel.cpu_gemm = blas forces the f32 BLAS path (packed_bf16 is the table's choice where it can serve).
+  // kernel.cpu_gemm = blas forces the f32 BLAS path (packed is the table's choice where it can serve).
   const bool force_blas = kernel_option_in_effect(config.kernel, &KernelOptions::cpu_gemm) == "blas";
-  const bool packed = config.quant.weight_dtype == DType::kBF16 && !force_blas && packed_bf16_gemm_supported();
-  return packed ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kBlasF32;
+  if (force_blas || !packed_gemm_supported()) return CpuGemmPath::kBlasF32;
+  return config.quant.weight_dtype == DType::kBF16 ? CpuGemmPath::kPackedBf16 : CpuGemmPath::kPackedF32;
 }
 
 void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,

@@ -2,8 +2,8 @@
 // OpenBLAS path, sgemm (fp32 in, fp32 accumulation). That path keeps fp32
 // copies of the weights made once in prepare_weights (see ExpertWeightsF32):
 // sgemm packs its operands itself, and widening bf16 per call would add a pass
-// over all weights to every layer call. The other path, for bf16 models on CPUs
-// with AVX-512F or AVX2 + FMA, is in packed_bf16_gemm.h.
+// over all weights to every layer call. The packed paths, for CPUs with
+// AVX-512F or AVX2 + FMA, are in packed_bf16_gemm.h.
 #pragma once
 
 #include <cstdint>
@@ -18,15 +18,15 @@ namespace moekit::cpu {
 enum class CpuGemmPath {
   kBlasF32,     // OpenBLAS sgemm on fp32 weight copies
   kPackedBf16,  // packed bf16 weights, AVX-512 or AVX2 fp32 FMAs (packed_bf16_gemm.h)
+  kPackedF32,   // packed f32 weights (f32, or fp8/4-bit dequantized once), the same kernels
 };
-const char* cpu_gemm_path_name(CpuGemmPath path);  // "blas_f32", "packed_bf16"
+const char* cpu_gemm_path_name(CpuGemmPath path);  // "blas_f32", "packed_bf16", "packed_f32"
 
-// The path of a config: kPackedBf16 when the weights are bf16 and
-// packed_bf16_gemm_supported(), else kBlasF32. Both compute fp32 products of
-// the same values with fp32 accumulation (they differ only in summation
-// order). MOEKIT_CPU_GEMM=blas in the environment forces kBlasF32 (to compare
-// or test the fallback); it is read once per process, so workspace sizes and
-// prepared weights always agree.
+// The path of a config: where packed_gemm_supported(), kPackedBf16 for bf16
+// weights and kPackedF32 for every other weight dtype; else kBlasF32. All
+// compute fp32 products of the same values with fp32 accumulation (they differ
+// only in summation order). kernel.cpu_gemm = "blas" (MOEKIT_CPU_GEMM=blas in
+// the environment) forces kBlasF32 (to compare or test the fallback).
 CpuGemmPath cpu_gemm_path(const MoeConfig& config);
 
 // c[m, n] = a[m, :k] . b[n, :k]^T, all row-major fp32 with leading dimensions

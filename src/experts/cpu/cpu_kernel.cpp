@@ -48,17 +48,18 @@ void CpuKernel::run_stages(const MoeRunArgs& args, const int32_t* topk_ids, cons
 
 std::string CpuKernel::gemm_plan(int64_t /*num_tokens*/) const {
   const CpuGemmPath path = cpu_gemm_path(config_);
+  // What the weights are, then why this path serves them.
+  const std::string weights = config_.quant.method != QuantMethod::kNone
+                                  ? std::string(quant_method_name(config_.quant.method)) +
+                                        " weights, dequantized to f32 once"
+                                  : std::string(dtype_name(config_.quant.weight_dtype)) + " weights";
   std::string why;
-  if (path == CpuGemmPath::kPackedBf16) {
-    why = std::string("bf16 weights, this CPU's ") + packed_bf16_gemm_isa() + " kernel";
-  } else if (config_.quant.method != QuantMethod::kNone) {
-    why = std::string(quant_method_name(config_.quant.method)) + " weights, dequantized to f32 once";
-  } else if (config_.quant.weight_dtype != DType::kBF16) {
-    why = std::string(dtype_name(config_.quant.weight_dtype)) + " weights (widened to f32)";
+  if (path != CpuGemmPath::kBlasF32) {
+    why = weights + ", this CPU's " + packed_gemm_isa() + " kernel";
   } else if (kernel_option_in_effect(config_.kernel, &KernelOptions::cpu_gemm) == "blas") {
-    why = "forced by kernel.cpu_gemm";
+    why = weights + ", forced by kernel.cpu_gemm";
   } else {
-    why = "this CPU has no packed bf16 kernel (AVX-512, or AVX2 with FMA)";
+    why = weights + ", this CPU has no packed kernel (AVX-512, or AVX2 with FMA)";
   }
   return std::string("gemm ") + cpu_gemm_path_name(path) + " (" + why + "), every M";
 }

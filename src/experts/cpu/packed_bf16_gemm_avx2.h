@@ -17,5 +17,8 @@ namespace moekit::cpu {
 // broadcast input fit the 16 ymm registers).
 void packed_bf16_panel_avx2(const float* a, int64_t lda, int64_t rows, const uint16_t* panel, int64_t k, float* c,
                             int64_t ldc, int64_t cols);
+// The same for an f32 panel (packed_f32_panel_avx512's layout).
+void packed_f32_panel_avx2(const float* a, int64_t lda, int64_t rows, const float* panel, int64_t k, float* c,
+                           int64_t ldc, int64_t cols);
 
 }  // namespace moekit::cpu

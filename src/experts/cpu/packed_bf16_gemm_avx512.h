@@ -1,6 +1,6 @@
 // The AVX-512 micro-kernel of the packed bf16 expert GEMM (packed_bf16_gemm.h)
 // and the weight layout it reads. Only packed_bf16_gemm_avx512.cpp is compiled
-// for AVX-512; call the kernel only when packed_bf16_gemm_supported() says the
+// for AVX-512; call the kernel only when packed_gemm_supported() says the
 // CPU runs it.
 //
 // This header holds plain declarations and constants only (no inline code), so
@@ -39,5 +39,10 @@ struct PackedBf16Layout {
 // streamed from memory once and re-read from cache for the later tiles.
 void packed_bf16_panel_avx512(const float* a, int64_t lda, int64_t rows, const uint16_t* panel, int64_t k,
                               float* c, int64_t ldc, int64_t cols);
+
+// The same for an f32 panel: K lines of kPanelCols f32 (128 bytes, 64-byte
+// aligned), columns n0 .. n0 + 31 in order; the same FMAs in the same order.
+void packed_f32_panel_avx512(const float* a, int64_t lda, int64_t rows, const float* panel, int64_t k, float* c,
+                             int64_t ldc, int64_t cols);
 
 }  // namespace moekit::cpu
