@@ -111,6 +111,16 @@ def test_weight4_layer_refuses_activation_scales_it_would_ignore(scheme):
             moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu", **{name: torch.ones(E)})
 
 
+def test_weight4_layer_says_which_dtype_it_computes_in():
+    """A 4-bit layer (a gpt-oss MXFP4 folder whose config says float32 too) computes in bf16: f32
+    hidden states are refused with that reason, not only "expected dtype bf16"."""
+    cfg, p13, s13, p2, s2, hidden, logits = packed_layer_inputs("mxfp4", seed_of("weight4 dtype"))
+    layer = moekit.MoeLayer(cfg, p13, p2, w13_scale=s13, w2_scale=s2, device="cpu")
+    with pytest.raises(ValueError, match=re.escape("hidden: expected dtype bf16, got f32 (this layer computes in "
+                                                   "bf16: mxfp4 weights take bf16 activations;")):
+        layer(hidden.float(), logits)
+
+
 @pytest.mark.parametrize("scheme", ["mxfp4", "int4_g32"])
 def test_weight4_scales_that_take_a_weight_past_f32_are_refused(scheme):
     """Every scale is valid alone (E8M0 254 = 2^127; an int4 3e38), but e2m1 6.0 or

@@ -39,6 +39,16 @@ Status check_forward_args(const RoutedLayer& layer, const LayerForwardArgs& a) {
   const MoeConfig& c = layer.config();
   const Device dev = layer.device();
   const int64_t H = c.hidden, E = c.num_experts, k = c.top_k();
+  if (a.hidden.defined() && a.hidden.dtype != c.quant.act_dtype) {
+    // Which dtype the layer computes in, and why: a layer read from a folder follows its weights.
+    const std::string why = c.quant.method == QuantMethod::kNone
+                                ? std::string("its weights' dtype")
+                                : std::string(quant_method_name(c.quant.method)) + " weights take " +
+                                      dtype_name(c.quant.act_dtype) + " activations";
+    return InvalidArgument("hidden: expected dtype " + std::string(dtype_name(c.quant.act_dtype)) + ", got " +
+                           dtype_name(a.hidden.dtype) + " (this layer computes in " +
+                           dtype_name(c.quant.act_dtype) + ": " + why + "; convert the hidden states)");
+  }
   MOEKIT_RETURN_IF_ERROR(check_tensor(a.hidden, "hidden", {c.quant.act_dtype}, {-1, H}, dev));
   const int64_t m = a.hidden.dim(0);
   if (m < 1 || m > c.max_num_tokens) {
