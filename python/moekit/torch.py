@@ -207,6 +207,10 @@ def replay_routing(router_logits: torch.Tensor, forced_ids: torch.Tensor,
     router_logits = tensor_arg("router_logits", router_logits, optional=False)
     forced_ids = tensor_arg("forced_ids", forced_ids, optional=False)
     score_bias = tensor_arg("score_bias", score_bias)
+    if not isinstance(cfg, RoutingSpec) and torch.compiler.is_compiling():
+        # The config is a native object torch.compile cannot look into; its spec is plain values.
+        raise TypeError("replay_routing under torch.compile: pass moekit.torch.routing_spec(cfg), made once "
+                        "outside the compiled code, instead of the MoeConfig")
     spec = cfg if isinstance(cfg, RoutingSpec) else routing_spec(cfg)
     if router_logits.dim() != 2 or router_logits.shape[1] != spec.num_experts:
         raise ValueError(f"router_logits: expected [M, {spec.num_experts}], got {list(router_logits.shape)}")

@@ -97,6 +97,20 @@ def test_replay_compiles_with_fullgraph_and_equals_eager(method):
     assert grad_e.abs().sum() > 0
 
 
+def test_a_config_under_fullgraph_says_to_pass_its_spec():
+    """The MoeConfig is a native object dynamo cannot trace: under fullgraph=True the error names what to
+    pass (routing_spec(cfg)) rather than dynamo's "nb_method.__call__" alone; eager calls take either."""
+    cfg = config("renormalize")
+    ids = forced(3, torch.Generator().manual_seed(seed_of("compile-cfg")))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: moekit.torch.replay_routing(x, ids, cfg), fullgraph=True)
+    with pytest.raises(Exception, match=r"pass moekit\.torch\.routing_spec\(cfg\)"):
+        compiled(torch.randn(3, E))
+    logits = torch.randn(3, E)
+    assert torch.equal(moekit.torch.replay_routing(logits, ids, cfg),
+                       moekit.torch.replay_routing(logits, ids, moekit.torch.routing_spec(cfg)))
+
+
 @pytest.mark.parametrize("method,renormalize", VARIANTS)
 def test_gradient_matches_the_plain_torch_spec(method, renormalize):
     gen = torch.Generator().manual_seed(seed_of("grad", method, renormalize))
