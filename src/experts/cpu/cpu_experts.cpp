@@ -84,25 +84,12 @@ Status CpuExperts::prepare(const MoeConfig& config, const MoeWeights& weights) {
       w2_f32.assign(w2);
     }
   }
-  w13_ = {};
-  w2_ = {};
-  w13_packed_ = {};
-  w2_packed_ = {};
-  w13_packed_f32_ = {};
-  w2_packed_f32_ = {};
-  switch (path_) {
-    case CpuGemmPath::kBlasF32:
-      w13_ = std::move(w13_f32);
-      w2_ = std::move(w2_f32);
-      break;
-    case CpuGemmPath::kPackedBf16:
-      w13_packed_.assign(w13.ptr<const uint16_t>(), E, n1, H);
-      w2_packed_.assign(w2.ptr<const uint16_t>(), E, H, I);
-      break;
-    case CpuGemmPath::kPackedF32:
-      w13_packed_f32_.assign(w13_f32.data(), E, n1, H);
-      w2_packed_f32_.assign(w2_f32.data(), E, H, I);
-      break;
+  if (path_ == CpuGemmPath::kPackedBf16) {
+    w13_.assign_bf16(w13.ptr<const uint16_t>(), E, n1, H);
+    w2_.assign_bf16(w2.ptr<const uint16_t>(), E, H, I);
+  } else {
+    w13_.assign_f32(path_, std::move(w13_f32), E, n1, H);
+    w2_.assign_f32(path_, std::move(w2_f32), E, H, I);
   }
   assign_or_clear(w13_bias_, weights.w13_bias);
   assign_or_clear(w2_bias_, weights.w2_bias);
@@ -159,11 +146,11 @@ void CpuExperts::apply(const float* x, const int32_t* ids, const float* topk_wei
   // NOTE: fp8 schemes round each GEMM's input through e4m3 right before the
   // GEMM (docs/fp8.md); the GPU kernels quantize at these same two points.
   quantize_gemm_input(b.x_perm, pairs, H, H, a13_scale_, b);
-  grouped_gemm(b.x_perm, H, w13_, w13_packed_, w13_packed_f32_, n1, H, b.h, b);
+  w13_.gemm(b.x_perm, H, b.expert_offsets, b.h, n1, b.active, batch_invariant_);
   if (!w13_bias_.empty()) add_expert_bias(b.h, w13_bias_, n1);
   apply_activation(activation_, b.h, pairs, I);
   quantize_gemm_input(b.h, pairs, I, n1, a2_scale_, b);
-  grouped_gemm(b.h, n1, w2_, w2_packed_, w2_packed_f32_, H, I, b.y_perm, b);
+  w2_.gemm(b.h, n1, b.expert_offsets, b.y_perm, H, b.active, batch_invariant_);
   if (!w2_bias_.empty()) add_expert_bias(b.y_perm, w2_bias_, H);
 
   // Weighted top-k reduce in a fixed order: slots j = 0..k-1, fp32.
@@ -192,32 +179,6 @@ void CpuExperts::quantize_gemm_input(float* a, int64_t rows, int64_t cols, int64
           }
           return;
       }
-      return;
-  }
-}
-
-void CpuExperts::grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32,
-                              const PackedBf16Weights& w_bf16, const PackedF32Weights& w_packed_f32, int64_t n,
-                              int64_t k, float* c, const Buffers& b) const {
-  switch (path_) {
-    case CpuGemmPath::kBlasF32:
-      // NOTE: expert by expert, each on OpenBLAS's threads; the calls (and so
-      // the results) depend only on the permutation, never on timing.
-      for (int64_t e = 0; e < num_experts_; ++e) {
-        const int64_t r0 = b.expert_offsets[e], rows = b.expert_offsets[e + 1] - r0;
-        if (rows == 0) continue;
-        if (batch_invariant_) {
-          gemm_abt_fixed_order(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
-        } else {
-          gemm_abt(a + r0 * lda, lda, w_f32.data() + e * n * k, k, c + r0 * n, n, rows, n, k);
-        }
-      }
-      return;
-    case CpuGemmPath::kPackedBf16:
-      grouped_gemm_packed(a, lda, b.expert_offsets, w_bf16, c, n, b.active);
-      return;
-    case CpuGemmPath::kPackedF32:
-      grouped_gemm_packed(a, lda, b.expert_offsets, w_packed_f32, c, n, b.active);
       return;
   }
 }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "experts/cpu/cpu_gemm.h"
-#include "experts/cpu/packed_bf16_gemm.h"
+#include "experts/cpu/gemm_weights.h"
 #include "experts/cpu/scratch_layout.h"
 #include "experts/cpu/shared_expert.h"
 #include "moekit/config.h"
@@ -22,14 +22,13 @@ class CpuExperts {
   // Validates the expert weights, w13 [E, 2I, H] (gated) or [E, I, H] (relu2),
   // w2 [E, H, I], both in the config's weight dtype, and for the fp8 schemes
   // their scales (errors name the tensor), and keeps them as
-  // cpu_gemm_path(config) needs: packed bf16 (PackedBf16Weights), or widened to
-  // fp32 (fp8 and 4-bit weights dequantized) and then packed (PackedF32Weights)
-  // or kept for BLAS (ExpertWeightsF32).
+  // cpu_gemm_path(config) needs (GemmWeights): packed bf16, or widened to fp32
+  // (fp8 and 4-bit weights dequantized) and then packed or kept for BLAS.
   // With config.has_expert_bias, w13_bias [E, n1] and w2_bias [E, H] (f32 or
-  // the weight dtype) are kept in fp32; with a shared expert, its weights too
-  // (always on the fp32 path: it is one dense GEMM pair per call).
+  // the weight dtype) are kept in fp32; a shared expert's weights are laid out
+  // for the same path (shared_expert.h).
   Status prepare(const MoeConfig& config, const MoeWeights& weights);
-  bool prepared() const { return !w13_.empty() || !w13_packed_.empty() || !w13_packed_f32_.empty(); }
+  bool prepared() const { return !w13_.empty(); }
   CpuGemmPath gemm_path() const { return path_; }
 
   // Reserves this stage's scratch for `num_tokens` tokens in `layout`, for
@@ -58,11 +57,6 @@ class CpuExperts {
              const Buffers& buffers) const;
 
  private:
-  // c[r, 0..n) = a[r, 0..k) . W_e^T for every expert e and its permuted rows
-  // r, on this stage's path; a: [M * k, lda] f32, c: [M * k, n] f32.
-  void grouped_gemm(const float* a, int64_t lda, const ExpertWeightsF32& w_f32, const PackedBf16Weights& w_bf16,
-                    const PackedF32Weights& w_packed_f32, int64_t n, int64_t k, float* c, const Buffers& b) const;
-
   // fp8 schemes: GEMM input rows [0, rows) (cols wide, stride ld, grouped by
   // expert as b.expert_offsets says) rounded through e4m3 in place, with the
   // scheme's activation scales; `static_scale`: a13_scale_ or a2_scale_.
@@ -75,12 +69,8 @@ class CpuExperts {
   std::vector<float> a13_scale_, a2_scale_;  // [E] f32: fp8_per_tensor static activation scales, else empty
   CpuGemmPath path_ = CpuGemmPath::kBlasF32;
   bool batch_invariant_ = false;  // kBlasF32: gemm_abt_fixed_order instead of sgemm
-  ExpertWeightsF32 w13_;          // [E, n1, H] f32, n1 = 2I (gated) or I (relu2); kBlasF32 only
-  ExpertWeightsF32 w2_;           // [E, H, I] f32; kBlasF32 only
-  PackedBf16Weights w13_packed_;  // w13 packed (N = n1, K = H); kPackedBf16 only
-  PackedBf16Weights w2_packed_;   // w2 packed (N = H, K = I); kPackedBf16 only
-  PackedF32Weights w13_packed_f32_;  // w13 as f32, packed; kPackedF32 only
-  PackedF32Weights w2_packed_f32_;   // w2 as f32, packed; kPackedF32 only
+  GemmWeights w13_;               // [E, n1, H], n1 = 2I (gated) or I (relu2)
+  GemmWeights w2_;                // [E, H, I]
   ExpertWeightsF32 w13_bias_;     // [E, n1] f32, or empty
   ExpertWeightsF32 w2_bias_;      // [E, H] f32, or empty
   CpuSharedExpert shared_;        // y += g * shared(x) after the reduce, when the layer has one

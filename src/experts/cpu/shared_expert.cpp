@@ -34,27 +34,35 @@ Status CpuSharedExpert::prepare(const MoeConfig& config, const MoeWeights& weigh
   intermediate_ = Is;
   activation_ = config.activation;
   batch_invariant_ = config.batch_invariant;
-  const auto assign = [](ExpertWeightsF32& dst, const TensorView& src) {
-    if (src.defined()) {
-      dst.assign(src);
-    } else {
-      dst = {};
-    }
-  };
-  assign(w13_, weights.shared_w13);
-  assign(w2_, weights.shared_w2);
-  assign(gate_, weights.shared_gate);
+  gate_ = {};
+  if (weights.shared_gate.defined()) gate_.assign(weights.shared_gate);
+  w13_ = {};
+  w2_ = {};
+  if (!shared) return Status::Ok();
+  // The routed experts' GEMM path, as one expert (E = 1) of rows [0, m).
+  const CpuGemmPath path = cpu_gemm_path(config);
+  const int64_t n1s = gemm1_width();
+  if (path == CpuGemmPath::kPackedBf16) {
+    w13_.assign_bf16(weights.shared_w13.ptr<const uint16_t>(), 1, n1s, H);
+    w2_.assign_bf16(weights.shared_w2.ptr<const uint16_t>(), 1, H, Is);
+  } else {
+    ExpertWeightsF32 w13, w2;
+    w13.assign(weights.shared_w13);
+    w2.assign(weights.shared_w2);
+    w13_.assign_f32(path, std::move(w13), 1, n1s, H);
+    w2_.assign_f32(path, std::move(w2), 1, H, Is);
+  }
   return Status::Ok();
 }
 
 void CpuSharedExpert::add_to(const float* x, int64_t m, float* y, float* h, float* s) const {
   if (m == 0 || !present()) return;
   const int64_t H = hidden_, Is = intermediate_, n1s = gemm1_width();
-  // sgemm's blocking may change with the number of rows; batch-invariant mode cannot have that.
-  const auto gemm = batch_invariant_ ? gemm_abt_fixed_order : gemm_abt;
-  gemm(x, H, w13_.data(), H, h, n1s, m, n1s, H);
+  const int32_t rows[2] = {0, static_cast<int32_t>(m)};  // one expert: every token
+  int32_t active[1];
+  w13_.gemm(x, H, rows, h, n1s, active, batch_invariant_);
   apply_activation(activation_, h, m, Is);
-  gemm(h, n1s, w2_.data(), Is, s, H, m, H, Is);
+  w2_.gemm(h, n1s, rows, s, H, active, batch_invariant_);
   parallel_for(m, 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float g = 1.0f;

@@ -4,12 +4,14 @@
 // it after its reduce; an expert-parallel host rank runs it on its own tokens
 // after the combine, through this same code, so the two agree bit for bit
 // wherever the GEMMs do (batch-invariant mode: a row's result does not depend
-// on the other rows).
+// on the other rows). Its two GEMMs run on the routed experts' path
+// (cpu_gemm_path()), as one expert.
 #pragma once
 
 #include <cstdint>
 
 #include "experts/cpu/cpu_gemm.h"
+#include "experts/cpu/gemm_weights.h"
 #include "moekit/config.h"
 #include "moekit/kernel.h"
 #include "moekit/status.h"
@@ -35,8 +37,8 @@ class CpuSharedExpert {
   int64_t hidden_ = 0, intermediate_ = 0;
   ActivationConfig activation_;
   bool batch_invariant_ = false;
-  ExpertWeightsF32 w13_;   // [n1s, H] f32
-  ExpertWeightsF32 w2_;    // [H, Is] f32
+  GemmWeights w13_;        // [1, n1s, H], on the routed experts' GEMM path
+  GemmWeights w2_;         // [1, H, Is]
   ExpertWeightsF32 gate_;  // [H] f32, or empty
 };
 
