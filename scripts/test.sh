@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and builds moekit (scripts/setup.sh), then runs the tests: the C++
 # `unit` label (CPU) and `gpu` label (each gpu test skips itself, reported as
-# skipped, when no CUDA device is present), then the Python package's pytest
+# skipped, when no CUDA device is present), then the installed C++ package
+# (scripts/check_cpp_package.sh: find_package(moekit) and examples/cpp), the Python package's pytest
 # suite in .venv (its gpu tests skip the same way), then the same suite against
 # a wheel that `pip install .` built (scripts/check_wheel.sh, CPU backend), with
 # the newest numpy, torch and transformers on PyPI (.venv has the pinned ones), then
@@ -18,8 +19,9 @@ readonly VENV="${MOEKIT_VENV:-.venv}"
 
 cpp=0
 (cd "$BUILD_DIR" && ctest --output-on-failure --label-regex '^(unit|gpu)$' -j "$JOBS") || cpp=$?
-py=0 wheel=0 vllm=0
+py=0 wheel=0 vllm=0 pkg=0
 if [[ ${MOEKIT_PYTHON:-ON} == ON ]]; then
+  ./scripts/check_cpp_package.sh || pkg=$?  # find_package(moekit) and examples/cpp (its model folder needs .venv)
   # -rs: every skipped test is listed with its reason (test_vllm.py's, where vLLM is not installed).
   "$VENV/bin/python" -m pytest python/tests -q -rs -p no:cacheprovider || py=$?
   ./scripts/check_wheel.sh || wheel=$?
@@ -30,5 +32,5 @@ if [[ ${MOEKIT_PYTHON:-ON} == ON ]]; then
     echo "test: vLLM tests left out (MOEKIT_VLLM_TESTS=OFF)"
   fi
 fi
-echo "test: C++ tests exit $cpp, Python tests exit $py, wheel check exit $wheel, vLLM tests exit $vllm"
-((cpp == 0 && py == 0 && wheel == 0 && vllm == 0))
+echo "test: C++ tests exit $cpp, C++ package exit $pkg, Python tests exit $py, wheel check exit $wheel, vLLM tests exit $vllm"
+((cpp == 0 && pkg == 0 && py == 0 && wheel == 0 && vllm == 0))
