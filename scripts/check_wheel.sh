@@ -4,10 +4,11 @@
 # with the newest numpy, torch, transformers, pytest and hypothesis on PyPI
 # (the binding stack, nanobind and scikit-build-core, pinned as in
 # pyproject.toml), on the newest Python 3.12+ found (numpy 2.5 needs 3.12),
-# else python3. The wheel is built with scikit-build-core (CPU backend only, so
-# CI does not compile the CUDA sources a second time), installed into a folder
-# of its own, and the pytest suite runs against it from another folder so the
-# wheel is what imports. The pinned versions are tested in .venv by
+# else python3. The wheel is built by scripts/build_wheel.sh (CPU backend only,
+# so CI does not compile the CUDA sources a second time; auditwheel bundles
+# OpenBLAS), installed into a folder of its own, its `moekit` command run, and
+# the pytest suite runs against it from another folder so the wheel is what
+# imports. The pinned versions are tested in .venv by
 # scripts/test.sh.
 #
 #   scripts/check_wheel.sh            # work folder build-wheel/
@@ -41,12 +42,11 @@ import numpy, torch, transformers
 print(f"check_wheel: numpy {numpy.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 PY
 
-rm -rf "$WORK/site"
+rm -rf "$WORK/site" "$WORK/dist"
 mkdir -p "$WORK"
-echo "check_wheel: pip install . (CPU backend) into $WORK/site"
-# --no-build-isolation: the pinned nanobind and scikit-build-core of $VENV build it.
-"$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps --target "$WORK/site" . \
-  -C build-dir="$WORK/build" -C cmake.define.MOEKIT_CUDA=OFF
+echo "check_wheel: scripts/build_wheel.sh (CPU backend), then the wheel installed into $WORK/site"
+MOEKIT_CUDA=OFF MOEKIT_WHEEL_PYTHON="$PY" MOEKIT_WHEEL_BUILD="$WORK" scripts/build_wheel.sh "$WORK/dist"
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$WORK/site" "$WORK"/dist/moekit-*.whl
 cd "$WORK"
 SITE=$(pwd)/site
 PYTHONPATH="$SITE" "$PY" - <<'PY'
@@ -62,4 +62,10 @@ import moekit.vllm
 assert plugin[0].load() is moekit.vllm.register
 print("check_wheel: vllm.general_plugins entry point moekit = moekit.vllm:register")
 PY
+# The console script runs the binary the wheel carries: --version, then the main job on a small model.
+version=$(PYTHONPATH="$SITE" "$PY" -c 'import moekit; print(moekit.__version__)')
+test "$(PYTHONPATH="$SITE" "$SITE/bin/moekit" --version)" = "moekit $version"
+PYTHONPATH="$SITE" "$SITE/bin/moekit" run --layers 2 --experts 16 --top-k 4 --hidden 128 --intermediate 64 \
+  --num-groups 4 --topk-groups 2 --tokens 64 --requests 4 --decode 4 --capture wheel_capture.safetensors | tail -3
+echo "check_wheel: the wheel's moekit command ran (--version, run)"
 PYTHONPATH="$SITE" "$PY" -m pytest "$ROOT/python/tests" -q -rs -p no:cacheprovider
