@@ -61,16 +61,19 @@ if _os.environ.get("MOEKIT_THREAD_POOL", "torch") == "torch" and (_runtime := _t
 
 def _quiet_leak_report_after_torch_compile() -> None:
     """At exit, nanobind reports every moekit object still alive as "leaked". After torch.compile has
-    compiled a frame, some always are: dynamo's caches (kept on code objects, outside the garbage
-    collector's reach) hold the guarded frames' globals and objects (a MoeLayer, its config) until
-    the process ends, and the report runs before that. Those are not reference-count errors (the
-    same script run eagerly reports nothing), and process exit frees them; so only in a process
-    where dynamo compiled something is the report turned off. Everywhere else it stays on."""
+    compiled a frame, objects reachable from that frame's module globals always are: dynamo's guards
+    keep the globals dict of every frame they guard (a {'G': globals} scope held from the code
+    object's cache, outside the garbage collector's reach, and not released by torch._dynamo.reset),
+    so a script's module-level MoeLayer or MoeConfig outlives the report. It is not a reference-count
+    error of moekit's: compiling a function that never touches moekit reports a MoeConfig that merely
+    sits in the script's globals, and the same objects in a function's scope are released and reported
+    as nothing. So only in a process where dynamo compiled a graph is the report turned off."""
     dynamo_utils = _sys.modules.get("torch._dynamo.utils")
     if dynamo_utils is None:
         return
     try:
-        compiled = dynamo_utils.counters["frames"]["total"] > 0
+        counters = dynamo_utils.counters
+        compiled = counters["frames"]["total"] > 0 or counters["stats"]["unique_graphs"] > 0
     except Exception:  # pragma: no cover - a torch without these counters: assume it compiled
         compiled = True
     if compiled:

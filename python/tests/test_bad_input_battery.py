@@ -263,6 +263,26 @@ def test_no_leak_report_at_exit_after_torch_compile():
     assert "leaked" not in p.stderr, p.stderr[-4000:]
 
 
+def test_no_leak_report_after_compiling_a_module_level_layer_with_fullgraph():
+    # The layer, its config and the compiled module all in the script's globals (which dynamo's
+    # guards keep until after the report would run).
+    p = run_python("""
+        import torch, moekit
+        cfg = moekit.MoeConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, routing="renormalize")
+        layer = moekit.MoeLayer(cfg, torch.randn(8, 64, 64, dtype=torch.bfloat16) * 0.1,
+                                torch.randn(8, 64, 32, dtype=torch.bfloat16) * 0.1, device="cpu")
+        class M(torch.nn.Module):
+            def __init__(s): super().__init__(); s.l = layer
+            def forward(s, x, g): return s.l(x, g)
+        f = torch.compile(M(), fullgraph=True)
+        f(torch.randn(5, 64, dtype=torch.bfloat16), torch.randn(5, 8))
+        print("compiled")
+    """)
+    assert_ran(p)
+    assert "compiled" in p.stdout
+    assert "leaked" not in p.stderr, p.stderr[-4000:]
+
+
 def test_leak_report_stays_on_without_torch_compile():
     # A deliberately leaked moekit object is still reported in a process that compiled nothing:
     # the report is off only where torch.compile's caches hold objects until exit.
