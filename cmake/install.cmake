@@ -1,7 +1,6 @@
 # What `cmake --install` puts in a prefix, for C++ users of find_package(moekit):
-#   lib/libmoekit.so           every layer's archive in one shared library, their
-#                              private dependencies (OpenBLAS, cudart_static, NCCL)
-#                              resolved inside it, only moekit's symbols exported
+#   lib/libmoekit.so           every layer's archive in one shared library, linked to
+#                              OpenBLAS (and NCCL); cudart_static inside, not exported
 #   include/moekit/            the public headers (include/moekit/ is the API)
 #   lib/cmake/moekit/          moekitConfig.cmake: the imported target moekit::moekit
 #   bin/moekit                 the command line
