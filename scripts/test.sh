@@ -27,7 +27,8 @@ if [[ ${MOEKIT_PYTHON:-ON} == ON ]]; then
   ./scripts/check_wheel.sh || wheel=$?
   if [[ ${MOEKIT_VLLM_TESTS:-ON} == ON ]]; then
     { ./scripts/setup_vllm.sh &&
-      .venv-vllm/bin/python -m pytest python/tests/test_vllm.py -q -rs -p no:cacheprovider; } || vllm=$?
+      .venv-vllm/bin/python -m pytest python/tests/test_vllm.py -q -rs -p no:cacheprovider &&
+      .venv-vllm/bin/python -m pytest python/tests/test_docs.py -k vllm -q -rs -p no:cacheprovider; } || vllm=$?  # docs/vllm.md's blocks
   else
     echo "test: vLLM tests left out (MOEKIT_VLLM_TESTS=OFF)"
   fi
