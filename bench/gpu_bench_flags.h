@@ -12,7 +12,7 @@ inline void add_gpu_bench_flags(CLI::App* app, GpuBenchOptions* opt) {
   app->add_option("--shapes", opt->shapes_path, "shape list (JSON)");
   app->add_option("--m", opt->m_list, "token counts (default: the shape list's)");
   app->add_option("--only", opt->only, "shape names to run (default: all)");
-  app->add_option("--backend", opt->backend, "MoeConfig backend: cuda_sm90 or auto");
+  app->add_option("--backend", opt->backend, "MoeConfig backend: auto, cuda_sm90 or cuda_sm80");
   app->add_option("--json", opt->json_path, "write results here");
   app->add_option("--dump-dir", opt->dump_dir, "write outputs of the dump cases here (.npy) for the peer check");
   app->add_option("--dump-m", opt->dump_m, "M values whose output is dumped");

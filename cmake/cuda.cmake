@@ -29,7 +29,39 @@ if(MOEKIT_WITH_CUDA)
   endforeach()
   string(JOIN " " MOEKIT_CUDA_GENCODE_STR ${MOEKIT_CUDA_GENCODE})
   set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} ${MOEKIT_CUDA_GENCODE_STR} --expt-relaxed-constexpr -lineinfo")
-  message(STATUS "moekit: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}), archs ${MOEKIT_CUDA_ARCHS}")
+  # The portable backend (cuda_sm80): the sources whose kernels use only what every
+  # GPU since sm_80 has (mma.sync, ldmatrix, cp.async) are compiled once more per
+  # MOEKIT_CUDA_PORTABLE_ARCHS (SASS) and once as MOEKIT_CUDA_PORTABLE_PTX (PTX that
+  # the driver compiles for newer GPUs on first use). The sm_90a-only sources
+  # (CUTLASS/wgmma) keep MOEKIT_CUDA_ARCHS alone.
+  set(MOEKIT_CUDA_PORTABLE_GENCODE "")
+  foreach(arch IN LISTS MOEKIT_CUDA_PORTABLE_ARCHS)
+    list(APPEND MOEKIT_CUDA_PORTABLE_GENCODE "-gencode=arch=compute_${arch},code=sm_${arch}")
+  endforeach()
+  if(MOEKIT_CUDA_PORTABLE_PTX)
+    list(APPEND MOEKIT_CUDA_PORTABLE_GENCODE
+         "-gencode=arch=compute_${MOEKIT_CUDA_PORTABLE_PTX},code=compute_${MOEKIT_CUDA_PORTABLE_PTX}")
+  endif()
+  if("90a" IN_LIST MOEKIT_CUDA_ARCHS)
+    set(MOEKIT_CUDA_SM90A_BUILT ON)
+  else()
+    set(MOEKIT_CUDA_SM90A_BUILT OFF)
+  endif()
+  if(MOEKIT_CUDA_PORTABLE_GENCODE)
+    set(MOEKIT_CUDA_PORTABLE_BUILT ON)
+  else()
+    set(MOEKIT_CUDA_PORTABLE_BUILT OFF)
+  endif()
+  message(STATUS "moekit: CUDA backend ON (${CMAKE_CUDA_COMPILER_VERSION}), archs ${MOEKIT_CUDA_ARCHS}; "
+                 "portable kernels: ${MOEKIT_CUDA_PORTABLE_ARCHS} + PTX ${MOEKIT_CUDA_PORTABLE_PTX}")
 else()
   message(STATUS "moekit: CUDA backend OFF (no nvcc); CPU backend only")
 endif()
+
+# Marks CUDA sources (of the calling directory) as portable: their kernels are
+# also built for the portable architectures above.
+function(moekit_portable_cuda_sources)
+  if(MOEKIT_WITH_CUDA AND MOEKIT_CUDA_PORTABLE_GENCODE)
+    set_property(SOURCE ${ARGN} APPEND PROPERTY COMPILE_OPTIONS ${MOEKIT_CUDA_PORTABLE_GENCODE})
+  endif()
+endfunction()

@@ -53,6 +53,17 @@ run_ctest() {  # label, name, log, extra env...
 }
 run_ctest gpu "gpu      " "$LOGS/ctest_gpu.log" MOEKIT_GPU_CHECK=1 >"$LOGS/ctest_gpu.lines"
 run_ctest gpu "gpu(ref) " "$LOGS/ctest_gpu_reference.log" MOEKIT_SM90_GEMM=reference >/dev/null
+# The portable backend (cuda_sm80) forced: the tests' kernels are its classes.
+run_ctest gpu "gpu(sm80)" "$LOGS/ctest_gpu_sm80.log" MOEKIT_TEST_CUDA_BACKEND=cuda_sm80 >/dev/null
+# ... and from its PTX alone (what a GPU newer than its SASS runs): the driver
+# compiles every kernel on first use; the first test's time includes that.
+ptx_t0=$(date +%s)
+if CUDA_FORCE_PTX_JIT=1 MOEKIT_TEST_CUDA_BACKEND=cuda_sm80 "$BUILD/tests/cuda/test_layer_cuda" \
+     --gtest_filter='Sm90/CudaLayerGrid.*' >"$LOGS/ptx_jit_layer.log" 2>&1; then
+  note "ptx jit  layer grid on cuda_sm80 from PTX: $(grep -E '^\[  PASSED  \]' "$LOGS/ptx_jit_layer.log") in $(( $(date +%s) - ptx_t0 ))s; first case $(grep -m1 -oE 'OK \] .* \([0-9]+ ms\)' "$LOGS/ptx_jit_layer.log" | grep -oE '[0-9]+ ms')"
+else
+  fail "ptx jit  layer grid on cuda_sm80 from PTX: $(grep -cE '^\[  FAILED  \]' "$LOGS/ptx_jit_layer.log") failed lines (see $LOGS/ptx_jit_layer.log)"
+fi
 run_ctest unit "unit     " "$LOGS/ctest_unit.log" >/dev/null
 # Two or more GPUs and NCCL; each test skips itself (counted as skipped) on one GPU.
 run_ctest multigpu "multigpu " "$LOGS/ctest_multigpu.log"
@@ -74,8 +85,8 @@ fi
 
 # ---- compute-sanitizer on a small subset
 T="$BUILD/tests/cuda"
-san() {  # tool, label, binary, filter
-  local tool="$1" label="$2" bin="$3" filter="$4" log="$LOGS/sanitizer_${1}_${2}.log"
+san() {  # tool, label, binary, filter, extra env...
+  local tool="$1" label="$2" bin="$3" filter="$4" log="$LOGS/sanitizer_${1}_${2}.log"; shift 4
   # NOTE: on the CUTLASS path initcheck flags reads of what TMA wrote (CUTLASS's descriptor
   # copies, the rows its epilogue stored) although the gpu tests poison those outputs with
   # NaN and compare every element with fp64: we read it as the tool not tracking bulk-async
@@ -83,8 +94,8 @@ san() {  # tool, label, binary, filter
   # grouped GEMM forced (plain stores; the streaming kernel cannot take every test shape, and
   # where it cannot the table falls back to CUTLASS); memcheck and racecheck cover the
   # table's own paths.
-  local env=()
-  [ "$tool" = initcheck ] && env=(MOEKIT_SM90_GEMM=reference)
+  local env=("$@")
+  [ "$tool" = initcheck ] && env+=(MOEKIT_SM90_GEMM=reference)
   timeout "${SANITIZER_TIMEOUT:-90}" env "${env[@]}" "$SANITIZER" --tool "$tool" --error-exitcode 97 "$T/$bin" \
     --gtest_filter="$filter" >"$log" 2>&1
   local rc=$?
@@ -104,6 +115,8 @@ if [ -n "$SANITIZER" ]; then
     san "$tool" graph test_graph_cuda '*'
   done
   san memcheck capture test_capture_cuda '*/renormalize_*:*/deepseek_v3_*'
+  san memcheck layer_sm80 test_layer_cuda "$LAYER" MOEKIT_TEST_CUDA_BACKEND=cuda_sm80
+  san racecheck layer_sm80 test_layer_cuda "$LAYER" MOEKIT_TEST_CUDA_BACKEND=cuda_sm80
   san racecheck capture test_capture_cuda '*/renormalize_*'
 else
   fail "compute-sanitizer not found"

@@ -23,6 +23,7 @@ struct Platform {
   int cpu_threads = 1;
   bool cuda_built = false;       // this build contains CUDA kernels
   bool sm90a_built = false;      // ... compiled for sm_90a (wgmma, TMA)
+  bool portable_built = false;   // ... and the portable kernels (cuda_sm80) for sm_80 on
   std::vector<CudaDeviceInfo> cuda_devices;  // empty when none is usable
 
   // Probes the real machine (CPU threads, CUDA devices). Cheap after the first call.
@@ -30,6 +31,9 @@ struct Platform {
   // A machine with CPUs only (for tests and forced CPU runs).
   static Platform cpu_only(int threads = 1);
   bool has_sm90() const;  // a device with compute capability 9.0 is present and sm_90a kernels are built
+  // A device of compute capability 8.0 or later is present and the portable kernels are built.
+  bool has_cuda_portable() const;
+  static constexpr int kPortableMinCcMajor = 8;
   std::string to_string() const;
 };
 

@@ -33,6 +33,16 @@ cudaError_t ensure_kernel_smem(const void* func, int bytes) {
   return cudaSuccess;
 }
 
+int current_device_smem_optin() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
 }  // namespace moekit::cuda
 
 #endif  // MOEKIT_WITH_CUDA

@@ -17,10 +17,12 @@ Platform probe_once() {
   p.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #ifdef MOEKIT_WITH_CUDA
   p.cuda_built = true;
-  // TODO: derive from the build: this assumes MOEKIT_CUDA_ARCHS holds 90a (its
-  // default); no kernel guards on __CUDA_ARCH__, so a build without it has no
-  // sm_90a code to launch.
-  p.sm90a_built = true;
+#ifdef MOEKIT_CUDA_SM90A_BUILT
+  p.sm90a_built = true;  // MOEKIT_CUDA_ARCHS holds 90a
+#endif
+#ifdef MOEKIT_CUDA_PORTABLE_BUILT
+  p.portable_built = true;  // MOEKIT_CUDA_PORTABLE_ARCHS / _PTX are not empty
+#endif
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // no driver or no device: a CPU-only platform
@@ -60,6 +62,14 @@ bool Platform::has_sm90() const {
   if (!sm90a_built) return false;
   for (const auto& d : cuda_devices) {
     if (d.cc_major == 9 && d.cc_minor == 0) return true;
+  }
+  return false;
+}
+
+bool Platform::has_cuda_portable() const {
+  if (!portable_built) return false;
+  for (const auto& d : cuda_devices) {
+    if (d.cc_major >= kPortableMinCcMajor) return true;
   }
   return false;
 }

@@ -123,7 +123,7 @@ TEST_P(CudaExtras, MonolithicEqualsModularAndMatchesReference) {
 
   std::vector<HostTensor> outs, captures;
   for (const char* cls : {"Sm90Monolithic", "Sm90Modular"}) {
-    auto layer = MoeLayer::create_with(cfg, mw, cuda_test::sm90_kernel_class(cls), Platform::probe());
+    auto layer = MoeLayer::create_with(cfg, mw, cuda_test::gpu_kernel_class(cls), Platform::probe());
     ASSERT_TRUE(layer.ok()) << cls << ": " << layer.status().to_string();
     DeviceTensor out(DType::kBF16, {c.M, c.H}), cap(DType::kI16, {c.M, c.k});
     out.poison();
@@ -170,7 +170,7 @@ void expect_overlap_equals_in_line(int case_index) {
     for (bool overlap : {false, true}) {
       MoeConfig cfg = config_of(c);
       cfg.shared_expert_overlap = overlap;
-      auto layer = MoeLayer::create_with(cfg, in.weights, cuda_test::sm90_kernel_class(cls), Platform::probe());
+      auto layer = MoeLayer::create_with(cfg, in.weights, cuda_test::gpu_kernel_class(cls), Platform::probe());
       ASSERT_TRUE(layer.ok()) << cls << ": " << layer.status().to_string();
       DeviceTensor out(DType::kBF16, {c.M, c.H});
       LayerForwardArgs a;
@@ -223,7 +223,7 @@ TEST(CudaExtrasOverlap, SharedExpertOverlapEqualsInLine) {
 TEST(CudaExtras, SupportsNamesSharedAlignment) {
   ExtrasCase c = kCases[2];
   c.shared_I = 100;
-  const Support s = cuda_test::sm90_kernel_class("Sm90Modular").supports(config_of(c), Platform::probe());
+  const Support s = cuda_test::gpu_kernel_class("Sm90Modular").supports(config_of(c), Platform::probe());
   if (!Platform::probe().has_sm90()) GTEST_SKIP() << "needs an sm_90 CUDA device";
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.reason.find("shared expert intermediate"), std::string::npos) << s.reason;

@@ -124,7 +124,7 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   layer.config.needs_capture = layer.config.needs_replay = true;
   layer.config.kernel.sm90_fp8_gemm = c.path;
   const MoeConfig& cfg = layer.config;
-  ASSERT_TRUE(cuda_test::sm90_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
+  ASSERT_TRUE(cuda_test::gpu_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
 
   // Routing on the host (the spec's ids), the cpu emulation on those ids.
   const StatusOr<cuda_test::CpuRun> cpu = cuda_test::cpu_modular_run(cfg, layer.weights(), layer.hidden, layer.logits);
@@ -141,7 +141,7 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   ASSERT_TRUE(route.ok()) << route.status().to_string();
   EXPECT_EQ(cuda_test::first_difference(route->ids.download(), ids), "") << "device ids differ from route_cpu's";
 
-  auto modular = cuda_test::sm90_kernel_class("Sm90Modular").create(cfg, Platform::probe());
+  auto modular = cuda_test::gpu_kernel_class("Sm90Modular").create(cfg, Platform::probe());
   ASSERT_TRUE(modular.ok()) << modular.status().to_string();
   Status st = (*modular)->prepare_weights(dw);
   ASSERT_TRUE(st.ok()) << st.to_string();
@@ -149,7 +149,7 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   ASSERT_TRUE(mod.ok()) << mod.status().to_string();
   const HostTensor& mod_out = *mod;
 
-  auto mono = cuda_test::sm90_kernel_class("Sm90Monolithic").create(cfg, Platform::probe());
+  auto mono = cuda_test::gpu_kernel_class("Sm90Monolithic").create(cfg, Platform::probe());
   ASSERT_TRUE(mono.ok()) << mono.status().to_string();
   ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());  // host weights: copied to the device
   DeviceTensor capture(DType::kI16, {s.M, s.k}), forced(DType::kI32, {s.M, s.k});
@@ -193,7 +193,7 @@ TEST(CudaFp8, GraphReplayEqualsEager) {
   for (Fp8Scheme scheme : {Fp8Scheme::kBlock128, Fp8Scheme::kTensorDynamic}) {
     const Fp8Shape s{48, 16, 4, 256, 128};
     Fp8Layer layer(s, scheme, Activation::kSiluGated, DType::kBF16, testing::seed_from({48, int64_t(scheme), 6}));
-    auto mono = cuda_test::sm90_kernel_class("Sm90Monolithic").create(layer.config, Platform::probe());
+    auto mono = cuda_test::gpu_kernel_class("Sm90Monolithic").create(layer.config, Platform::probe());
     ASSERT_TRUE(mono.ok()) << mono.status().to_string();
     ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());
     DeviceTensor hidden(layer.hidden), logits(layer.logits), out_eager(DType::kBF16, {s.M, s.H}),

@@ -109,7 +109,7 @@ LayerData draw(const LayerCase& c, uint64_t seed) {
 }
 
 std::unique_ptr<MoeKernel> make_kernel(const LayerCase& c, const std::string& cls, const LayerData& d) {
-  const KernelClass k = cuda_test::sm90_kernel_class(cls);
+  const KernelClass k = cuda_test::gpu_kernel_class(cls);
   auto kernel = k.create(c.config(), Platform::probe());
   EXPECT_TRUE(kernel.ok()) << kernel.status().to_string();
   if (!kernel.ok()) return nullptr;
@@ -252,7 +252,7 @@ TEST(CudaLayer, WorkspaceReuseAcrossTokenCounts) {
 TEST(CudaLayer, NonFiniteWeightsAreRefusedOnHostAndDevice) {
   MOEKIT_REQUIRE_SM90();
   const LayerCase c{4, 8, 2, Activation::kSiluGated, RoutingMethod::kRenormalize, 256, 128, DType::kF32};
-  const KernelClass k = cuda_test::sm90_kernel_class("Sm90Modular");
+  const KernelClass k = cuda_test::gpu_kernel_class("Sm90Modular");
   struct Bad {
     const char* tensor;
     uint16_t code;

@@ -38,7 +38,7 @@ TEST(CudaSoak, HundredThousandForwardsWithCaptureKeepMemoryFlat) {
     keep.push_back(testing::random_tensor(rng, s.act, {s.E, 2 * s.I, s.H}, 0.1));
     keep.push_back(testing::random_tensor(rng, s.act, {s.E, s.H, s.I}, 0.1));
     const MoeWeights w{keep[keep.size() - 2].view(), keep.back().view(), {}};
-    auto layer = MoeLayer::create_with(cfg, w, cuda_test::sm90_kernel_class(kernel), Platform::probe());
+    auto layer = MoeLayer::create_with(cfg, w, cuda_test::gpu_kernel_class(kernel), Platform::probe());
     ASSERT_TRUE(layer.ok()) << layer.status().to_string();
     ASSERT_TRUE(model.add_layer(std::move(layer).value(), 2 * model.num_layers() + 1).ok());
   }

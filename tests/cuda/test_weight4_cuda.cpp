@@ -147,7 +147,7 @@ MoeWeights device_weights(const Weight4Layer& l, std::vector<DeviceTensor>& keep
 
 // The layer's kernel of class `name` with prepared weights.
 std::unique_ptr<MoeKernel> prepared_kernel(const char* name, const MoeConfig& cfg, const MoeWeights& w) {
-  auto k = cuda_test::sm90_kernel_class(name).create(cfg, Platform::probe());
+  auto k = cuda_test::gpu_kernel_class(name).create(cfg, Platform::probe());
   EXPECT_TRUE(k.ok()) << k.status().to_string();
   if (!k.ok()) return nullptr;
   const Status st = (*k)->prepare_weights(w);
@@ -338,7 +338,7 @@ TEST(CudaWeight4, BadScalesAndShapesAreRefusedByName) {
   for (bool on_device : {false, true}) {
     std::vector<DeviceTensor> keep;
     const MoeWeights w = on_device ? device_weights(layer, keep) : layer.weights();
-    auto k = cuda_test::sm90_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
+    auto k = cuda_test::gpu_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
     ASSERT_TRUE(k.ok());
     const Status st = (*k)->prepare_weights(w);
     EXPECT_FALSE(st.ok());
@@ -355,7 +355,7 @@ TEST(CudaWeight4, BadScalesAndShapesAreRefusedByName) {
   }
   MoeWeights w = layer.weights();
   w.w13.shape[2] = s.H / 4;  // a packed row too short for H
-  auto k = cuda_test::sm90_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
+  auto k = cuda_test::gpu_kernel_class("Sm90Modular").create(layer.config, Platform::probe());
   ASSERT_TRUE(k.ok());
   const Status st = (*k)->prepare_weights(w);
   EXPECT_FALSE(st.ok());

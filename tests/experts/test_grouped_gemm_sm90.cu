@@ -56,7 +56,8 @@ double act_ref(Activation a, double g, double u) {
 // path: 1 + a streaming variant's index; 0 = grouped_gemm() (the table's choice);
 // -1 - i = CUTLASS tile kAllCutlassTiles[i]. k_splits > 1 (streaming only, no
 // epilogue): C holds f32 partials per K slice, and their sum is what is checked.
-void run_case(const Case& c, int path, int k_splits = 1) {
+// target kSm80: the table's choice as cuda_sm80 makes it (no CUTLASS path).
+void run_case(const Case& c, int path, int k_splits = 1, CudaTarget target = CudaTarget::kSm90) {
   std::mt19937_64 rng(testing::seed_from({c.groups, c.n, c.k, c.gather, static_cast<int>(c.epilogue),
                                           static_cast<int>(c.act), static_cast<int>(c.out), c.max_group_rows,
                                           c.skewed, path, k_splits}));
@@ -87,6 +88,7 @@ void run_case(const Case& c, int path, int k_splits = 1) {
   pr.n = c.n;
   pr.k = c.k;
   pr.out_dtype = k_splits > 1 ? DType::kF32 : c.out;
+  pr.target = target;
   pr.k_splits = k_splits;
   pr.gather_a = c.gather;
   pr.epilogue = c.epilogue;
@@ -260,6 +262,12 @@ TEST_P(GroupedGemmSm90, TableChoiceMatchesFp64) {
   run_case(GetParam(), 0);
 }
 
+// The portable backend's table (streaming and the reference kernel only) on the same cases.
+TEST_P(GroupedGemmSm90, Sm80TableChoiceMatchesFp64) {
+  if (!has_sm90()) GTEST_SKIP() << "needs an sm_90 device";
+  run_case(GetParam(), 0, 1, CudaTarget::kSm80);
+}
+
 constexpr auto kNone = GemmEpilogue::kNone;
 constexpr auto kAct = GemmEpilogue::kActivation;
 INSTANTIATE_TEST_SUITE_P(
@@ -344,6 +352,32 @@ TEST(GroupedGemmSm90Table, BatchInvariantIsOnePathForEveryM) {
       const std::string path = c.to_string();
       if (first.empty()) first = path;
       EXPECT_EQ(path, first) << "M=" << m;
+    }
+  }
+}
+
+// cuda_sm80's table never picks a CUTLASS path (sm_90a only), at any M, with or
+// without batch invariance (then: the reference kernel for every M). Host-only.
+TEST(GroupedGemmSm90Table, Sm80TargetNeverTakesCutlass) {
+  for (const bool invariant : {false, true}) {
+    for (int64_t m : {1, 4, 16, 64, 256, 1024, 4096, 16384}) {
+      GroupedGemmProblem pr;
+      pr.num_groups = 8;
+      pr.max_rows = m * 2;
+      pr.a_rows = m;
+      pr.n = 2 * 1024;
+      pr.k = 4096;
+      pr.gather_a = true;
+      pr.epilogue = GemmEpilogue::kActivation;
+      pr.batch_invariant = invariant;
+      pr.target = CudaTarget::kSm80;
+      const Sm90GemmChoice c = choose_sm90_gemm(pr);
+      EXPECT_NE(c.path, Sm90GemmPath::kCutlass) << "M=" << m << ": " << c.to_string();
+      EXPECT_EQ(c.cutlass_above_rows, 0) << "M=" << m << ": " << c.to_string();
+      EXPECT_EQ(sm90_gemm_workspace_size(pr), 0u) << "M=" << m;
+      if (invariant) EXPECT_EQ(c.path, Sm90GemmPath::kReference) << "M=" << m << ": " << c.to_string();
+      // Large groups stream through the widest token tile rather than 16 tokens at a time.
+      if (!invariant && m >= 1024) EXPECT_NE(c.to_string().find("rows128_k64"), std::string::npos) << c.to_string();
     }
   }
 }

@@ -212,6 +212,74 @@ TEST(Oracle, TheSm90BackendServes4BitWeights) {
     EXPECT_FALSE(cuda::sm90_monolithic_supports(ep, h200).ok);
   }
 }
+
+Platform described_gpu(int cc_major, int cc_minor, bool portable_built) {
+  Platform p = testing::described_h200();
+  p.cuda_devices[0].cc_major = cc_major;
+  p.cuda_devices[0].cc_minor = cc_minor;
+  p.portable_built = portable_built;
+  return p;
+}
+
+// An A100 (sm_80), an L40S (sm_89) or a Blackwell GPU (sm_100, through the PTX):
+// the portable backend serves every scheme there, the monolithic class first.
+TEST(Oracle, ThePortableBackendServesGpusFromAmpereOn) {
+  for (const auto& [major, minor] : {std::pair{8, 0}, std::pair{8, 6}, std::pair{8, 9}, std::pair{10, 0}}) {
+    const Platform gpu = described_gpu(major, minor, /*portable_built=*/true);
+    MoeConfig c = small_config();
+    c.hidden = c.intermediate = 128;
+    auto r = select_backend(c, gpu);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->backend, "cuda_sm80") << r->report_string();
+    EXPECT_EQ(r->kernel.name, "Sm80Monolithic") << r->report_string();
+    for (QuantMethod m : {QuantMethod::kFp8Block128, QuantMethod::kFp8PerTensor, QuantMethod::kMxfp4,
+                          QuantMethod::kInt4G32, QuantMethod::kInt4G128}) {
+      MoeConfig q = c;
+      q.quant.method = m;
+      q.quant.weight_dtype = q.quant.is_weight4() ? DType::kU8 : DType::kF8E4M3;
+      ASSERT_TRUE(q.validate().ok()) << q.validate().to_string();
+      for (const Support& s : {cuda::sm80_modular_supports(q, gpu), cuda::sm80_monolithic_supports(q, gpu)}) {
+        EXPECT_TRUE(s.ok) << quant_method_name(m) << " on sm_" << major << minor << ": " << s.reason;
+      }
+    }
+  }
+}
+
+// On Hopper the sm90 backend wins and the portable one is second, reported as
+// such; forcing it (backend = "cuda_sm80") selects it.
+TEST(Oracle, OnHopperThePortableBackendIsSecondAndCanBeForced) {
+  const Platform h200 = described_gpu(9, 0, /*portable_built=*/true);
+  MoeConfig c = small_config();
+  auto r = select_backend(c, h200);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->backend, "cuda_sm90");
+  const CandidateReport* sm80 = find(*r, "Sm80Monolithic");
+  ASSERT_NE(sm80, nullptr) << r->report_string();
+  EXPECT_EQ(sm80->reason, "lower priority than cuda_sm90/Sm90Monolithic");
+  c.backend = "cuda_sm80";
+  auto forced = select_backend(c, h200);
+  ASSERT_TRUE(forced.ok()) << forced.status().to_string();
+  EXPECT_EQ(forced->backend, "cuda_sm80");
+  EXPECT_EQ(forced->kernel.name, "Sm80Monolithic");
+}
+
+// Before Ampere, or in a build without the portable kernels, no CUDA backend
+// serves the device: the CPU does, and forcing cuda_sm80 is an error naming what is there.
+TEST(Oracle, NoPortableBackendBeforeAmpereOrWhenNotBuilt) {
+  for (const Platform& p : {described_gpu(7, 5, true), described_gpu(8, 0, false)}) {
+    MoeConfig c = small_config();
+    auto r = select_backend(c, p);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->backend, "cpu") << r->report_string();
+    c.backend = "cuda_sm80";
+    auto forced = select_backend(c, p);
+    ASSERT_FALSE(forced.ok());
+    EXPECT_NE(forced.status().message().find("backend 'cuda_sm80' is not available"), std::string::npos)
+        << forced.status().message();
+  }
+  const Support s = cuda::sm80_modular_supports(small_config(), described_gpu(8, 0, false));
+  EXPECT_NE(s.reason.find("not built: MOEKIT_CUDA_PORTABLE_ARCHS was empty"), std::string::npos) << s.reason;
+}
 #endif
 
 // ---------------------------------------------------------------- the real cpu registry

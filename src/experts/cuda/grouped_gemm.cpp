@@ -13,6 +13,15 @@ const char* gemm_epilogue_name(GemmEpilogue e) {
   return "?";
 }
 
+const char* cuda_target_name(CudaTarget t) {
+  switch (t) {
+    case CudaTarget::kSm80: return "sm80";
+    case CudaTarget::kSm89: return "sm89";
+    case CudaTarget::kSm90: return "sm90";
+  }
+  return "?";
+}
+
 std::string GroupedGemmProblem::to_string() const {
   std::ostringstream os;
   os << "GroupedGemm{G=" << num_groups << ", max_rows=" << max_rows << ", a_rows=" << a_rows << ", N=" << n
@@ -21,6 +30,7 @@ std::string GroupedGemmProblem::to_string() const {
   if (epilogue == GemmEpilogue::kActivation) os << "(" << activation.to_string() << ")";
   if (k_splits > 1) os << ", k_splits=" << k_splits;
   if (batch_invariant) os << ", batch_invariant";
+  if (target != CudaTarget::kSm90) os << ", target=" << cuda_target_name(target);
   os << "}";
   return os.str();
 }

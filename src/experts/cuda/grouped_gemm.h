@@ -37,6 +37,14 @@ namespace moekit::cuda {
 // this layout; change the constant here and both sides follow.
 inline constexpr int kGateUpBlock = 16;
 
+// The instructions a kernel's GEMMs may use, from its device and backend:
+//   kSm90  cuda_sm90: wgmma, TMA and clusters too (the CUTLASS sm90 paths)
+//   kSm89  cuda_sm80 on a device with fp8 mma.sync (sm_89 and later): the fp8 streaming kernel
+//   kSm80  cuda_sm80: mma.sync, ldmatrix and cp.async on bf16 (every GPU since Ampere)
+// Ordered: a path that needs kSm89 runs on every target >= it.
+enum class CudaTarget : uint8_t { kSm80, kSm89, kSm90 };
+const char* cuda_target_name(CudaTarget t);
+
 enum class GemmEpilogue : uint8_t {
   kNone,        // C = A·Bᵀ (fp32 accumulate, rounded once to C's dtype)
   kActivation,  // C = act(A·Bᵀ): gated kinds pair gate/up columns (N_out = N/2); relu2 elementwise
@@ -70,6 +78,8 @@ struct GroupedGemmProblem {
   // MoeConfig::batch_invariant: one path (and so one reduction order per element)
   // for every M and rows per group, no K slices (choose_sm90_gemm).
   bool batch_invariant = false;
+  // Which paths exist for this problem (the kernel's backend and device).
+  CudaTarget target = CudaTarget::kSm90;
   // Path overrides (MoeConfig::kernel with the environment's applied); null:
   // the environment's alone (kernel_options_environment()).
   const KernelOptions* kernel = nullptr;

@@ -195,6 +195,10 @@ Status cutlass_gemm(CutlassTile tile, const CutlassGemmLaunch& launch, cudaStrea
 }  // namespace sm90
 
 Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
+  if (pr.target != CudaTarget::kSm90) {
+    return Support::no(std::string("CUTLASS grouped GEMM: needs wgmma and TMA (cuda_sm90); target ") +
+                       cuda_target_name(pr.target));
+  }
   if (pr.out_dtype != DType::kBF16) {
     return Support::no(std::string("CUTLASS grouped GEMM: output dtype ") + dtype_name(pr.out_dtype) +
                        " (only bf16 is instantiated)");

@@ -81,6 +81,7 @@ GroupedGemmProblem gemm1_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.epilogue = s.expert_bias ? GemmEpilogue::kNone : GemmEpilogue::kActivation;
   p.activation = s.activation;
   p.batch_invariant = s.batch_invariant;
+  p.target = s.target;
   p.kernel = s.kernel;
   return p;
 }
@@ -97,6 +98,7 @@ GroupedGemmProblem shared_gemm1_problem(const ExpertsShape& s, int64_t num_token
   p.epilogue = GemmEpilogue::kActivation;
   p.activation = s.activation;
   p.batch_invariant = s.batch_invariant;
+  p.target = s.target;
   p.kernel = s.kernel;
   return p;
 }
@@ -111,6 +113,7 @@ GroupedGemmProblem shared_gemm2_problem(const ExpertsShape& s, int64_t num_token
   p.out_dtype = DType::kBF16;
   p.epilogue = GemmEpilogue::kNone;
   p.batch_invariant = s.batch_invariant;
+  p.target = s.target;
   p.kernel = s.kernel;
   return p;
 }
@@ -149,6 +152,7 @@ GroupedGemmProblem gemm2_problem(const ExpertsShape& s, int64_t num_tokens) {
   p.gather_a = false;
   p.epilogue = GemmEpilogue::kNone;
   p.batch_invariant = s.batch_invariant;
+  p.target = s.target;
   p.kernel = s.kernel;
   return p;
 }

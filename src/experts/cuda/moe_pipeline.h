@@ -30,6 +30,7 @@ struct ExpertsShape {
   int64_t shared_intermediate = 0;   // Is > 0: a shared expert, run as a one-group grouped GEMM pair
   bool shared_gate = false;          // shared output scaled by sigmoid(x . gate)
   bool batch_invariant = false;  // GEMM problems get it: one path for every M, no K slices
+  CudaTarget target = CudaTarget::kSm90;  // the GEMM paths the device and backend offer (GEMM problems get it)
   bool shared_overlap = false;   // the shared expert on a side stream (ExpertsRun::shared_side)
   // The workspace is sized for this many tokens: a forward of fewer may give its
   // GEMMs' scratch the room (GroupedGemmProblem::scratch_rows). 0: the forward's own M.

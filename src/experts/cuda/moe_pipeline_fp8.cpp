@@ -48,6 +48,7 @@ constexpr int64_t kStreamingMaxPairs = 8;
 
 std::optional<Fp8StreamVariant> streaming_variant(const ExpertsShape& s, const KernelOptions& o, int64_t pairs) {
   if (s.batch_invariant) return std::nullopt;  // one path for every M: the tensor-core GEMM
+  if (s.target < CudaTarget::kSm89) return std::nullopt;  // its e4m3 mma.sync needs sm_89
   if (!o.sm90_fp8_stream.empty()) {
     if (o.sm90_fp8_stream == "off") return std::nullopt;
     if (const auto v = parse_fp8_stream_variant(o.sm90_fp8_stream)) return v;
@@ -68,6 +69,8 @@ const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool t
   if (o.sm90_fp8_gemm != "cutlass" && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
   return tensor_core_weights ? "cutlass" : "cuda_core";
 }
+
+bool fp8_tensor_core_gemm(const ExpertsShape& s) { return fp8_cutlass_gemm_built() && s.target == CudaTarget::kSm90; }
 
 bool fp8_gemm1_single_launch(const ExpertsShape& s) {
   return !s.activation.gated() || s.intermediate % kFp8BlockSize == 0;
@@ -90,7 +93,7 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   // build without the tensor-core GEMM: there the two tensor-core paths never
   // hold GEMM1's f32 output and the activation at once (streaming writes act,
   // CUTLASS writes h), so act shares h's bytes.
-  l.cuda_core_room = !fp8_cutlass_gemm_built();
+  l.cuda_core_room = !fp8_tensor_core_gemm(s);
   l.x_quant = c;
   size_t q = c;
   l.x_q8 = take_workspace(&q, pairs * H);
@@ -102,7 +105,7 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
   l.act_quant = l.cuda_core_room ? take_workspace(&c, pairs * I * sizeof(float)) : l.gemm1_out;
   l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
-  l.gemm_tables = take_workspace(&c, fp8_cutlass_gemm_workspace_size(s.num_experts));
+  l.gemm_tables = take_workspace(&c, fp8_tensor_core_gemm(s) ? fp8_cutlass_gemm_workspace_size(s.num_experts) : 0);
   l.x_tokens = take_workspace(&c, static_cast<size_t>(num_tokens) * H);
   l.x_token_scale = take_workspace(&c, static_cast<size_t>(num_tokens) * scale_blocks(s.hidden) * sizeof(float));
   l.total = c;
@@ -161,7 +164,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   fa.skip_negative_ids = run.skip_negative_ids;
   fa.topk_ids = run.topk_ids;
 
-  const bool tensor_cores = w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
+  const bool tensor_cores = fp8_tensor_core_gemm(s) && w.w13_gemm_scale != nullptr && w.w2_gemm_scale != nullptr;
   const std::string_view path = fp8_gemm_path_name(s, M, tensor_cores);
   if (path == "cuda_core" && !l.cuda_core_room) {
     return Unsupported(

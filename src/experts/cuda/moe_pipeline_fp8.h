@@ -88,6 +88,8 @@ struct Fp8ExpertsRun {
 // few rows per expert), "cutlass" (the tensor-core grouped GEMM; needs the
 // weights prepared for it) or "cuda_core".
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens, bool tensor_core_weights);
+// The tensor-core grouped GEMM (CUTLASS sm90) is built and the shape's target runs it.
+bool fp8_tensor_core_gemm(const ExpertsShape& s);
 
 Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const Fp8ExpertsRun& run,
                        cudaStream_t stream);

@@ -72,13 +72,27 @@ Status require_current_device(int device_index, const char* who) {
   return Status::Ok();
 }
 
-StatusOr<int> current_sm90_device(const Platform& platform) {
+const char* cuda_backend_name(CudaBackend b) {
+  return b == CudaBackend::kSm90 ? kSm90BackendName : kSm80BackendName;
+}
+
+StatusOr<int> current_cuda_device(const Platform& platform, CudaBackend backend, CudaTarget* target) {
   int current = -1;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&current));
   for (const CudaDeviceInfo& d : platform.cuda_devices) {
-    if (d.index == current && d.cc_major == 9 && d.cc_minor == 0) return current;
+    if (d.index != current) continue;
+    if (backend == CudaBackend::kSm90 && d.cc_major == 9 && d.cc_minor == 0) {
+      *target = CudaTarget::kSm90;
+      return current;
+    }
+    if (backend == CudaBackend::kPortable && d.cc_major >= Platform::kPortableMinCcMajor) {
+      // e4m3 mma.sync from sm_89 on (Ada, Hopper, Blackwell: the PTX is compute_89).
+      *target = d.cc_major * 10 + d.cc_minor >= 89 ? CudaTarget::kSm89 : CudaTarget::kSm80;
+      return current;
+    }
   }
-  return Unsupported("the current CUDA device cuda:" + str(current) + " is not an sm_90 device");
+  return Unsupported("the current CUDA device cuda:" + str(current) + " is not " +
+                     (backend == CudaBackend::kSm90 ? "an sm_90 device" : "an sm_80 or later device"));
 }
 
 ExpertsShape sm90_shape_of(const MoeConfig& c) {
@@ -98,12 +112,17 @@ ExpertsShape sm90_shape_of(const MoeConfig& c) {
 }
 
 // The reasons both classes share, in the order of docs/design.md §2.2.
-Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolithic) {
+Support cuda_supports(const MoeConfig& c, const Platform& platform, bool monolithic, CudaBackend backend) {
   // device / arch
   if (!platform.cuda_built) return Support::no("this build has no CUDA kernels");
-  if (!platform.has_sm90()) {
+  if (backend == CudaBackend::kSm90 && !platform.has_sm90()) {
     return Support::no("needs a compute capability 9.0 device (H100/H200) and sm_90a kernels; platform: " +
                        platform.to_string());
+  }
+  if (backend == CudaBackend::kPortable && !platform.has_cuda_portable()) {
+    return Support::no(std::string("needs a compute capability 8.0 or later device and the portable kernels (") +
+                       (platform.portable_built ? "built" : "not built: MOEKIT_CUDA_PORTABLE_ARCHS was empty") +
+                       "); platform: " + platform.to_string());
   }
   // dtypes / quant
   const Sm90Pipeline pipeline = sm90_pipeline_of(c.quant.method);
@@ -202,10 +221,16 @@ Support sm90_supports(const MoeConfig& c, const Platform& platform, bool monolit
 }
 
 Support sm90_modular_supports(const MoeConfig& config, const Platform& platform) {
-  return sm90_supports(config, platform, false);
+  return cuda_supports(config, platform, false, CudaBackend::kSm90);
 }
 Support sm90_monolithic_supports(const MoeConfig& config, const Platform& platform) {
-  return sm90_supports(config, platform, true);
+  return cuda_supports(config, platform, true, CudaBackend::kSm90);
+}
+Support sm80_modular_supports(const MoeConfig& config, const Platform& platform) {
+  return cuda_supports(config, platform, false, CudaBackend::kPortable);
+}
+Support sm80_monolithic_supports(const MoeConfig& config, const Platform& platform) {
+  return cuda_supports(config, platform, true, CudaBackend::kPortable);
 }
 Backend sm90_backend() {
   Backend b;
@@ -214,6 +239,14 @@ Backend sm90_backend() {
   b.candidates.push_back(KernelClass{"Sm90Monolithic", true, &sm90_monolithic_supports, &create_sm90_monolithic,
                                      /*writes_routing_replay_out=*/true});
   b.candidates.push_back(KernelClass{"Sm90Modular", false, &sm90_modular_supports, &create_sm90_modular});
+  return b;
+}
+Backend sm80_backend() {
+  Backend b;
+  b.name = kSm80BackendName;
+  b.candidates.push_back(KernelClass{"Sm80Monolithic", true, &sm80_monolithic_supports, &create_sm80_monolithic,
+                                     /*writes_routing_replay_out=*/true});
+  b.candidates.push_back(KernelClass{"Sm80Modular", false, &sm80_modular_supports, &create_sm80_modular});
   return b;
 }
 

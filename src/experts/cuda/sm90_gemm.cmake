@@ -10,6 +10,9 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu
   )
+  # The streaming kernels use mma.sync, ldmatrix and cp.async only: cuda_sm80 runs them too.
+  moekit_portable_cuda_sources(${CMAKE_CURRENT_LIST_DIR}/streaming_gemm.cu ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
+                               ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu)
   option(MOEKIT_CUTLASS_KERNELS "Build the CUTLASS grouped GEMM kernels (slow to compile)" ON)
   set(MOEKIT_CUTLASS_SOURCES  # one instantiation per file, so they compile in parallel
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_cutlass_sm90.cu

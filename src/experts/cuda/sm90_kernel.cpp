@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "core/cuda_check.h"
-#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
+#include "experts/cuda/moe_pipeline_fp8.h"
 #include "experts/cuda/moe_pipeline_weight4.h"
 
 namespace moekit::cuda {
@@ -31,7 +31,7 @@ Status OwnedSideStream::create() {
   return Status::Ok();
 }
 
-Sm90Kernel::Sm90Kernel(MoeConfig config, int device_index)
+Sm90Kernel::Sm90Kernel(MoeConfig config, int device_index, CudaTarget target)
     : MoeKernel(std::move(config)),
       device_index_(device_index),
       options_generation_(kernel_options_environment_generation()),
@@ -39,6 +39,7 @@ Sm90Kernel::Sm90Kernel(MoeConfig config, int device_index)
       pipeline_(sm90_pipeline_of(config_.quant.method)) {
   options_ = kernel_options_in_effect(config_.kernel);
   shape_.kernel = &options_;
+  shape_.target = target;
 }
 
 void Sm90Kernel::refresh_kernel_options() {
@@ -83,7 +84,7 @@ std::string Sm90Kernel::gemm_plan(int64_t num_tokens) const {
   switch (pipeline_) {
     case Sm90Pipeline::kBf16: return experts_gemm_plan(shape_, num_tokens);
     case Sm90Pipeline::kFp8:
-      return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens, fp8_cutlass_gemm_built());
+      return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens, fp8_tensor_core_gemm(shape_));
     case Sm90Pipeline::kWeight4: return weight4_gemm_plan(shape_, config_.quant.method, num_tokens);
   }
   return {};

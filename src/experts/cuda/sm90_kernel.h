@@ -1,7 +1,8 @@
 // What Sm90Modular (sm90_modular.cpp) and Sm90Monolithic (sm90_monolithic.cpp)
 // share: the device, the prepared weights, the argument checks of run(), the
 // expert stages after routing on the pipeline of the config's scheme, and the
-// shared expert's side stream.
+// shared expert's side stream. The same classes serve cuda_sm80 (named
+// Sm80Modular and Sm80Monolithic there): only their CudaTarget differs.
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -39,7 +40,7 @@ class OwnedSideStream {
 
 class Sm90Kernel : public MoeKernel {
  public:
-  Sm90Kernel(MoeConfig config, int device_index);
+  Sm90Kernel(MoeConfig config, int device_index, CudaTarget target);
 
   Device device() const override { return Device::cuda(device_index_); }
   StatusOr<ProblemSize> problem_size(const TensorView& hidden, const TensorView& w13, const TensorView& w2,
@@ -65,6 +66,11 @@ class Sm90Kernel : public MoeKernel {
   // (kernel_options_environment_generation); shape_.kernel points here.
   void refresh_kernel_options();
 
+  // "Sm90<suffix>" on cuda_sm90, "Sm80<suffix>" on cuda_sm80.
+  const char* class_name(const char* sm90_name, const char* sm80_name) const {
+    return shape_.target == CudaTarget::kSm90 ? sm90_name : sm80_name;
+  }
+
   int device_index_;
   KernelOptions options_;
   uint64_t options_generation_ = 0;
@@ -80,12 +86,13 @@ class Sm90Kernel : public MoeKernel {
 
 // A kernel of class K on the current device, if the config is supported there.
 template <typename K>
-StatusOr<std::unique_ptr<MoeKernel>> create_sm90_kernel(const MoeConfig& config, const Platform& platform,
-                                                       bool monolithic) {
-  const Support s = sm90_supports(config, platform, monolithic);
+StatusOr<std::unique_ptr<MoeKernel>> create_cuda_kernel(const MoeConfig& config, const Platform& platform,
+                                                       bool monolithic, CudaBackend backend) {
+  const Support s = cuda_supports(config, platform, monolithic, backend);
   if (!s.ok) return Unsupported(s.reason);
-  MOEKIT_ASSIGN_OR_RETURN(const int current, current_sm90_device(platform));
-  auto kernel = std::make_unique<K>(config, current);
+  CudaTarget target = CudaTarget::kSm90;
+  MOEKIT_ASSIGN_OR_RETURN(const int current, current_cuda_device(platform, backend, &target));
+  auto kernel = std::make_unique<K>(config, current, target);
   MOEKIT_RETURN_IF_ERROR(kernel->create_side_stream());
   return std::unique_ptr<MoeKernel>(std::move(kernel));
 }

@@ -30,7 +30,7 @@ Status check_rows_out(const TensorView& t, const char* name, DType dtype, int64_
 class Sm90Monolithic final : public Sm90Kernel {
  public:
   using Sm90Kernel::Sm90Kernel;
-  const char* name() const override { return "Sm90Monolithic"; }
+  const char* name() const override { return class_name("Sm90Monolithic", "Sm80Monolithic"); }
   bool is_monolithic() const override { return true; }
   bool supports_routing_replay_capture() const override { return true; }
   bool supports_router_weights_capture() const override { return true; }
@@ -47,11 +47,12 @@ class Sm90Monolithic final : public Sm90Kernel {
     }
     MOEKIT_RETURN_IF_ERROR(check_rows_out(a.routing_replay_out, "routing_replay_out", DType::kI16, M, k, dev));
     if (a.topk_ids.defined() || a.topk_weights.defined()) {
-      return InvalidArgument("Sm90Monolithic: routes inside; topk_ids/topk_weights must not be given");
+      return InvalidArgument(std::string(name()) + ": routes inside; topk_ids/topk_weights must not be given");
     }
     MOEKIT_RETURN_IF_ERROR(check_rows_out(a.router_weights_out, "router_weights_out", DType::kF32, M, k, dev));
     if (a.skip_negative_ids) {
-      return InvalidArgument("Sm90Monolithic: skip_negative_ids belongs to a modular kernel fed by an EP dispatch");
+      return InvalidArgument(std::string(name()) +
+                             ": skip_negative_ids belongs to a modular kernel fed by an EP dispatch");
     }
     // NOTE: ids and weights lie at these offsets in the fp8 layout too (moe_pipeline_fp8.h).
     const ExpertsWorkspaceLayout l = experts_workspace_layout(shape_, M);
@@ -78,7 +79,10 @@ class Sm90Monolithic final : public Sm90Kernel {
 }  // namespace
 
 StatusOr<std::unique_ptr<MoeKernel>> create_sm90_monolithic(const MoeConfig& config, const Platform& platform) {
-  return create_sm90_kernel<Sm90Monolithic>(config, platform, /*monolithic=*/true);
+  return create_cuda_kernel<Sm90Monolithic>(config, platform, /*monolithic=*/true, CudaBackend::kSm90);
+}
+StatusOr<std::unique_ptr<MoeKernel>> create_sm80_monolithic(const MoeConfig& config, const Platform& platform) {
+  return create_cuda_kernel<Sm90Monolithic>(config, platform, /*monolithic=*/true, CudaBackend::kPortable);
 }
 
 }  // namespace moekit::cuda

@@ -22,11 +22,19 @@ ExpertsShape sm90_shape_of(const MoeConfig& config);
 enum class Sm90Pipeline { kBf16, kFp8, kWeight4 };
 Sm90Pipeline sm90_pipeline_of(QuantMethod method);
 
+// The two CUDA backends run the same kernel classes and pipelines; they differ
+// in the devices they take and the GEMM paths those offer (CudaTarget):
+//   kSm90      cuda_sm90: sm_90 devices, every path (CUTLASS wgmma/TMA included)
+//   kPortable  cuda_sm80: any device from sm_80 on, the paths built from mma.sync,
+//              ldmatrix and cp.async (sm_80/sm_89 SASS and PTX for newer GPUs)
+enum class CudaBackend : uint8_t { kSm90, kPortable };
+const char* cuda_backend_name(CudaBackend b);
+
 // ok when cuda:device_index is the current CUDA device, else an error naming `who`.
 Status require_current_device(int device_index, const char* who);
-// The current CUDA device's index when it is an sm_90 device of `platform`.
-StatusOr<int> current_sm90_device(const Platform& platform);
-Support sm90_supports(const MoeConfig& config, const Platform& platform, bool monolithic);
+// The current CUDA device's index when `backend` serves it on `platform`, and its target.
+StatusOr<int> current_cuda_device(const Platform& platform, CudaBackend backend, CudaTarget* target);
+Support cuda_supports(const MoeConfig& config, const Platform& platform, bool monolithic, CudaBackend backend);
 
 }  // namespace moekit::cuda
 

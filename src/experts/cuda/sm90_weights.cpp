@@ -15,6 +15,7 @@
 #include "core/weight4.h"
 #include "experts/cuda/fp8_experts.h"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
+#include "experts/cuda/moe_pipeline_fp8.h"
 #include "experts/cuda/weight_layout.h"
 #include "experts/cuda/weight_values.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
@@ -192,7 +193,7 @@ Status prepare_fp8(const MoeConfig& config, const ExpertsShape& shape, Device de
   }
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13, dev, w.w13.data, w.w13.nbytes()));
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
-  if (fp8_cutlass_gemm_built()) {
+  if (fp8_tensor_core_gemm(shape)) {
     const QuantMethod method = config.quant.method;
     const int64_t parts = shape.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape) / parts;
     const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "core/cuda_func_attr.h"
 #include "experts/cuda/instance_names.h"
 #include "experts/cuda/stream_k_splits.h"
 #include "experts/cuda/streaming_gemm.cuh"
@@ -87,6 +88,11 @@ Support streaming_gemm_supports(const GroupedGemmProblem& pr, StreamVariant v) {
   if (pr.n % rows != 0) {
     return Support::no(std::string("streaming GEMM ") + stream_variant_name(v) + ": N=" + std::to_string(pr.n) +
                        " is not a multiple of " + std::to_string(rows));
+  }
+  if (const int optin = current_device_smem_optin(); optin > 0 && stream_variant_smem_bytes(v) > optin) {
+    return Support::no(std::string("streaming GEMM ") + stream_variant_name(v) + ": " +
+                       std::to_string(stream_variant_smem_bytes(v)) + " bytes of shared memory, the device has " +
+                       std::to_string(optin));
   }
   if (pr.num_groups < 1 || pr.max_rows > INT32_MAX / 2 || pr.n > INT32_MAX / 2 || pr.k > INT32_MAX / 2) {
     return Support::no("streaming GEMM sizes exceed int32 indexing");
