@@ -11,7 +11,7 @@ with the reason in report(). docs/vllm.md.
 
 Options (environment, read once by register()):
   MOEKIT_VLLM=1                  enable the plugin
-  MOEKIT_VLLM_BACKEND=auto|cpu|cuda_sm90   moekit's backend (MoeConfig.backend)
+  MOEKIT_VLLM_BACKEND=auto|cpu|cuda_sm90|cuda_sm80  moekit's backend (MoeConfig.backend)
   MOEKIT_VLLM_BATCH_INVARIANT=1  moekit's batch-invariant mode (a token's output does not depend on its batch)
 """
 import logging
