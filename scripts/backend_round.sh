@@ -8,7 +8,9 @@
 #   scripts/backend_round.sh [RESULTS_DIR]      (default bench/results/latest_backends)
 #
 # Environment: BUILD_DIR (default build-gpu), SCHEMES (default "bf16"), BENCH_ARGS
-# (extra benchmark flags, e.g. "--m 1,16,64 --seconds 0.1").
+# (extra benchmark flags, e.g. "--m 1,16,64 --seconds 0.1"), SM80_VARIANT (a --variant
+# timed interleaved with cuda_sm80's default, default the reference GEMM forced: the
+# A/B behind its large-group rule; empty: none).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -25,9 +27,12 @@ if [ ! -x "$build/bench/moekit_gpu_bench" ]; then
 fi
 for scheme in ${SCHEMES:-bf16}; do
   for backend in cuda_sm90 cuda_sm80; do
+    variant=()
+    [ "$backend" = cuda_sm80 ] && [ -n "${SM80_VARIANT-reference:MOEKIT_SM90_GEMM=reference}" ] &&
+      variant=(--variant "${SM80_VARIANT-reference:MOEKIT_SM90_GEMM=reference}")
     # shellcheck disable=SC2086
     (cd "$root" && "$build/bench/moekit_gpu_bench" --shapes bench/shapes/moe_layers.json --scheme "$scheme" \
-       --backend "$backend" --no-capture-modes --json "$out/${backend}_$scheme.json" ${BENCH_ARGS:-}) \
+       --backend "$backend" --no-capture-modes "${variant[@]}" --json "$out/${backend}_$scheme.json" ${BENCH_ARGS:-}) \
       >"$out/${backend}_$scheme.log" 2>&1
     echo "[backends] $scheme $backend rc=$? at $(( $(date +%s) - t0 ))s"
   done
@@ -36,4 +41,13 @@ for scheme in ${SCHEMES:-bf16}; do
   echo "== $scheme: cuda_sm80 (moekit column) vs cuda_sm90 (previous column)"
   python3 "$root/bench/results_table.py" --moekit "$out/cuda_sm80_$scheme.json" \
     --previous "$out/cuda_sm90_$scheme.json" | tee "$out/table_$scheme.txt"
+done
+for scheme in ${SCHEMES:-bf16}; do
+  echo "== $scheme: cuda_sm80's default against its variant, timed interleaved (ratio: variant / default)"
+  python3 - "$out/cuda_sm80_$scheme.json" <<'PY'
+import json, sys
+for c in json.load(open(sys.argv[1]))["cases"]:
+    for v in c.get("variant_time_us") or []:
+        print(f'{c["shape"]:<18} {c["m"]:>6}  default {c["time_us"]:>9.1f} us  variant {v:>9.1f} us  {v / c["time_us"]:.2f}x')
+PY
 done

@@ -69,8 +69,8 @@ CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
 // Large groups where no CUTLASS path serves (cuda_sm80, or a build without
 // CUTLASS): the widest token tile first, so each slab of weights is streamed
 // once per 128 routed rows rather than once per 16.
-// TODO(perf): measured against the reference WMMA kernel on the H200 only with
-// cuda_sm80 forced (bench --backend cuda_sm80); no Ampere GPU was measured.
+// TODO(perf): a rule by design, not yet timed against the reference WMMA kernel
+// (bench --backend cuda_sm80 --variant ref:MOEKIT_SM90_GEMM=reference) nor on an Ampere GPU.
 Sm90GemmChoice wide_streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
   using sm90::StreamVariant;
   Sm90GemmChoice c;

@@ -72,10 +72,6 @@ Status require_current_device(int device_index, const char* who) {
   return Status::Ok();
 }
 
-const char* cuda_backend_name(CudaBackend b) {
-  return b == CudaBackend::kSm90 ? kSm90BackendName : kSm80BackendName;
-}
-
 StatusOr<int> current_cuda_device(const Platform& platform, CudaBackend backend, CudaTarget* target) {
   int current = -1;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&current));

@@ -28,7 +28,6 @@ Sm90Pipeline sm90_pipeline_of(QuantMethod method);
 //   kPortable  cuda_sm80: any device from sm_80 on, the paths built from mma.sync,
 //              ldmatrix and cp.async (sm_80/sm_89 SASS and PTX for newer GPUs)
 enum class CudaBackend : uint8_t { kSm90, kPortable };
-const char* cuda_backend_name(CudaBackend b);
 
 // ok when cuda:device_index is the current CUDA device, else an error naming `who`.
 Status require_current_device(int device_index, const char* who);
