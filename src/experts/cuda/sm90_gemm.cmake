@@ -10,8 +10,11 @@ if(MOEKIT_WITH_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu
   )
-  # The streaming kernels use mma.sync, ldmatrix and cp.async only: cuda_sm80 runs them too.
-  moekit_portable_cuda_sources(${CMAKE_CURRENT_LIST_DIR}/streaming_gemm.cu ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
+  # The streaming kernels use mma.sync, ldmatrix and cp.async only: cuda_sm80 runs them
+  # too, and the tile table (host code) serves both backends. Only the CUTLASS sources
+  # below are sm_90a alone (tests/layering/check_portable_cuda.py checks the split).
+  moekit_portable_cuda_sources(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${CMAKE_CURRENT_LIST_DIR}/streaming_gemm.cu
+                               ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
                                ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu)
   option(MOEKIT_CUTLASS_KERNELS "Build the CUTLASS grouped GEMM kernels (slow to compile)" ON)
   set(MOEKIT_CUTLASS_SOURCES  # one instantiation per file, so they compile in parallel
