@@ -2,6 +2,7 @@
 
 #ifdef MOEKIT_WITH_CUDA
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -34,12 +35,23 @@ cudaError_t ensure_kernel_smem(const void* func, int bytes) {
 }
 
 int current_device_smem_optin() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+  // Asked once per device: the GEMM path choice calls this on every forward.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
+  if (device >= 0 && device < kMaxDevices) {
+    if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
+  }
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < kMaxDevices) cached[device].store(bytes, std::memory_order_relaxed);
   return bytes;
 }
 
