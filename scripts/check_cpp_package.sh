@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The C++ package as a user gets it: `cmake --install` of the build into a
 # prefix, then examples/cpp built against it through find_package(moekit) alone
-# (no path into this tree), and run on layer 1 of a tiny Qwen3-MoE folder that
-# transformers saves (random bf16 weights): it must replay its capture bit for bit.
+# (no path into this tree), and run on a tiny Qwen3-MoE folder that transformers
+# saves (random bf16 weights): layer 1 alone, then every layer as a Model with
+# requests captured to a file; each must replay its capture bit for bit.
 #
 #   scripts/check_cpp_package.sh            # after scripts/setup.sh (build/, .venv/)
 set -euo pipefail
@@ -25,4 +26,6 @@ transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.arg
 PY
 "$WORK/example/layer_capture_replay" "$WORK/model" 1 16 | tee "$WORK/run.txt"
 grep -q "bit for bit" "$WORK/run.txt"
-echo "check_cpp_package: find_package(moekit) built examples/cpp, and its replay matched bit for bit"
+"$WORK/example/capture_requests" "$WORK/model" "$WORK/capture.safetensors" | tee "$WORK/capture.txt"
+grep -q "bit for bit" "$WORK/capture.txt"
+echo "check_cpp_package: find_package(moekit) built examples/cpp, and both programs' replays matched bit for bit"

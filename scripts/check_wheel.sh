@@ -6,7 +6,8 @@
 # pyproject.toml), on the newest Python 3.12+ found (numpy 2.5 needs 3.12),
 # else python3. The wheel is built by scripts/build_wheel.sh (CPU backend only,
 # so CI does not compile the CUDA sources a second time; auditwheel bundles
-# OpenBLAS), installed into a folder of its own, its `moekit` command run, and
+# OpenBLAS), installed into a folder of its own, its `moekit` command run, the
+# README's install block run as written in a fresh virtual environment, and
 # the pytest suite runs against it from another folder so the wheel is what
 # imports. The pinned versions are tested in .venv by
 # scripts/test.sh.
@@ -65,7 +66,18 @@ PY
 # The console script runs the binary the wheel carries: --version, then the main job on a small model.
 version=$(PYTHONPATH="$SITE" "$PY" -c 'import moekit; print(moekit.__version__)')
 test "$(PYTHONPATH="$SITE" "$SITE/bin/moekit" --version)" = "moekit $version"
-PYTHONPATH="$SITE" "$SITE/bin/moekit" run --layers 2 --experts 16 --top-k 4 --hidden 128 --intermediate 64 \
-  --num-groups 4 --topk-groups 2 --tokens 64 --requests 4 --decode 4 --capture wheel_capture.safetensors | tail -3
-echo "check_wheel: the wheel's moekit command ran (--version, run)"
+# The README's install block, as written, in a fresh virtual environment that
+# sees the newest one's packages (torch, the wheel's one requirement, is not
+# downloaded again) but has no moekit: pip installs the wheel, then its command runs.
+rm -rf venv-readme
+"$PY" -m venv venv-readme
+newest_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+readme_site=$(venv-readme/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$newest_site" > "$readme_site/newest_venv.pth"
+readme_block=$("$PY" "$ROOT/python/tests/doc_blocks.py" readme-install)
+PATH="$PWD/venv-readme/bin:$PATH" bash -euo pipefail -c "$readme_block" > readme_install.log 2>&1 ||
+  { tail -n 20 readme_install.log; echo "check_wheel: the README's install block failed"; exit 1; }
+grep -E '^moekit [0-9]|^replay:' readme_install.log
+test "$(venv-readme/bin/moekit --version)" = "moekit $version"
+echo "check_wheel: the README's install block ran as written (pip install of the wheel, moekit --version, moekit run)"
 PYTHONPATH="$SITE" "$PY" -m pytest "$ROOT/python/tests" -q -rs -p no:cacheprovider

@@ -6,7 +6,9 @@
 # without the tests, the benchmarks and the Python package, and builds the one
 # `moekit` target. The CUDA backend is built only when a GPU is visible
 # (nvidia-smi lists one) and nvcc is found, or when MOEKIT_CUDA=ON asks for it;
-# the test command (scripts/test.sh) builds the rest in the same build/.
+# the test command (scripts/test.sh) builds the rest in the same build/. A
+# build/ that is already configured (by the test command, say) is kept as it
+# is, CUDA setting included, so nothing is rebuilt but the `moekit` target.
 #
 #   scripts/run.sh                    # build/moekit run
 #   scripts/run.sh run --tokens 4096  # any moekit command line
@@ -35,6 +37,9 @@ fi
 # CUDA only where it can run (or when asked): compiling every sm_90a kernel on a
 # machine without a GPU is the test command's job (it keeps them from rotting).
 cuda="${MOEKIT_CUDA:-}"
+configured=""
+[[ -f $BUILD_DIR/CMakeCache.txt ]] && configured=$(sed -n 's/^MOEKIT_CUDA:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+[[ -z $cuda ]] && cuda=$configured
 if [[ -z $cuda ]]; then
   cuda=OFF
   if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -49,8 +54,12 @@ if [[ $cuda == ON ]]; then
 fi
 echo "run: building $BUILD_DIR/moekit (CUDA backend: $cuda)"
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA="$cuda" -DMOEKIT_PYTHON=OFF \
-  -DBUILD_TESTING=OFF -DMOEKIT_BUILD_BENCH=OFF >/dev/null
+if [[ -n $configured && $cuda == "$configured" ]]; then
+  cmake -S . -B "$BUILD_DIR" >/dev/null  # as configured before: its tests and Python package stay
+else
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA="$cuda" -DMOEKIT_PYTHON=OFF \
+    -DBUILD_TESTING=OFF -DMOEKIT_BUILD_BENCH=OFF >/dev/null
+fi
 cmake --build "$BUILD_DIR" -j "$JOBS" --target moekit_cli
 if (($#)); then
   exec "$BUILD_DIR/moekit" "$@"
