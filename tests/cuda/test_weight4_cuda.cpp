@@ -199,6 +199,11 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   const auto modular = prepared_kernel("Sm90Modular", cfg, dw);
   ASSERT_NE(modular, nullptr);
   const StatusOr<HostTensor> mod = cuda_test::modular_run(*modular, hidden, *route, s.M, s.H);
+  if (cuda_test::testing_portable_backend() && c.plan_has == "mixed-input") {  // a CUTLASS sm90 path, forced
+    ASSERT_FALSE(mod.ok()) << "the portable backend ran the forced sm90 mixed-input GEMM";
+    EXPECT_NE(mod.status().message().find("needs wgmma and TMA"), std::string::npos) << mod.status().to_string();
+    return;
+  }
   ASSERT_TRUE(mod.ok()) << mod.status().to_string();
   const HostTensor& mod_out = *mod;
 
@@ -233,7 +238,8 @@ TEST_P(CudaWeight4Grid, ModularMonolithicCpuAndReferenceAgree) {
   const double scale_term = plan.find("mixed-input") != std::string::npos ? kBf16ScaleTerm : 0.0;
   EXPECT_LE(err_cpu, kVsCpuBound + scale_term) << "vs the cpu backend's emulation";
   EXPECT_LE(err_ref, kVsReferenceBound + scale_term) << "vs the fp64 reference";
-  if (!c.plan_has.empty()) EXPECT_NE(plan.find(c.plan_has), std::string::npos) << plan;
+  // The named plans are cuda_sm90's; the portable backend's differ by design (its numbers are checked above).
+  if (!c.plan_has.empty() && !cuda_test::testing_portable_backend()) EXPECT_NE(plan.find(c.plan_has), std::string::npos) << plan;
   if (s.I == 1024) EXPECT_EQ(plan.find("in 1 K slice"), std::string::npos) << "the K-slice case ran unsliced: " << plan;
   std::printf("[ weight4  ] %-50s vs cpu %.2e, vs fp64 %.2e  (%s)\n", c.name().c_str(), err_cpu, err_ref, plan.c_str());
 }

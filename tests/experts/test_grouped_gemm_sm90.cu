@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <random>
@@ -377,7 +378,7 @@ TEST(GroupedGemmSm90Table, Sm80TargetNeverTakesCutlass) {
       EXPECT_EQ(sm90_gemm_workspace_size(pr), 0u) << "M=" << m;
       if (invariant) EXPECT_EQ(c.path, Sm90GemmPath::kReference) << "M=" << m << ": " << c.to_string();
       // Large groups stream through the widest token tile rather than 16 tokens at a time.
-      if (!invariant && m >= 1024) EXPECT_NE(c.to_string().find("rows128_k64"), std::string::npos) << c.to_string();
+      if (!invariant && m >= 1024 && std::getenv("MOEKIT_SM90_GEMM") == nullptr) EXPECT_NE(c.to_string().find("rows128_k64"), std::string::npos) << c.to_string();
     }
   }
 }
