@@ -13,7 +13,6 @@ import sys as _sys
 import torch as _pytorch
 
 from . import _moekit
-from ._moekit import _set_leak_warnings
 from ._moekit import platform as _platform
 from .capture import RoutedExpertsCapturer, RoutedExpertsReplayer, bind, read_capture_file, write_capture_file
 from .layer import MoeLayer, Model, route, select_backend
@@ -59,28 +58,25 @@ if _os.environ.get("MOEKIT_THREAD_POOL", "torch") == "torch" and (_runtime := _t
     _moekit.use_openmp_runtime(_runtime)
 
 
-def _quiet_leak_report_after_torch_compile() -> None:
+def _release_dynamo_guard_scopes() -> None:
     """At exit, nanobind reports every moekit object still alive as "leaked". After torch.compile has
-    compiled a frame, objects reachable from that frame's module globals always are: dynamo's guards
-    keep the globals dict of every frame they guard (a {'G': globals} scope held from the code
-    object's cache, outside the garbage collector's reach, and not released by torch._dynamo.reset),
-    so a script's module-level MoeLayer or MoeConfig outlives the report. It is not a reference-count
-    error of moekit's: compiling a function that never touches moekit reports a MoeConfig that merely
-    sits in the script's globals, and the same objects in a function's scope are released and reported
-    as nothing. So only in a process where dynamo compiled a graph is the report turned off."""
-    dynamo_utils = _sys.modules.get("torch._dynamo.utils")
-    if dynamo_utils is None:
+    compiled a frame, a script's module-level MoeLayer or MoeConfig would always be: dynamo's guards
+    keep the globals dict of every frame they guard in a {'G': globals} scope, held by guard
+    functions that torch's C++ guard managers own. Those references form a cycle the garbage
+    collector cannot see (globals -> the compiled module's code -> its cache entry -> guards -> the
+    scope -> globals), and torch._dynamo.reset() leaves the guard functions alive. So at exit, once
+    no guard will run again, empty those scopes: the globals are then freed with their module, as in
+    a process that compiled nothing, and the leak report stays on for real leaks."""
+    if "torch._dynamo" not in _sys.modules:
         return
-    try:
-        counters = dynamo_utils.counters
-        compiled = counters["frames"]["total"] > 0 or counters["stats"]["unique_graphs"] > 0
-    except Exception:  # pragma: no cover - a torch without these counters: assume it compiled
-        compiled = True
-    if compiled:
-        _set_leak_warnings(False)
+    import gc
+    for obj in gc.get_objects():
+        if (type(obj) is dict and "G" in obj and obj.keys() <= {"G", "__builtins__"}
+                and type(obj["G"]) is dict and "__name__" in obj["G"]):
+            obj.clear()
 
 
-_atexit.register(_quiet_leak_report_after_torch_compile)
+_atexit.register(_release_dynamo_guard_scopes)
 
 
 def platform() -> str:

@@ -8,7 +8,4 @@ NB_MODULE(_moekit, m) {
   moekit::python::bind_layer(m);
   moekit::python::bind_capture(m);
   moekit::python::bind_checkpoint(m);
-  // nanobind's leak report at interpreter exit (on by default). moekit turns it
-  // off only in a process where torch.compile compiled frames (moekit/__init__.py).
-  m.def("_set_leak_warnings", [](bool on) { nanobind::set_leak_warnings(on); }, nanobind::arg("on"));
 }
