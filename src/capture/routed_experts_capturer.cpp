@@ -75,7 +75,9 @@ Status fill_sentinel(const DeviceBuffer& buffer, Device device) {
       int previous = 0;
       cudaError_t err = cudaGetDevice(&previous);
       if (err == cudaSuccess) err = cudaSetDevice(device.index);
-      if (err == cudaSuccess) err = cudaMemset(buffer.data(), 0xff, buffer.bytes());  // create only: synchronous
+      if (err == cudaSuccess) err = cudaMemset(buffer.data(), 0xff, buffer.bytes());
+      // cudaMemset is asynchronous: done before a capture on another stream writes ids.
+      if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
       (void)cudaSetDevice(previous);
       if (err != cudaSuccess) return Internal(std::string("capturer: sentinel fill failed: ") + cudaGetErrorString(err));
       return Status::Ok();

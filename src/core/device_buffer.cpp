@@ -134,7 +134,11 @@ Status DeviceBuffer::copy_bytes(void* dst, Device dst_device, const void* src, D
     return Status::Ok();
   }
 #ifdef MOEKIT_WITH_CUDA
-  const cudaError_t err = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  // cudaMemcpy returns before a pageable host source's DMA (or any device-to-device
+  // copy) has landed, and a kernel on a non-blocking stream does not wait for it:
+  // the default stream is synchronized so the bytes are there on return.
+  cudaError_t err = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return Internal("copy from " + src_device.to_string() + " to " + dst_device.to_string() +

@@ -50,7 +50,12 @@ TensorView DeviceTensor::view() const {
 
 void DeviceTensor::upload(const HostTensor& host) {
   ASSERT_EQ(host.nbytes(), bytes());
-  if (bytes() > 0) ASSERT_EQ(cudaMemcpy(data_, host.data<void>(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  if (bytes() == 0) return;
+  ASSERT_EQ(cudaMemcpy(data_, host.data<void>(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  // The copy's DMA may land after cudaMemcpy returns, and the tests' kernels run on
+  // non-blocking streams that do not wait for it (a poisoned output once overwrote
+  // a forward's result this way).
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
 }
 
 HostTensor DeviceTensor::download() const {

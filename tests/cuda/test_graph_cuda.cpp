@@ -226,6 +226,16 @@ TEST_P(UpdateWeightsUnderAGraph, AGraphCapturedBeforeTheUpdateRunsTheNewWeights)
   ASSERT_TRUE((*layer)->forward(f, stream).ok());
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cuda_test::first_difference(out.download(), out_a), "") << "eager after updating back != A";
+  // Updates from host memory, each launched at once on the non-blocking stream: an
+  // update returns only once its copies (weights and score bias) have landed.
+  for (int round = 0; round < 8; ++round) {
+    const bool to_b = round % 2 == 0;
+    ASSERT_TRUE((*layer)->update_weights(to_b ? b.w : a.w).ok());
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cuda_test::first_difference(out.download(), to_b ? out_b : out_a), "")
+        << "graph right after update " << round << " != " << (to_b ? "B" : "A");
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -62,6 +62,14 @@ Status copy_to(DeviceBuffer* dst, Device dev, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
+// cudaMemcpy returns before a pageable host source's DMA (or a device-to-device
+// copy) has landed, and the forwards run on the caller's streams, which need not
+// wait for the default stream: the weights are complete before prepare returns.
+Status copies_landed() {
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  return Status::Ok();
+}
+
 Status upload(DeviceBuffer* dst, Device dev, const std::vector<float>& src) {
   return copy_to(dst, dev, src.data(), src.size() * sizeof(float));
 }
@@ -356,6 +364,7 @@ Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, 
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(copy_to(&prepared.score_bias, dev, w.score_bias.data, sizeof(float) * shape.num_experts));
   }
+  MOEKIT_RETURN_IF_ERROR(copies_landed());
   prepared.prepared = true;
   *out = std::move(prepared);
   return Status::Ok();
@@ -373,6 +382,7 @@ Status prepare_sm90_shared_expert(const ExpertsShape& shape, int device_index, c
   *out = Sm90Weights{};
   Sm90Weights prepared;
   MOEKIT_RETURN_IF_ERROR(prepare_shared(shape, shape.activation.kind, dev, w, &prepared));
+  MOEKIT_RETURN_IF_ERROR(copies_landed());
   prepared.prepared = true;
   *out = std::move(prepared);
   return Status::Ok();
