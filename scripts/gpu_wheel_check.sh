@@ -9,6 +9,7 @@
 # carries, and a summary last. Exit status 0 only when all of it passed.
 #
 #   scripts/gpu_wheel_check.sh        # work folder build-wheel-gpu/ (MOEKIT_WHEEL_BUILD); PYTHON (python3)
+#   MOEKIT_CUDA=OFF scripts/gpu_wheel_check.sh   # the CPU wheel: the same steps up to the GPU ones
 set -uo pipefail
 cd "$(dirname "$0")/.."
 readonly ROOT=$PWD
@@ -27,7 +28,7 @@ step() {  # name, command...: runs it with its output in $WORK/<name>.log
 }
 
 "$PY" -m venv --system-site-packages "$WORK/build-venv"
-step build_wheel env MOEKIT_CUDA=ON MOEKIT_WHEEL_PYTHON="$WORK/build-venv/bin/python" \
+step build_wheel env MOEKIT_CUDA="${MOEKIT_CUDA:-ON}" MOEKIT_WHEEL_PYTHON="$WORK/build-venv/bin/python" \
   MOEKIT_WHEEL_FIND_LINKS="$ROOT/.deps/wheels" MOEKIT_WHEEL_BUILD="$WORK" scripts/build_wheel.sh "$WORK/dist"
 wheel=$(ls "$WORK"/dist/moekit-*.whl 2>/dev/null | head -1)
 if [[ -z $wheel ]]; then
