@@ -79,6 +79,8 @@ StatusOr<RoutingStage> RoutingStage::create(const MoeConfig& config, Device devi
   }
   if (config.routing.has_score_bias) {
     MOEKIT_RETURN_IF_ERROR(check_tensor(score_bias, "weights.score_bias", {DType::kF32}, {E}, score_bias.device));
+    // A device bias may still be written on a stream the copy does not wait for.
+    if (score_bias.device.type == DeviceType::kCuda) MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(device));
     MOEKIT_ASSIGN_OR_RETURN(st.score_bias_, DeviceBuffer::copy_of(device, score_bias));
   }
   return st;

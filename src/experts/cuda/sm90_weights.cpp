@@ -340,6 +340,11 @@ Fp8ExpertWeights Sm90Weights::fp8(const QuantScheme& quant) const {
 Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, Sm90Pipeline pipeline,
                             int device_index, const char* kernel_name, const MoeWeights& w, Sm90Weights* out) {
   const Device dev = Device::cuda(device_index);
+  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+  // Device weights may still be written by work on any stream (a copy on a
+  // non-blocking stream, which the default stream does not wait for), and when
+  // re-preparing, forwards in flight may still read the buffers: both end first.
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));
   MOEKIT_RETURN_IF_ERROR(check_finite({{&w.w13, "w13"}, {&w.w2, "w2"}, {&w.w13_bias, "w13_bias"},
                                        {&w.w2_bias, "w2_bias"}, {&w.shared_w13, "shared_w13"},
                                        {&w.shared_w2, "shared_w2"}, {&w.shared_gate, "shared_gate"}},
@@ -348,13 +353,11 @@ Status prepare_sm90_weights(const MoeConfig& config, const ExpertsShape& shape, 
     MOEKIT_RETURN_IF_ERROR(check_tensor(w.score_bias, "score_bias", {DType::kF32}, {shape.num_experts},
                                         weight_device(w.score_bias, dev)));
   }
-  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
   // Re-preparing writes into the buffers already there (same config, same
   // sizes), so the weights keep their addresses and a CUDA graph captured over
-  // the kernel stays valid; every forward that may still read them ends first.
+  // the kernel stays valid.
   Sm90Weights prepared = std::move(*out);
   *out = Sm90Weights{};
-  if (prepared.prepared) MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));
   prepared.prepared = false;
   switch (pipeline) {
     case Sm90Pipeline::kBf16: MOEKIT_RETURN_IF_ERROR(prepare_bf16(config, shape, dev, w, &prepared)); break;
@@ -374,10 +377,11 @@ Status prepare_sm90_shared_expert(const ExpertsShape& shape, int device_index, c
                                   const MoeWeights& w, Sm90Weights* out) {
   const Device dev = Device::cuda(device_index);
   if (shape.shared_intermediate == 0) return InvalidArgument(std::string(kernel_name) + ": the layer has no shared expert");
+  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
+  MOEKIT_RETURN_IF_ERROR(DeviceBuffer::synchronize(dev));  // as in prepare_sm90_weights
   MOEKIT_RETURN_IF_ERROR(check_finite({{&w.shared_w13, "shared_w13"}, {&w.shared_w2, "shared_w2"},
                                        {&w.shared_gate, "shared_gate"}},
                                       device_index, kernel_name));
-  MOEKIT_RETURN_IF_ERROR(require_current_device(device_index, kernel_name));
   MOEKIT_RETURN_IF_ERROR(check_shared_expert(shape, dev, w));
   *out = Sm90Weights{};
   Sm90Weights prepared;
