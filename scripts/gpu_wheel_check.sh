@@ -85,6 +85,10 @@ z = zipfile.ZipFile(sys.argv[1])
 wheel = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
 print("\n".join("         " + l for l in z.read(wheel).decode().splitlines() if l.startswith("Tag:")))
 PY
+site=$("$WORK/user-venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+for f in "$site"/moekit/_moekit*.so "$site"/moekit/_bin/moekit; do  # what the loader must find on a user's machine
+  [[ -f $f ]] && echo "needs    $(basename "$f"): $(readelf -d "$f" | grep NEEDED | grep -oE '\[.*\]' | tr -d '[]' | paste -sd' ')"
+done
 echo "version  $(cat "$WORK/version.log" 2>/dev/null)"
 grep -E '^backend:|^device:|^replay:' "$WORK/moekit_run.log" | sed 's/^/run      /'
 grep -E 'max \|gpu|gpu layer' "$WORK/gpu_layer.log" | sed 's/^/layer    /'
