@@ -37,9 +37,15 @@ fi
 
 # A user's environment: a fresh venv, the wheel installed by pip, no compiler on PATH.
 "$PY" -m venv --system-site-packages "$WORK/user-venv"
+# It sees the packages of $PY's environment too (torch, where $PY is a venv itself), not moekit.
+"$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+  "$("$WORK/user-venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine_env.pth"
 step pip_install "$WORK/user-venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check "$wheel"
-readonly USER_PATH="$WORK/user-venv/bin:/usr/bin:/bin"
-in_user_env() { (cd "$WORK" && env -u PYTHONPATH PATH="$USER_PATH" "$@"); }
+# The machine's PATH without CUDA's folders (no nvcc), the venv first; torch is wherever this
+# machine keeps it (its site packages or PYTHONPATH), as a user's own torch would be.
+USER_PATH="$WORK/user-venv/bin:$(tr ':' '\n' <<<"$PATH" | grep -v cuda | paste -sd:)"
+readonly USER_PATH
+in_user_env() { (cd "$WORK" && env PATH="$USER_PATH" "$@"); }
 # pip installs the wheel's files as they are: nothing is built (and nvcc is not on the user's PATH).
 step nothing_built bash -c "! grep -iE 'building wheel|running setup|cmake' '$WORK/pip_install.log'"
 step version in_user_env moekit --version

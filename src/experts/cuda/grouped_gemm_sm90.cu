@@ -67,17 +67,27 @@ CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
 }
 
 // Large groups where no CUTLASS path serves (cuda_sm80, or a build without
-// CUTLASS): the widest token tile first, so each slab of weights is streamed
-// once per 128 routed rows rather than once per 16.
-// Timed on an H100 against the reference WMMA kernel (bench --backend cuda_sm80
-// --variant ref:MOEKIT_SM90_GEMM=reference, bench/results/h100_v15): faster at
-// M = 1024/4096 on 7 of the 8 benchmark cases (1.02-1.34x), slower on
-// qwen3-30b-a3b M = 4096 (0.86x). TODO(perf): a real grouped GEMM for
-// prefill (it reaches 0.21-0.66x cuda_sm90's speed there); not timed on Ampere.
+// CUTLASS). While a group's rows fit the 32-token tile, that tile streams each
+// expert's weights once with three CTAs per SM; beyond it, the widest token tile
+// first, so each slab of weights is streamed once per 128 routed rows.
+// Timed on an H100 with cuda_sm80 (bench --variant, one process each):
+// - 32-token tile vs the 128-row one at ~16 rows per group: Mixtral M = 64
+//   1055 vs 1579 us (cuda_sm90 989), Qwen3-30B-A3B M = 256 504 vs 787 us; at
+//   ~32 rows a tie (Mixtral M = 128: 1735 vs 1747); at ~64 rows the 128-row tile
+//   wins (Mixtral M = 256: 2402 vs 2953).
+// - The 128-row tile against the reference WMMA kernel (bench/results/h100_v15):
+//   faster at M = 1024/4096 on 7 of the 8 benchmark cases (1.02-1.34x), slower on
+//   qwen3-30b-a3b M = 4096 (0.86x).
+// TODO(perf): a real grouped GEMM for prefill (it reaches 0.21-0.66x cuda_sm90's
+// speed there); not timed on Ampere.
 Sm90GemmChoice wide_streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
   using sm90::StreamVariant;
+  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
+  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  const bool fits_32 = rows_per_group <= sm90::stream_variant_tokens(StreamVariant::kRows64K64T32);
   Sm90GemmChoice c;
-  for (StreamVariant v : {StreamVariant::kRows128K64, StreamVariant::kRows64K64}) {
+  for (StreamVariant v : {fits_32 ? StreamVariant::kRows64K64T32 : StreamVariant::kRows128K64,
+                          StreamVariant::kRows128K64, StreamVariant::kRows64K64}) {
     const Support s = sm90::streaming_gemm_supports(pr, v);
     if (s.ok) {
       c.path = Sm90GemmPath::kStreaming;
