@@ -35,14 +35,14 @@ if [[ -z $wheel ]]; then
   printf '%s\n' "${SUMMARY[@]}"; echo "RESULT   FAIL (no wheel)"; exit 1
 fi
 
-# A user's environment: a fresh venv, the wheel installed by pip, no compiler on PATH.
+# A user's environment: a fresh venv, the wheel installed by pip, no nvcc on PATH.
 "$PY" -m venv --system-site-packages "$WORK/user-venv"
 # It sees the packages of $PY's environment too (torch, where $PY is a venv itself), not moekit.
 "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
   "$("$WORK/user-venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine_env.pth"
 step pip_install "$WORK/user-venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check "$wheel"
 # The machine's PATH without CUDA's folders (no nvcc), the venv first; torch is wherever this
-# machine keeps it (its site packages or PYTHONPATH), as a user's own torch would be.
+# machine keeps it (machine_env.pth above), as a user's own torch would be.
 USER_PATH="$WORK/user-venv/bin:$(tr ':' '\n' <<<"$PATH" | grep -v cuda | paste -sd:)"
 readonly USER_PATH
 in_user_env() { (cd "$WORK" && env PATH="$USER_PATH" "$@"); }
