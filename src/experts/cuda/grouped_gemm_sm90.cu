@@ -59,6 +59,12 @@ constexpr int64_t kCutlassM64MaxRowsPerGroup = 1024;
 constexpr int64_t kSwapN32MaxRowsPerGroup = 16;
 constexpr int64_t kSwapN64MaxRowsPerGroup = 48;
 
+// Routed rows per group, rounded up, over the groups that can be non-empty.
+int64_t mean_rows_per_group(const GroupedGemmProblem& pr) {
+  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
+  return (pr.max_rows + groups - 1) / groups;
+}
+
 CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
   if (const auto forced = forced_cutlass_tile(o)) return *forced;
   if (rows_per_group <= kSwapN32MaxRowsPerGroup) return CutlassTile::kSwapN32;
@@ -82,8 +88,7 @@ CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
 // speed there); not timed on Ampere.
 Sm90GemmChoice wide_streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
   using sm90::StreamVariant;
-  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
-  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  const int64_t rows_per_group = mean_rows_per_group(pr);
   const bool fits_32 = rows_per_group <= sm90::stream_variant_tokens(StreamVariant::kRows64K64T32);
   Sm90GemmChoice c;
   for (StreamVariant v : {fits_32 ? StreamVariant::kRows64K64T32 : StreamVariant::kRows128K64,
@@ -121,8 +126,7 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, const KernelOption
   const StreamVariant first =
       one_token ? (pr.k >= kLongK ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows32K128T16)
                 : StreamVariant::kRows32K128T16S2;
-  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
-  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  const int64_t rows_per_group = mean_rows_per_group(pr);
   const StreamVariant order[] = {first,
                                  rows_per_group <= 16 ? StreamVariant::kRows32K64T16S4 : StreamVariant::kRows64K64T32,
                                  StreamVariant::kRows64K64, StreamVariant::kRows128K64};
@@ -199,8 +203,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     c.reason = "forced by kernel.sm90_gemm";
     return c;
   }
-  const int64_t groups = std::max<int64_t>(1, std::min(pr.num_groups, pr.max_rows));
-  const int64_t rows_per_group = (pr.max_rows + groups - 1) / groups;
+  const int64_t rows_per_group = mean_rows_per_group(pr);
   std::string why_streaming, why_cutlass = "CUTLASS headers were not found at build time";
   // Streaming's fast instances take K in steps of 128. Where K is not a multiple
   // of 128 it falls back to 64-wide steps, and then the swapped CUTLASS tile is
