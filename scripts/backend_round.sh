@@ -8,9 +8,9 @@
 #   scripts/backend_round.sh [RESULTS_DIR]      (default bench/results/latest_backends)
 #
 # Environment: BUILD_DIR (default build-gpu), SCHEMES (default "bf16"), BENCH_ARGS
-# (extra benchmark flags, e.g. "--m 1,16,64 --seconds 0.1"), SM80_VARIANT (a --variant
-# timed interleaved with cuda_sm80's default, default the reference GEMM forced: the
-# A/B behind its large-group rule; empty: none).
+# (extra benchmark flags, e.g. "--m 1,16,64 --seconds 0.1"), SM80_VARIANT (space-separated
+# --variant values timed interleaved with cuda_sm80's default, default the streaming GEMM
+# forced: the A/B behind its large-group rule; empty: none).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$root/build-gpu}"
@@ -28,8 +28,9 @@ fi
 for scheme in ${SCHEMES:-bf16}; do
   for backend in cuda_sm90 cuda_sm80; do
     variant=()
-    [ "$backend" = cuda_sm80 ] && [ -n "${SM80_VARIANT-reference:MOEKIT_SM90_GEMM=reference}" ] &&
-      variant=(--variant "${SM80_VARIANT-reference:MOEKIT_SM90_GEMM=reference}")
+    if [ "$backend" = cuda_sm80 ]; then
+      for v in ${SM80_VARIANT-streaming:MOEKIT_SM90_GEMM=streaming}; do variant+=(--variant "$v"); done
+    fi
     # shellcheck disable=SC2086
     (cd "$root" && "$build/bench/moekit_gpu_bench" --shapes bench/shapes/moe_layers.json --scheme "$scheme" \
        --backend "$backend" --no-capture-modes "${variant[@]}" --json "$out/${backend}_$scheme.json" ${BENCH_ARGS:-}) \
@@ -46,8 +47,11 @@ for scheme in ${SCHEMES:-bf16}; do
   echo "== $scheme: cuda_sm80's default against its variant, timed interleaved (ratio: variant / default)"
   python3 - "$out/cuda_sm80_$scheme.json" <<'PY'
 import json, sys
-for c in json.load(open(sys.argv[1]))["cases"]:
-    for v in c.get("variant_time_us") or []:
-        print(f'{c["shape"]:<18} {c["m"]:>6}  default {c["time_us"]:>9.1f} us  variant {v:>9.1f} us  {v / c["time_us"]:.2f}x')
+doc = json.load(open(sys.argv[1]))
+names = [v.split(":")[0] for v in doc.get("variants") or []]
+for c in doc["cases"]:
+    for i, v in enumerate(c.get("variant_time_us") or []):
+        name = names[i] if i < len(names) else f"variant {i}"
+        print(f'{c["shape"]:<18} {c["m"]:>6}  default {c["time_us"]:>9.1f} us  {name:<10} {v:>9.1f} us  {v / c["time_us"]:.2f}x')
 PY
 done

@@ -15,8 +15,10 @@ namespace moekit {
 inline constexpr std::array<const char*, 10> kSm90StreamNames = {
     "rows128_k64",       "rows64_k64",      "rows64_k64_t32",     "rows32_k64_t16",     "rows32_k64_t16_s4",
     "rows32_k64_t16_s3", "rows32_k64_t32",  "rows32_k128_t16",    "rows32_k128_t16_s3", "rows32_k128_t16_s2"};
-// kernel.sm90_cutlass: the bf16 CUTLASS tile (CutlassTile, grouped_gemm_cutlass_sm90.h).
-inline constexpr std::array<const char*, 4> kSm90CutlassNames = {"m128_n256", "m64_n256", "swap_n32", "swap_n64"};
+// kernel.sm90_cutlass: the bf16 CUTLASS tile (CutlassTile, grouped_gemm_cutlass.h), of
+// either backend (the sm80_ tiles are cuda_sm80's, and run on Hopper too).
+inline constexpr std::array<const char*, 6> kSm90CutlassNames = {"m128_n256", "m64_n256",       "swap_n32",
+                                                                 "swap_n64",  "sm80_m128_n256", "sm80_m128_n128"};
 // kernel.sm90_fp8_stream: the fp8 streaming GEMM (Fp8StreamVariant, fp8_streaming_gemm.h), or "off".
 inline constexpr std::array<const char*, 6> kSm90Fp8StreamNames = {
     "w1_t8_k128_s2", "w1_t8_k128_s3", "w1_t8_k256_s2", "w1_t16_k128_s2", "w1_t16_k256_s2", "w1_t32_k256_s2"};

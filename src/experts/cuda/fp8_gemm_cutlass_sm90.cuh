@@ -23,7 +23,7 @@
 #include "core/cuda_check.h"
 #include "experts/cuda/cutlass_launch_sm90.cuh"
 #include "experts/cuda/fp8_gemm_cutlass_sm90.h"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 
 namespace moekit::cuda::fp8_sm90 {
 
@@ -135,7 +135,7 @@ Tables tables(int64_t num_groups) {
   t.layout_sfb = take(n * sizeof(typename G::LayoutSFB));
   // Host-only: with sm_count given and no host problem shapes, the size needs no device call.
   t.cutlass = take(G::Gemm::get_workspace_size(
-      make_arguments<G>(static_cast<int>(num_groups), sm90::kCutlassMaxSmCount, nullptr, t)));
+      make_arguments<G>(static_cast<int>(num_groups), kCutlassMaxSmCount, nullptr, t)));
   t.total = c;
   return t;
 }
@@ -186,7 +186,7 @@ Status run(const Fp8GemmLaunch& p, cudaStream_t stream) {
   int device = 0, sms = 0;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&device));
   MOEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int sm_count = sms < sm90::kCutlassMaxSmCount ? sms : sm90::kCutlassMaxSmCount;
+  const int sm_count = sms < kCutlassMaxSmCount ? sms : kCutlassMaxSmCount;
   const Tables t = tables<G>(p.num_groups);
   constexpr int kSetupThreads = 128;
   setup_kernel<G><<<(p.num_groups + kSetupThreads - 1) / kSetupThreads, kSetupThreads, 0, stream>>>(p, t);

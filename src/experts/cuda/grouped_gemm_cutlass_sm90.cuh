@@ -1,5 +1,5 @@
 // The CUTLASS sm90 grouped GEMM kernel family and its typed host launcher
-// (grouped_gemm_cutlass_sm90.h). Each instantiation lives in its own small .cu
+// (grouped_gemm_cutlass.h). Each instantiation lives in its own small .cu
 // file: one takes minutes to compile.
 //
 // Per group g:  D_g [M_g, N] = A_g [M_g, K] · B_gᵀ,  B_g [N, K] K-major.
@@ -41,7 +41,7 @@
 
 #include "core/cuda_check.h"
 #include "experts/cuda/cutlass_launch_sm90.cuh"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 
 namespace moekit::cuda::sm90 {
 

@@ -5,7 +5,7 @@
 #include <optional>
 #include <sstream>
 
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 #include "experts/cuda/instance_names.h"
 #include "experts/cuda/streaming_gemm.h"
 
@@ -16,7 +16,11 @@ namespace {
 // (bench/NOTES.md, v4 A/B): with the one-warp instances, streaming beats the
 // m64_n256 CUTLASS tile at 8 rows per expert (DeepSeek-V3 M=256: 5738 vs 5971 us,
 // gpt-oss M=256: 1653 vs 1705 us) and loses at 16 (Qwen3 M=256: 548 vs 380 us,
-// Mixtral M=64: 1143 vs 878 us).
+// Mixtral M=64: 1143 vs 878 us). cuda_sm80's CUTLASS 2.x tile, on an H100
+// (bench --variant): streaming wins at 8 rows (Qwen3 M=128, DeepSeek-V3 and
+// gpt-oss M=256: the tile 1.06-1.10x slower) and at 2-4; at 16 it splits
+// (Mixtral M=64: tile 0.90x, Qwen3 M=256: 1.07x); at 32 the tile wins by far
+// (Mixtral M=128 0.62x; DeepSeek-V3, gpt-oss M=1024: 0.73-0.74x).
 constexpr int64_t kStreamingMaxRowsPerGroup = 8;
 // Above this mean (up to kStreamingMaxRowsPerGroup), groups larger than the
 // streaming instance's token tile go to CUTLASS in a second launch: measured on the
@@ -36,10 +40,6 @@ Forced forced_path(const KernelOptions& o) {
 
 std::optional<sm90::StreamVariant> forced_variant(const KernelOptions& o) {
   return o.sm90_stream.empty() ? std::nullopt : sm90::parse_stream_variant(o.sm90_stream);
-}
-
-std::optional<CutlassTile> forced_cutlass_tile(const KernelOptions& o) {
-  return o.sm90_cutlass.empty() ? std::nullopt : parse_cutlass_tile(o.sm90_cutlass);
 }
 
 // Rows per expert up to which the 64-row ping-pong tile beats the 128-row
@@ -65,27 +65,45 @@ int64_t mean_rows_per_group(const GroupedGemmProblem& pr) {
   return (pr.max_rows + groups - 1) / groups;
 }
 
-CutlassTile cutlass_tile_for(int64_t rows_per_group, const KernelOptions& o) {
-  if (const auto forced = forced_cutlass_tile(o)) return *forced;
+#if MOEKIT_HAVE_CUTLASS
+std::optional<CutlassTile> forced_cutlass_tile(const KernelOptions& o) {
+  return o.sm90_cutlass.empty() ? std::nullopt : parse_cutlass_tile(o.sm90_cutlass);
+}
+
+// cuda_sm80's CUTLASS 2.x tile: the forced one if it is of that family and
+// fits, else the one that keeps more warps resident per SM, the 128-row x
+// 128-column one on a tie. On an H100 both keep 8 (two CTAs of 4 warps, one of
+// 8) and the 128x128 tile was 1-3% faster in 12 of the 14 cases of 16 or more rows per
+// group (bench --variant); on an A100 (163 KB) it keeps 4, the 128x256 one 8.
+CutlassTile sm80_cutlass_tile_for(const GroupedGemmProblem& pr, const KernelOptions& o) {
+  if (const auto forced = forced_cutlass_tile(o);
+      forced && is_sm80_cutlass_tile(*forced) && cutlass_tile_supports(pr, *forced).ok) {
+    return *forced;
+  }
+  const bool wide_fits = cutlass_tile_supports(pr, CutlassTile::kSm80M128N256).ok;
+  return wide_fits && sm80::cutlass_m128n256_resident_warps() > sm80::cutlass_m128n128_resident_warps()
+             ? CutlassTile::kSm80M128N256
+             : CutlassTile::kSm80M128N128;
+}
+
+CutlassTile cutlass_tile_for(const GroupedGemmProblem& pr, int64_t rows_per_group, const KernelOptions& o) {
+  if (pr.target != CudaTarget::kSm90) return sm80_cutlass_tile_for(pr, o);
+  if (const auto forced = forced_cutlass_tile(o); forced && cutlass_tile_supports(pr, *forced).ok) return *forced;
   if (rows_per_group <= kSwapN32MaxRowsPerGroup) return CutlassTile::kSwapN32;
   if (rows_per_group <= kSwapN64MaxRowsPerGroup) return CutlassTile::kSwapN64;
   return rows_per_group <= kCutlassM64MaxRowsPerGroup ? CutlassTile::kM64N256 : CutlassTile::kM128N256;
 }
+#endif
 
-// Large groups where no CUTLASS path serves (cuda_sm80, or a build without
-// CUTLASS). While a group's rows fit the 32-token tile, that tile streams each
-// expert's weights once with three CTAs per SM; beyond it, the widest token tile
-// first, so each slab of weights is streamed once per 128 routed rows.
+// Large groups where no CUTLASS tile serves (a build without CUTLASS). While a
+// group's rows fit the 32-token tile, that tile streams each expert's weights
+// once with three CTAs per SM; beyond it, the widest token tile first, so each
+// slab of weights is streamed once per 128 routed rows.
 // Timed on an H100 with cuda_sm80 (bench --variant, one process each):
-// - 32-token tile vs the 128-row one at ~16 rows per group: Mixtral M = 64
-//   1055 vs 1579 us (cuda_sm90 989), Qwen3-30B-A3B M = 256 504 vs 787 us; at
-//   ~32 rows a tie (Mixtral M = 128: 1735 vs 1747); at ~64 rows the 128-row tile
-//   wins (Mixtral M = 256: 2402 vs 2953).
-// - The 128-row tile against the reference WMMA kernel (bench/results/h100_v15):
-//   faster at M = 1024/4096 on 7 of the 8 benchmark cases (1.02-1.34x), slower on
-//   qwen3-30b-a3b M = 4096 (0.86x).
-// TODO(perf): a real grouped GEMM for prefill (it reaches 0.21-0.66x cuda_sm90's
-// speed there); not timed on Ampere.
+// 32-token tile vs the 128-row one at ~16 rows per group: Mixtral M = 64
+// 1055 vs 1579 us (cuda_sm90 989), Qwen3-30B-A3B M = 256 504 vs 787 us; at
+// ~32 rows a tie (Mixtral M = 128: 1735 vs 1747); at ~64 rows the 128-row tile
+// wins (Mixtral M = 256: 2402 vs 2953).
 Sm90GemmChoice wide_streaming_choice(const GroupedGemmProblem& pr, std::string* why_not) {
   using sm90::StreamVariant;
   const int64_t rows_per_group = mean_rows_per_group(pr);
@@ -142,6 +160,7 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, const KernelOption
   return c;
 }
 
+
 }  // namespace
 
 const char* sm90_gemm_path_name(Sm90GemmPath p) {
@@ -180,9 +199,11 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   if (pr.batch_invariant) {
     Sm90GemmChoice c;
 #if MOEKIT_HAVE_CUTLASS
-    if (cutlass_grouped_gemm_supports(pr).ok) {  // depends on N, K, dtypes, never on M
+    // Depends on N, K, dtypes and the device, never on M.
+    const CutlassTile tile = pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : sm80_cutlass_tile_for(pr, {});
+    if (cutlass_tile_supports(pr, tile).ok) {
       c.path = Sm90GemmPath::kCutlass;
-      c.cutlass_tile = CutlassTile::kM64N256;
+      c.cutlass_tile = tile;
       c.reason = "batch_invariant: one CUTLASS tile for every M";
       return c;
     }
@@ -209,10 +230,11 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
   // of 128 it falls back to 64-wide steps, and then the swapped CUTLASS tile is
   // faster from a few tokens on (gpt-oss, K = 2880: 0.98x at M=16, 0.95x at M=256).
   // A lone token or two keep streaming: its K slices give GEMM2 the CTAs a
-  // handful of CUTLASS tiles would not.
+  // handful of CUTLASS tiles would not. cuda_sm80 has no swapped tile: its
+  // 128-row tile is slower there (gpt-oss M = 64-256 on an H100: 1.05-1.06x).
   constexpr int64_t kStreamKStep = 128, kFewTokensMaxRows = 16;
   const bool streaming_fits = pr.k % kStreamKStep == 0 || pr.max_rows <= kFewTokensMaxRows ||
-                              !sm90_cutlass_supports(pr).ok;
+                              pr.target != CudaTarget::kSm90 || !sm90_cutlass_supports(pr).ok;
   const bool want_streaming =
       forced == Forced::kStreaming ||
       (forced == Forced::kAuto && rows_per_group <= kStreamingMaxRowsPerGroup && streaming_fits);
@@ -225,7 +247,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
       if (forced == Forced::kAuto && rows_per_group > kSplitGroupsAboveRowsPerGroup && pr.max_rows > tile &&
           cutlass_grouped_gemm_supports(pr).ok) {
         c.cutlass_above_rows = tile;
-        c.cutlass_tile = CutlassTile::kM64N256;
+        c.cutlass_tile = pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : sm80_cutlass_tile_for(pr, options);
         c.reason += ", groups over " + std::to_string(tile) + " rows on CUTLASS";
       }
 #endif
@@ -238,7 +260,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     if (s.ok) {
       Sm90GemmChoice c;
       c.path = Sm90GemmPath::kCutlass;
-      c.cutlass_tile = cutlass_tile_for(rows_per_group, options);
+      c.cutlass_tile = cutlass_tile_for(pr, rows_per_group, options);
       c.reason = "~" + std::to_string(rows_per_group) + " rows per group";
       return c;
     }

@@ -4,14 +4,16 @@
 //
 //   kStreaming  decode-size groups: each expert's weights streamed once over many
 //               CTAs (streaming_gemm.cuh), gather and activation fused
-//   kCutlass    prefill-size groups: CUTLASS sm90 warp-specialized grouped GEMM
-//               (grouped_gemm_cutlass_sm90.h), built when the CUTLASS headers are found
+//   kCutlass    prefill-size groups: CUTLASS sm90 warp-specialized grouped GEMM, or
+//               for cuda_sm80 the CUTLASS 2.x one (grouped_gemm_cutlass.h), built
+//               when the CUTLASS headers are found
 //   kReference  the reference tiled kernel (grouped_gemm.cu)
 //
 // The kernel options (MoeConfig::kernel, or their environment variables):
 // sm90_gemm = reference|streaming|cutlass forces a path where it can serve the
 // problem, sm90_stream = <variant name> (streaming_gemm.h) a streaming instance,
-// sm90_cutlass = <tile name> (grouped_gemm_cutlass_sm90.h) a CUTLASS tile
+// sm90_cutlass = <tile name> (grouped_gemm_cutlass.h) a CUTLASS tile (an sm80_
+// tile on Hopper too; an sm90 tile forced on cuda_sm80 is ignored)
 // (benchmarks and tests compare them).
 #pragma once
 
@@ -22,7 +24,7 @@
 #include <string>
 
 #include "experts/cuda/grouped_gemm.h"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 #include "experts/cuda/streaming_gemm.h"
 #include "moekit/status.h"
 

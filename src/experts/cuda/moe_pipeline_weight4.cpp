@@ -9,7 +9,7 @@
 #include "experts/cuda/expert_extras.h"
 #include "experts/cuda/finalize.h"
 #include "experts/cuda/grouped_gemm.h"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 #include "experts/cuda/weight4_dequant.h"
 #include "experts/cuda/weight4_streaming_gemm.h"
 

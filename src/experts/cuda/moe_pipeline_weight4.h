@@ -9,7 +9,7 @@
 //     bytes once and unpack them in registers (weight4_streaming_gemm.h).
 //   mixed (prefill, int4_g128): align -> the scales as bf16 (weight4_dequant.h)
 //     -> CUTLASS's mixed-input grouped GEMMs, which read the packed weights once
-//     and convert them in registers (grouped_gemm_cutlass_sm90.h) -> finalize.
+//     and convert them in registers (grouped_gemm_cutlass.h) -> finalize.
 //   dequant (prefill, the other schemes): align -> for each chunk of experts, the
 //     weights dequantized to bf16 (weight4_dequant.h) and the bf16 tensor-core
 //     grouped GEMMs of the bf16 pipeline on that chunk's rows -> finalize.

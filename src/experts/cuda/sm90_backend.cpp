@@ -14,7 +14,7 @@
 #include "core/cuda_check.h"
 #include "experts/cuda/fp8_streaming_gemm.h"
 #include "experts/cuda/grouped_gemm.h"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 #include "experts/cuda/instance_names.h"
 #include "experts/cuda/sm90_support.h"
 #include "experts/cuda/streaming_gemm.h"

@@ -1,7 +1,8 @@
-// The CUTLASS path's adapter (grouped_gemm_cutlass_sm90.h): validates, lays out
+// The CUTLASS path's adapter (grouped_gemm_cutlass.h): validates, lays out
 // the workspace, gathers A and applies the activation around the instantiated
-// GEMM (grouped_gemm_cutlass_sm90_<tile>.cu, bf16 or 4-bit weights). Includes
-// no CUTLASS header.
+// GEMM (grouped_gemm_cutlass_sm90_<tile>.cu, bf16 or 4-bit weights;
+// grouped_gemm_cutlass_sm80_<tile>.cu, bf16). Includes no CUTLASS header, and
+// is built for every CUDA architecture (the portable backend's prefill runs it).
 //
 // Gather and activation run blocks per (group, part): a block visits rows
 // lo + part, lo + part + parts, ... of its group's rows inside the chunk only,
@@ -15,8 +16,9 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "core/cuda_func_attr.h"
 #include "experts/cuda/activation.cuh"
-#include "experts/cuda/grouped_gemm_cutlass_sm90.h"
+#include "experts/cuda/grouped_gemm_cutlass.h"
 
 namespace moekit::cuda {
 namespace {
@@ -61,7 +63,7 @@ CutlassPlan plan(const GroupedGemmProblem& pr) {
   // The instantiated GEMM's tables come first: room for the largest kernel's.
   size_t c = std::max(round_up(sm90::cutlass_w4_int4_n128_workspace_size(pr.num_groups)),
                       round_up(sm90::cutlass_w4_int4_n256_workspace_size(pr.num_groups)));
-  for (CutlassTile t : kAllCutlassTiles) c = std::max(c, round_up(sm90::cutlass_gemm_workspace_size(t, pr.num_groups)));
+  for (CutlassTile t : kAllCutlassTiles) c = std::max(c, round_up(cutlass_gemm_workspace_size(t, pr.num_groups, pr.n)));
   p.gemm = 0;
   if (own_gather) {
     p.gathered = c;
@@ -170,42 +172,41 @@ int device_sm_count() {
 
 }  // namespace
 
-namespace sm90 {
-
-size_t cutlass_gemm_workspace_size(CutlassTile tile, int64_t num_groups) {
+size_t cutlass_gemm_workspace_size(CutlassTile tile, int64_t num_groups, int64_t n) {
   switch (tile) {
-    case CutlassTile::kM128N256: return cutlass_m128n256_workspace_size(num_groups);
-    case CutlassTile::kM64N256: return cutlass_m64n256_workspace_size(num_groups);
-    case CutlassTile::kSwapN32: return cutlass_swap_n32_workspace_size(num_groups);
-    case CutlassTile::kSwapN64: return cutlass_swap_n64_workspace_size(num_groups);
+    case CutlassTile::kM128N256: return sm90::cutlass_m128n256_workspace_size(num_groups);
+    case CutlassTile::kM64N256: return sm90::cutlass_m64n256_workspace_size(num_groups);
+    case CutlassTile::kSwapN32: return sm90::cutlass_swap_n32_workspace_size(num_groups);
+    case CutlassTile::kSwapN64: return sm90::cutlass_swap_n64_workspace_size(num_groups);
+    case CutlassTile::kSm80M128N256: return sm80::cutlass_m128n256_workspace_size(num_groups, n);
+    case CutlassTile::kSm80M128N128: return sm80::cutlass_m128n128_workspace_size(num_groups, n);
   }
   return 0;
 }
 
 Status cutlass_gemm(CutlassTile tile, const CutlassGemmLaunch& launch, cudaStream_t stream) {
   switch (tile) {
-    case CutlassTile::kM128N256: return cutlass_m128n256_gemm(launch, stream);
-    case CutlassTile::kM64N256: return cutlass_m64n256_gemm(launch, stream);
-    case CutlassTile::kSwapN32: return cutlass_swap_n32_gemm(launch, stream);
-    case CutlassTile::kSwapN64: return cutlass_swap_n64_gemm(launch, stream);
+    case CutlassTile::kM128N256: return sm90::cutlass_m128n256_gemm(launch, stream);
+    case CutlassTile::kM64N256: return sm90::cutlass_m64n256_gemm(launch, stream);
+    case CutlassTile::kSwapN32: return sm90::cutlass_swap_n32_gemm(launch, stream);
+    case CutlassTile::kSwapN64: return sm90::cutlass_swap_n64_gemm(launch, stream);
+    case CutlassTile::kSm80M128N256: return sm80::cutlass_m128n256_gemm(launch, stream);
+    case CutlassTile::kSm80M128N128: return sm80::cutlass_m128n128_gemm(launch, stream);
   }
   return Internal("CUTLASS grouped GEMM: unknown tile");
 }
 
-}  // namespace sm90
+namespace {
 
-Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
-  if (pr.target != CudaTarget::kSm90) {
-    return Support::no(std::string("CUTLASS grouped GEMM: needs wgmma and TMA (cuda_sm90); target ") +
-                       cuda_target_name(pr.target));
-  }
+// The problem's limits, whichever tile runs it.
+Support cutlass_problem_supports(const GroupedGemmProblem& pr) {
   if (pr.out_dtype != DType::kBF16) {
     return Support::no(std::string("CUTLASS grouped GEMM: output dtype ") + dtype_name(pr.out_dtype) +
                        " (only bf16 is instantiated)");
   }
   if (pr.k < 8 || pr.k % 8 != 0 || pr.n < 8 || pr.n % 8 != 0) {
     return Support::no("CUTLASS grouped GEMM: N=" + std::to_string(pr.n) + " and K=" + std::to_string(pr.k) +
-                       " must be multiples of 8 (16-byte TMA rows)");
+                       " must be multiples of 8 (16-byte rows)");
   }
   const bool gated = pr.epilogue == GemmEpilogue::kActivation && pr.activation.gated();
   if (gated && pr.n % (2 * kGateUpBlock) != 0) {
@@ -213,10 +214,37 @@ Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
                        std::to_string(2 * kGateUpBlock));
   }
   if (pr.num_groups < 1 || pr.num_groups > (1 << 20)) return Support::no("CUTLASS grouped GEMM needs 1..2^20 groups");
-  if (pr.max_rows > INT32_MAX / 2 || pr.a_rows > INT32_MAX / 2 || pr.n > INT32_MAX / 2 || pr.k > INT32_MAX / 2) {
+  if (pr.max_rows > INT32_MAX / 2 || pr.a_rows > INT32_MAX / 2 || pr.n > INT32_MAX / 2 || pr.k > INT32_MAX / 2 ||
+      pr.num_groups * ((pr.n + 127) / 128) > INT32_MAX / 2) {  // the sm80 tiles' (group, column strip) problems
     return Support::no("CUTLASS grouped GEMM sizes exceed int32 problem shapes");
   }
   return Support::yes();
+}
+
+int sm80_tile_smem_bytes(CutlassTile tile) {
+  return tile == CutlassTile::kSm80M128N256 ? sm80::cutlass_m128n256_smem_bytes() : sm80::cutlass_m128n128_smem_bytes();
+}
+
+}  // namespace
+
+Support cutlass_grouped_gemm_supports(const GroupedGemmProblem& pr) {
+  // The portable tile every sm_80+ device fits stands for the sm80 family.
+  return cutlass_tile_supports(pr, pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : CutlassTile::kSm80M128N128);
+}
+
+Support cutlass_tile_supports(const GroupedGemmProblem& pr, CutlassTile tile) {
+  if (is_sm80_cutlass_tile(tile)) {
+    const int optin = current_device_smem_optin();
+    if (optin > 0 && sm80_tile_smem_bytes(tile) > optin) {
+      return Support::no(std::string("CUTLASS tile ") + cutlass_tile_name(tile) + " needs " +
+                         std::to_string(sm80_tile_smem_bytes(tile)) + " bytes of shared memory per block; the device offers " +
+                         std::to_string(optin));
+    }
+  } else if (pr.target != CudaTarget::kSm90) {
+    return Support::no(std::string("CUTLASS tile ") + cutlass_tile_name(tile) + " needs wgmma and TMA (cuda_sm90); target " +
+                       cuda_target_name(pr.target));
+  }
+  return cutlass_problem_supports(pr);
 }
 
 size_t cutlass_grouped_gemm_workspace_size(const GroupedGemmProblem& pr) { return plan(pr).total; }
@@ -226,7 +254,7 @@ namespace {
 // Both entry points: validation, then per chunk of rows the gather, the
 // instantiated GEMM (`gemm`, given a launch with everything but the weights'
 // own fields) and the activation. `b` stands for the weights in the checks.
-template <class Gemm>  // Status(sm90::CutlassGemmLaunch&)
+template <class Gemm>  // Status(CutlassGemmLaunch&)
 Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, const void* b, cudaStream_t stream,
                   int min_group_rows, Gemm&& gemm) {
   if (args.a == nullptr || b == nullptr || args.c == nullptr || args.group_start == nullptr ||
@@ -239,7 +267,7 @@ Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, con
     return InvalidArgument("CUTLASS grouped GEMM: a, b, c, gather_room and workspace must be 16-byte aligned");
   }
   if (pr.max_rows == 0) return Status::Ok();
-  const int sms = std::min(device_sm_count(), sm90::kCutlassMaxSmCount);
+  const int sms = std::min(device_sm_count(), kCutlassMaxSmCount);
   if (sms < 1) return Internal("CUTLASS grouped GEMM: cannot read the device's SM count");
 
   const CutlassPlan w = plan(pr);
@@ -258,7 +286,7 @@ Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, con
                                                            args.a_row_index, reinterpret_cast<uint4*>(gathered));
       MOEKIT_CUDA_CHECK_LAUNCH("gather_rows_kernel");
     }
-    sm90::CutlassGemmLaunch l;
+    CutlassGemmLaunch l;
     l.num_groups = static_cast<int>(pr.num_groups);
     l.n = static_cast<int>(pr.n);
     l.k = static_cast<int>(pr.k);
@@ -292,10 +320,10 @@ Status run_chunks(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, con
 
 Status cutlass_grouped_gemm(const GroupedGemmProblem& pr, const GroupedGemmArgs& args, CutlassTile tile,
                             cudaStream_t stream, int min_group_rows) {
-  const Support sup = cutlass_grouped_gemm_supports(pr);
+  const Support sup = cutlass_tile_supports(pr, tile);
   if (!sup.ok) return Unsupported(sup.reason);
   return run_chunks(pr, args, args.b, stream, min_group_rows,
-                    [&](sm90::CutlassGemmLaunch& l) { return sm90::cutlass_gemm(tile, l, stream); });
+                    [&](CutlassGemmLaunch& l) { return cutlass_gemm(tile, l, stream); });
 }
 
 Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& pr, QuantMethod method) {
@@ -304,7 +332,8 @@ Support cutlass_weight4_grouped_gemm_supports(const GroupedGemmProblem& pr, Quan
                        " (the sm90 mixed-input mainloop takes one scale per row per K tile of at least 64: "
                        "int4_g128 only)");
   }
-  const Support sup = cutlass_grouped_gemm_supports(pr);
+  // The tiles of the sm90 family stand for its 4-bit kernels' limits.
+  const Support sup = cutlass_tile_supports(pr, CutlassTile::kM64N256);
   if (!sup.ok) return sup;
   if (pr.k % weight4_group(method) != 0) {
     return Support::no("CUTLASS 4-bit grouped GEMM: K=" + std::to_string(pr.k) + " is not in whole " +
@@ -322,7 +351,7 @@ Status cutlass_weight4_grouped_gemm(const GroupedGemmProblem& pr, const GroupedG
   if (weights.scales == nullptr || !aligned16(weights.scales)) {
     return InvalidArgument("CUTLASS 4-bit grouped GEMM: scales null or not 16-byte aligned");
   }
-  return run_chunks(pr, args, weights.packed, stream, /*min_group_rows=*/1, [&](sm90::CutlassGemmLaunch& l) {
+  return run_chunks(pr, args, weights.packed, stream, /*min_group_rows=*/1, [&](CutlassGemmLaunch& l) {
     l.b_scale = weights.scales;
     l.scale_group = static_cast<int>(weight4_group(weights.method));
     return tile == CutlassW4Tile::kN256 ? sm90::cutlass_w4_int4_n256_gemm(l, stream)
