@@ -118,6 +118,10 @@ if [ -n "$SANITIZER" ]; then
   san memcheck layer_sm80 test_layer_cuda "$LAYER" MOEKIT_TEST_CUDA_BACKEND=cuda_sm80
   san racecheck layer_sm80 test_layer_cuda "$LAYER" MOEKIT_TEST_CUDA_BACKEND=cuda_sm80
   san racecheck capture test_capture_cuda '*/renormalize_*'
+  # Every CUTLASS tile of both families, forced, on two CUTLASS-size cases.
+  TILES='Shapes/GroupedGemmSm90.CutlassTilesMatchFp64/11:Shapes/GroupedGemmSm90.CutlassTilesMatchFp64/12'
+  san memcheck gemm_tiles ../experts/test_grouped_gemm_sm90 "$TILES"
+  san racecheck gemm_tiles ../experts/test_grouped_gemm_sm90 "$TILES"
 else
   fail "compute-sanitizer not found"
 fi
