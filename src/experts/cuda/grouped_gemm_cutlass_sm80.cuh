@@ -163,17 +163,10 @@ int resident_warps_per_sm() {
   return resident_ctas_per_sm<G>() * G::Kernel::kThreadCount / 32;
 }
 
+// The adapter (grouped_gemm_cutlass.cu) checked the problem: groups, N and K
+// multiples of 8, sm_count within [1, kCutlassMaxSmCount].
 template <class G>
 Status run_cutlass_gemm(const CutlassGemmLaunch& p, cudaStream_t stream) {
-  if (p.num_groups < 1) return InvalidArgument("CUTLASS sm80 grouped GEMM: no groups");
-  if (p.sm_count < 1 || p.sm_count > kCutlassMaxSmCount) {
-    return InvalidArgument("CUTLASS sm80 grouped GEMM: sm_count " + std::to_string(p.sm_count) + " outside [1, " +
-                           std::to_string(kCutlassMaxSmCount) + "]");
-  }
-  if (p.n % G::kAlignment != 0 || p.k % G::kAlignment != 0) {
-    return InvalidArgument("CUTLASS sm80 grouped GEMM: N=" + std::to_string(p.n) + " and K=" + std::to_string(p.k) +
-                           " must be multiples of 8");
-  }
   const int per_sm = resident_ctas_per_sm<G>();
   if (per_sm < 1) {
     return Unsupported("CUTLASS sm80 grouped GEMM: the tile's " + std::to_string(G::kSmemBytes) +

@@ -95,7 +95,7 @@ CutlassTile cutlass_tile_for(const GroupedGemmProblem& pr, int64_t rows_per_grou
 }
 #endif
 
-// Large groups where no CUTLASS tile serves (a build without CUTLASS). While a
+// Large groups no CUTLASS tile serves (a build without CUTLASS, or a problem none takes). While a
 // group's rows fit the 32-token tile, that tile streams each expert's weights
 // once with three CTAs per SM; beyond it, the widest token tile first, so each
 // slab of weights is streamed once per 128 routed rows.
@@ -159,7 +159,6 @@ Sm90GemmChoice streaming_choice(const GroupedGemmProblem& pr, const KernelOption
   c.path = Sm90GemmPath::kReference;
   return c;
 }
-
 
 }  // namespace
 
