@@ -42,7 +42,7 @@ constexpr int64_t kSlackRowsPerGroup = 32;
 struct CutlassPlan {
   int64_t chunk_rows = 0;  // rows per launch (all of max_rows when no buffer is needed)
   int64_t chunks = 0;
-  size_t gemm = 0;      // cutlass_gemm_workspace_size(tile, G), largest over tiles: tables + CUTLASS's own
+  size_t gemm = 0;      // cutlass_gemm_workspace_size(tile, G, N), largest over tiles: tables + CUTLASS's own
   size_t gathered = 0;  // [chunk_rows, K] bf16, gather_a only: A rows of the chunk in row order
   size_t pre_act = 0;   // [chunk_rows, N] bf16, kActivation only: A·Bᵀ before the activation
   size_t total = 0;     // bytes

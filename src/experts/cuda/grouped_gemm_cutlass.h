@@ -10,7 +10,7 @@
 // Layout "TN": A [rows, K] K-major, B[g] [N, K] K-major, D [rows, N] row-major.
 // A tiny setup kernel writes the per-group problem shapes, pointers and strides
 // from group_start/group_rows on the device, so nothing waits on the host. What
-// the TMA mainloop cannot do is done around it, in the caller's workspace:
+// the mainloops cannot do is done around them, in the caller's workspace:
 //   gather_a      rows of A copied in group order into a [chunk, K] buffer first
 //   kActivation   the GEMM writes the pre-activation [chunk, N] bf16, and a
 //                 small kernel applies the activation (kGateUpBlock pairs) into C
@@ -19,8 +19,8 @@
 // group of (N + K): the MoE workspace stays within (M·k + E·64) rows of 2I and of
 // H. A gathered A in the caller's gather_room takes none of it.
 // Only bf16 output is instantiated (both GEMMs of the MoE pipeline write bf16),
-// in four sm90 and two sm80 tile shapes, one per .cu file; and sm90 mixed-input kernels for int4
-// weights in scale groups of 128 (cutlass_weight4_grouped_gemm), where B is
+// in four sm90 and two sm80 tile shapes, one per .cu file; and sm90 mixed-input
+// kernels for int4 weights in scale groups of 128 (cutlass_weight4_grouped_gemm), where B is
 // packed 4-bit weights with a bf16 scale per (weight row, scale group).
 #pragma once
 
