@@ -18,7 +18,7 @@ namespace {
 // gpt-oss M=256: 1653 vs 1705 us) and loses at 16 (Qwen3 M=256: 548 vs 380 us,
 // Mixtral M=64: 1143 vs 878 us). cuda_sm80's CUTLASS 2.x tile, on an H100
 // (bench --variant): streaming wins at 8 rows (Qwen3 M=128, DeepSeek-V3 and
-// gpt-oss M=256: the tile 1.06-1.10x slower) and at 2-4; at 16 it splits
+// gpt-oss M=256: the tile 1.06-1.17x slower) and at 2-4 (1.05-1.19x); at 16 it splits
 // (Mixtral M=64: tile 0.90x, Qwen3 M=256: 1.07x); at 32 the tile wins by far
 // (Mixtral M=128 0.62x; DeepSeek-V3, gpt-oss M=1024: 0.73-0.74x).
 constexpr int64_t kStreamingMaxRowsPerGroup = 8;
