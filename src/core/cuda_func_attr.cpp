@@ -14,6 +14,10 @@ struct Entry {
   int device;
   int bytes;
 };
+struct Occupancy {
+  const void* func;
+  int device, threads, smem_bytes, ctas;
+};
 }  // namespace
 
 cudaError_t ensure_kernel_smem(const void* func, int bytes) {
@@ -32,6 +36,32 @@ cudaError_t ensure_kernel_smem(const void* func, int bytes) {
   }
   done.push_back(Entry{func, device, bytes});
   return cudaSuccess;
+}
+
+int kernel_ctas_per_sm(const void* func, int threads, int smem_bytes) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  static std::mutex mu;
+  static std::vector<Occupancy> known;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Occupancy& o : known) {
+      if (o.func == func && o.device == device && o.threads == threads && o.smem_bytes == smem_bytes) return o.ctas;
+    }
+  }
+  int ctas = 0;
+  if (ensure_kernel_smem(func, smem_bytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, func, threads, static_cast<size_t>(smem_bytes)) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  known.push_back(Occupancy{func, device, threads, smem_bytes, ctas});
+  return ctas;
 }
 
 int current_device_smem_optin() {

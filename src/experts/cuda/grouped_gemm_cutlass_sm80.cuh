@@ -18,8 +18,6 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -136,25 +134,11 @@ size_t cutlass_workspace_size(int64_t num_groups, int64_t n) {
   return G::tables(num_groups, n).total;
 }
 
-// CTAs resident per SM for this kernel on the current device, asked once per device.
+// CTAs resident per SM for this kernel on the current device (0: it does not fit).
 template <class G>
 int resident_ctas_per_sm() {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> cached{};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-  if (dev < kMaxDevices) {
-    if (const int n = cached[dev].load(std::memory_order_relaxed); n > 0) return n;
-  }
-  const void* kernel = reinterpret_cast<const void*>(cutlass::Kernel<typename G::Kernel>);
-  if (ensure_kernel_smem(kernel, G::kSmemBytes) != cudaSuccess) return 0;
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, G::Kernel::kThreadCount, G::kSmemBytes) !=
-      cudaSuccess) {
-    return 0;
-  }
-  if (dev < kMaxDevices && n > 0) cached[dev].store(n, std::memory_order_relaxed);
-  return n;
+  return kernel_ctas_per_sm(reinterpret_cast<const void*>(cutlass::Kernel<typename G::Kernel>),
+                            G::Kernel::kThreadCount, G::kSmemBytes);
 }
 
 template <class G>

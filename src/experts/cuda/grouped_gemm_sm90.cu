@@ -86,6 +86,12 @@ CutlassTile sm80_cutlass_tile_for(const GroupedGemmProblem& pr, const KernelOpti
              : CutlassTile::kSm80M128N128;
 }
 
+// The target's one tile where the table does not pick by rows per group (batch
+// invariance, the hot groups of a streamed problem).
+CutlassTile general_cutlass_tile(const GroupedGemmProblem& pr, const KernelOptions& o) {
+  return pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : sm80_cutlass_tile_for(pr, o);
+}
+
 CutlassTile cutlass_tile_for(const GroupedGemmProblem& pr, int64_t rows_per_group, const KernelOptions& o) {
   if (pr.target != CudaTarget::kSm90) return sm80_cutlass_tile_for(pr, o);
   if (const auto forced = forced_cutlass_tile(o); forced && cutlass_tile_supports(pr, *forced).ok) return *forced;
@@ -199,7 +205,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
     Sm90GemmChoice c;
 #if MOEKIT_HAVE_CUTLASS
     // Depends on N, K, dtypes and the device, never on M.
-    const CutlassTile tile = pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : sm80_cutlass_tile_for(pr, {});
+    const CutlassTile tile = general_cutlass_tile(pr, {});
     if (cutlass_tile_supports(pr, tile).ok) {
       c.path = Sm90GemmPath::kCutlass;
       c.cutlass_tile = tile;
@@ -246,7 +252,7 @@ Sm90GemmChoice choose_sm90_gemm(const GroupedGemmProblem& pr) {
       if (forced == Forced::kAuto && rows_per_group > kSplitGroupsAboveRowsPerGroup && pr.max_rows > tile &&
           cutlass_grouped_gemm_supports(pr).ok) {
         c.cutlass_above_rows = tile;
-        c.cutlass_tile = pr.target == CudaTarget::kSm90 ? CutlassTile::kM64N256 : sm80_cutlass_tile_for(pr, options);
+        c.cutlass_tile = general_cutlass_tile(pr, options);
         c.reason += ", groups over " + std::to_string(tile) + " rows on CUTLASS";
       }
 #endif
