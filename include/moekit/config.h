@@ -209,7 +209,7 @@ struct ParallelConfig {
 // correctness (every path computes the same layer). Empty = the table's choice.
 // The environment variables MOEKIT_SM90_GEMM, MOEKIT_SM90_STREAM,
 // MOEKIT_SM90_CUTLASS, MOEKIT_SM90_FP8_GEMM, MOEKIT_SM90_FP8_STREAM,
-// MOEKIT_SM90_FP8_TILE, MOEKIT_SM90_W4_GEMM, MOEKIT_SM90_W4_STREAM and MOEKIT_CPU_GEMM override the field of that name
+// MOEKIT_SM90_FP8_TILE, MOEKIT_SM80_FP8_MMA, MOEKIT_SM90_W4_GEMM, MOEKIT_SM90_W4_STREAM and MOEKIT_CPU_GEMM override the field of that name
 // (kernel_options_in_effect, read in one place: src/core/kernel_options.cpp).
 // A path that cannot serve a problem falls back to the table's choice; an
 // unknown name is an error (validate(), or the backend's supports() for the
@@ -218,9 +218,10 @@ struct KernelOptions {
   std::string sm90_gemm;        // bf16 grouped GEMM path: reference | streaming | cutlass
   std::string sm90_stream;      // bf16 streaming instance (streaming_gemm.h names)
   std::string sm90_cutlass;     // bf16 CUTLASS tile: m128_n256 | m64_n256 | swap_n32 | swap_n64
-  std::string sm90_fp8_gemm;    // fp8 GEMM path: cuda_core | cutlass | streaming
+  std::string sm90_fp8_gemm;    // fp8 GEMM path: mma_sync | cutlass | streaming
   std::string sm90_fp8_stream;  // fp8 streaming instance, or off
   std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
+  std::string sm80_fp8_mma;     // fp8 mma.sync GEMM operands: e4m3 (sm_89 on) | f16 (fp8_mma_gemm.h)
   std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | mixed | dequant (moe_pipeline_weight4.h)
   std::string sm90_w4_stream;   // 4-bit streaming instance (weight4_streaming_gemm.h names)
   std::string sm90_w4_tile;     // 4-bit mixed-input tile: n128 | n256 (token rows per tile)

@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/kernel_runs.h"
-#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
@@ -33,30 +33,31 @@ using testing::Fp8Scheme;
 using testing::Fp8Shape;
 
 // Against the cpu emulation (same rounding of every GEMM input, same weights):
-// the two differ in fp32 accumulation order (K <= 256 terms: K u <= 1.5e-5
+// the two differ in fp32 accumulation order (K <= 384 terms: K u <= 2.3e-5
 // relative) and in the activation's exp (a few ulp); a GEMM2 input within ~1e-6
 // of an e4m3 rounding midpoint may then round one step apart (allowance 1e-3,
 // as in test_cpu_fp8.cpp); each side rounds its output to bf16 once, so a
 // nearly equal pair of fp32 values may round one bf16 step apart (<= 2^-8 of
-// the element). Bound: 2^-8 + 2e-5 + 1e-3.
-constexpr double kVsCpuBound = 0.00390625 + 2e-5 + 1e-3;
+// the element). Bound: 2^-8 + 2.3e-5 + 1e-3. It holds for the mma.sync GEMM on
+// f16 operands: exact products, summed in fp32.
+constexpr double kVsCpuBound = 0.00390625 + 2.3e-5 + 1e-3;
 // Against the fp64 reference's fp8 emulation: the bf16 bound of test_cpu_fp8.cpp.
-constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2e-5 + 1e-3) + 2e-5 + 1e-3;
-// The tensor-core GEMMs (fp8_gemm_cutlass_sm90.h) sum each 128-deep block of
-// e4m3 products inside the tensor core before promoting it to fp32, at less
-// than fp32 precision (about 2^-13 relative, the DeepSeek-V3 report's
-// measurement of Hopper's fp8 accumulation). GEMM1's outputs then differ from
-// the cpu's by ~1e-4 relative, and a GEMM2 input that close to an e4m3
-// rounding midpoint rounds one e4m3 step apart (2^-3 of the element at most).
-// Allowing up to 1.5% of the GEMM2 inputs to flip gives 2^-3 * sqrt(0.015) =
-// 1.5e-2 relative L2, plus the bf16 output rounding. Measured on the H200:
-// 6e-4 to 5.3e-3.
+constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2.3e-5 + 1e-3) + 2.3e-5 + 1e-3;
+// The e4m3 tensor-core instructions (CUTLASS's wgmma, mma.sync e4m3 of the
+// streaming and mma.sync GEMMs) sum each K block's e4m3 products inside the
+// tensor core before promoting it to fp32, at less than fp32 precision (about
+// 2^-13 relative, the DeepSeek-V3 report's measurement of Hopper's fp8
+// accumulation). GEMM1's outputs then differ from the cpu's by ~1e-4 relative,
+// and a GEMM2 input that close to an e4m3 rounding midpoint rounds one e4m3
+// step apart (2^-3 of the element at most). Allowing up to 1.5% of the GEMM2
+// inputs to flip gives 2^-3 * sqrt(0.015) = 1.5e-2 relative L2, plus the bf16
+// output rounding. Measured on the H200: 6e-4 to 5.3e-3.
 constexpr double kTensorCoreBound = 0.015 + 0.00390625;
 
-// The GEMM path each case is forced onto (config.kernel.sm90_fp8_gemm), so
-// every path meets every shape whatever the tile table picks.
-constexpr const char* kPaths[] = {"streaming", "cutlass"};
-
+// The GEMM path each case is forced onto (config.kernel.sm90_fp8_gemm, and
+// sm80_fp8_mma for "mma_sync_f16"), so every path meets every shape whatever
+// the table picks. On cuda_sm80 "cutlass" falls back to the mma.sync GEMM.
+constexpr const char* kPaths[] = {"streaming", "cutlass", "mma_sync", "mma_sync_f16"};
 
 struct Fp8Case {
   Fp8Scheme scheme;
@@ -68,22 +69,27 @@ struct Fp8Case {
            std::to_string(shape.M) + "_E" + std::to_string(shape.E) + "_k" + std::to_string(shape.k) + "_H" +
            std::to_string(shape.H) + "_I" + std::to_string(shape.I);
   }
-  // Both tensor-core paths (streaming mma.sync e4m3, CUTLASS wgmma) sum each
-  // K block's products inside the tensor core; without CUTLASS the "cutlass"
-  // case runs on CUDA cores.
-  bool tensor_cores() const { return std::string(path) == "streaming" || cuda::fp8_cutlass_gemm_built(); }
+  // Every path but the f16 one sums e4m3 products inside the tensor core.
+  bool e4m3_accumulation() const { return std::string(path) != "mma_sync_f16"; }
+  void force_path(KernelOptions* k) const {
+    const bool f16 = !e4m3_accumulation();
+    k->sm90_fp8_gemm = f16 ? "mma_sync" : path;
+    if (f16) k->sm80_fp8_mma = "f16";
+  }
 };
 
 std::vector<Fp8Case> fp8_cases() {
   using A = Activation;
   using S = Fp8Scheme;
   // Shapes: H, I not multiples of 128 (partial K blocks, rows past N), one to
-  // ~75 rows per expert, every activation layout (halves, interleaved, plain).
+  // ~150 rows per expert, every activation layout (halves, interleaved, plain).
   const std::vector<Fp8Case> shapes = {
       {S::kBlock128, A::kSiluGated, {1, 8, 2, 256, 128}},    {S::kBlock128, A::kSiluGated, {37, 64, 8, 512, 256}},
       {S::kBlock128, A::kRelu2, {300, 16, 4, 192, 80}},      {S::kBlock128, A::kSiluGated, {40, 16, 4, 384, 144}},
       {S::kBlock128, A::kSwigluOai, {24, 16, 4, 272, 144}},  {S::kTensorDynamic, A::kSiluGated, {5, 8, 2, 256, 128}},
       {S::kTensorDynamic, A::kRelu2, {300, 16, 4, 192, 80}}, {S::kTensorStatic, A::kSiluGated, {64, 32, 4, 256, 144}},
+      // ~150 rows per expert: groups over several 128-row tiles.
+      {S::kBlock128, A::kSiluGated, {300, 4, 2, 192, 144}},
   };
   std::vector<Fp8Case> cases;
   for (const char* path : kPaths) {
@@ -122,7 +128,7 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
   const Fp8Shape s = c.shape;
   Fp8Layer layer(s, c.scheme, c.act, DType::kBF16, testing::seed_from({int64_t(c.scheme), int64_t(c.act), s.M, s.E, 5}));
   layer.config.needs_capture = layer.config.needs_replay = true;
-  layer.config.kernel.sm90_fp8_gemm = c.path;
+  c.force_path(&layer.config.kernel);
   const MoeConfig& cfg = layer.config;
   ASSERT_TRUE(cuda_test::gpu_kernel_class("Sm90Modular").supports(cfg, Platform::probe()).ok);
 
@@ -177,7 +183,7 @@ TEST_P(CudaFp8Grid, ModularMonolithicCpuAndReferenceAgree) {
       testing::to_double(layer.w13_scale.view()), layer.bytes(layer.w2), testing::to_double(layer.w2_scale.view()),
       rr.ids, rr.weights, static_cast<int>(s.k));
   const double err_ref = testing::rel_l2_error(gpu, ref);
-  const bool tc = c.tensor_cores();
+  const bool tc = c.e4m3_accumulation();
   EXPECT_LE(err_cpu, tc ? kTensorCoreBound : kVsCpuBound) << "vs the cpu backend's emulation";
   EXPECT_LE(err_ref, tc ? kTensorCoreBound : kVsReferenceBound) << "vs the fp64 reference's fp8 emulation";
   std::printf("[ fp8      ] %-60s vs cpu %.2e, vs fp64 fp8 %.2e\n", c.name().c_str(), err_cpu, err_ref);
@@ -223,6 +229,27 @@ TEST(CudaFp8, GraphReplayEqualsEager) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
+  }
+}
+
+// batch_invariant: a token's output does not depend on the batch around it
+// (no streaming kernel, no K slices: the one tensor-core tile for every M),
+// for the schemes whose activation scales are per token or fixed.
+TEST(CudaFp8, BatchInvariantRowsDoNotDependOnTheBatch) {
+  MOEKIT_REQUIRE_SM90();
+  for (Fp8Scheme scheme : {Fp8Scheme::kBlock128, Fp8Scheme::kTensorStatic}) {
+    const Fp8Shape s{200, 8, 2, 256, 144};
+    Fp8Layer layer(s, scheme, Activation::kSiluGated, DType::kBF16, testing::seed_from({200, int64_t(scheme), 7}));
+    layer.config.batch_invariant = true;
+    auto mono = cuda_test::gpu_kernel_class("Sm90Monolithic").create(layer.config, Platform::probe());
+    ASSERT_TRUE(mono.ok()) << mono.status().to_string();
+    ASSERT_TRUE((*mono)->prepare_weights(layer.weights()).ok());
+    DeviceTensor hidden(layer.hidden), logits(layer.logits);
+    const StatusOr<HostTensor> all = cuda_test::monolithic_run(**mono, hidden, logits, s.M, s.H);
+    const StatusOr<HostTensor> one = cuda_test::monolithic_run(**mono, hidden, logits, 1, s.H);
+    ASSERT_TRUE(all.ok() && one.ok());
+    EXPECT_EQ(std::memcmp(all->data<uint16_t>(), one->data<uint16_t>(), s.H * 2), 0)
+        << testing::fp8_scheme_name(scheme) << ": token 0 alone differs from token 0 among " << s.M;
   }
 }
 

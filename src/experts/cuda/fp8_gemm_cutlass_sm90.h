@@ -41,6 +41,7 @@ struct Fp8GemmLaunch {
   int ldd = 0;                           // a multiple of 4
   const int32_t* group_start = nullptr;  // [G] i32
   const int32_t* group_rows = nullptr;   // [G] i32, may be 0
+  int64_t max_rows = 0;                  // rows of all groups together, at most (the mma.sync GEMM's grid)
   void* workspace = nullptr;             // >= fp8_cutlass_gemm_workspace_size(G) bytes, 256-byte aligned
   // The tile: 64-row ping-pong tiles when groups average few rows, else
   // 128-row cooperative ones; batch_invariant keeps the 128-row tile for every M.

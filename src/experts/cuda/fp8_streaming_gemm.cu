@@ -96,26 +96,6 @@ struct Fp8StreamParams {
   ActivationParams act;
 };
 
-// 4-byte async copy global -> shared; src_bytes == 0 writes zeros.
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// NOTE: e4m3 mma.sync exists from sm_89 on. The portable build also compiles
-// this file for sm_80, where the host never launches it (fp8_streaming needs
-// CudaTarget::kSm89); a launch there anyway traps rather than return zeros.
-__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-  __trap();
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
 // Checkpoint row of slab-local weight row r (warp r / 32, mt = bit 4, m = r % 16), or -1 past N.
 template <class Tr>
 __device__ __forceinline__ int weight_row(const Fp8StreamParams& p, int slab, int r) {

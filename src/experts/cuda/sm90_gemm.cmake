@@ -1,13 +1,14 @@
-# The Hopper grouped GEMM paths behind grouped_gemm.h (grouped_gemm_sm90.h):
-# the weight-streaming kernel always, the CUTLASS kernels (bf16, the fp8
-# blockwise one of moe_pipeline_fp8, the int4 mixed-input one of
-# moe_pipeline_weight4) when the CUTLASS headers were found
+# The grouped GEMM paths behind grouped_gemm.h (grouped_gemm_sm90.h): the
+# weight-streaming kernels and the fp8 mma.sync GEMM always, the CUTLASS
+# kernels (bf16, the fp8 blockwise one of moe_pipeline_fp8, the int4
+# mixed-input one of moe_pipeline_weight4) when the CUTLASS headers were found
 # (cmake/deps.cmake) and MOEKIT_CUTLASS_KERNELS is on.
 if(MOEKIT_WITH_CUDA)
   target_sources(moekit_experts PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu
     ${CMAKE_CURRENT_LIST_DIR}/streaming_gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
+    ${CMAKE_CURRENT_LIST_DIR}/fp8_mma_gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu
   )
   # The streaming kernels use mma.sync, ldmatrix and cp.async only: cuda_sm80 runs them
@@ -16,6 +17,7 @@ if(MOEKIT_WITH_CUDA)
   # sm_90a alone (tests/layering/check_portable_cuda.py checks the split).
   moekit_portable_cuda_sources(${CMAKE_CURRENT_LIST_DIR}/grouped_gemm_sm90.cu ${CMAKE_CURRENT_LIST_DIR}/streaming_gemm.cu
                                ${CMAKE_CURRENT_LIST_DIR}/fp8_streaming_gemm.cu
+                               ${CMAKE_CURRENT_LIST_DIR}/fp8_mma_gemm.cu
                                ${CMAKE_CURRENT_LIST_DIR}/weight4_streaming_gemm.cu)
   option(MOEKIT_CUTLASS_KERNELS "Build the CUTLASS grouped GEMM kernels (slow to compile)" ON)
   set(MOEKIT_CUTLASS_SOURCES  # one instantiation per file, so they compile in parallel

@@ -84,7 +84,7 @@ std::string Sm90Kernel::gemm_plan(int64_t num_tokens) const {
   switch (pipeline_) {
     case Sm90Pipeline::kBf16: return experts_gemm_plan(shape_, num_tokens);
     case Sm90Pipeline::kFp8:
-      return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens, fp8_tensor_core_gemm(shape_));
+      return std::string("fp8 GEMMs ") + fp8_gemm_path_name(shape_, num_tokens);
     case Sm90Pipeline::kWeight4: return weight4_gemm_plan(shape_, config_.quant.method, num_tokens);
   }
   return {};

@@ -201,26 +201,24 @@ Status prepare_fp8(const MoeConfig& config, const ExpertsShape& shape, Device de
   }
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w13, dev, w.w13.data, w.w13.nbytes()));
   MOEKIT_RETURN_IF_ERROR(copy_to(&out->w2, dev, w.w2.data, w.w2.nbytes()));
-  if (fp8_tensor_core_gemm(shape)) {
-    const QuantMethod method = config.quant.method;
-    const int64_t parts = shape.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape) / parts;
-    const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
-    MOEKIT_RETURN_IF_ERROR(allocate(&out->w13_gemm_scale, dev, sizeof(float) * parts * part_count));
-    MOEKIT_RETURN_IF_ERROR(allocate(&out->w2_gemm_scale, dev, sizeof(float) * E * blocks(I) * blocks(H)));
-    const auto* w13_scale = device_ptr<const float>(out->w13_scale);
-    auto* w13_gemm_scale = device_ptr<float>(out->w13_gemm_scale);
-    if (fp8_gemm1_single_launch(shape)) {
-      MOEKIT_RETURN_IF_ERROR(
-          fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, -1, w13_gemm_scale, nullptr));
-    } else {
-      for (int64_t p = 0; p < parts; ++p) {
-        MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, p,
-                                                        w13_gemm_scale + p * part_count, nullptr));
-      }
+  const QuantMethod method = config.quant.method;
+  const int64_t parts = shape.activation.gated() ? 2 : 1, part_count = fp8_w13_gemm_scale_count(shape) / parts;
+  const auto blocks = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+  MOEKIT_RETURN_IF_ERROR(allocate(&out->w13_gemm_scale, dev, sizeof(float) * parts * part_count));
+  MOEKIT_RETURN_IF_ERROR(allocate(&out->w2_gemm_scale, dev, sizeof(float) * E * blocks(I) * blocks(H)));
+  const auto* w13_scale = device_ptr<const float>(out->w13_scale);
+  auto* w13_gemm_scale = device_ptr<float>(out->w13_gemm_scale);
+  if (fp8_gemm1_single_launch(shape)) {
+    MOEKIT_RETURN_IF_ERROR(
+        fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, -1, w13_gemm_scale, nullptr));
+  } else {
+    for (int64_t p = 0; p < parts; ++p) {
+      MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, w13_scale, E, N1, H, parts, p,
+                                                      w13_gemm_scale + p * part_count, nullptr));
     }
-    MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, device_ptr<const float>(out->w2_scale), E, H, I, 1, 0,
-                                                    device_ptr<float>(out->w2_gemm_scale), nullptr));
   }
+  MOEKIT_RETURN_IF_ERROR(fp8_expand_weight_scales(method, device_ptr<const float>(out->w2_scale), E, H, I, 1, 0,
+                                                  device_ptr<float>(out->w2_gemm_scale), nullptr));
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return Status::Ok();
 }

@@ -31,7 +31,7 @@ struct Sm90Weights {
   DeviceBuffer w13_scale, w2_scale;
   int mxfp4_max_code = 255;  // 4-bit mxfp4: the largest E8M0 code of both scale tensors
   // fp8 only:
-  DeviceBuffer w13_gemm_scale, w2_gemm_scale;  // Fp8ExpertWeights layouts, iff fp8_cutlass_gemm_built
+  DeviceBuffer w13_gemm_scale, w2_gemm_scale;  // Fp8ExpertWeights layouts
   DeviceBuffer a13_scale, a2_scale;            // [E] f32, static activation scales, optional
   // bf16 (biases: and 4-bit), iff the config asks for them:
   DeviceBuffer w13_bias;     // [E, N1] f32, prepared column order
