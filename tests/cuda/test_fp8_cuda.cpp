@@ -15,6 +15,9 @@
 #include "cuda/cuda_model_util.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/kernel_runs.h"
+#include "experts/cuda/fp8_gemm_cutlass_sm90.h"
+#include "experts/cuda/fp8_mma_gemm.h"
+#include "experts/cuda/moe_pipeline_fp8.h"
 #include "moekit/kernel.h"
 #include "moekit/oracle.h"
 #include "moekit/routing.h"
@@ -38,8 +41,8 @@ using testing::Fp8Shape;
 // of an e4m3 rounding midpoint may then round one step apart (allowance 1e-3,
 // as in test_cpu_fp8.cpp); each side rounds its output to bf16 once, so a
 // nearly equal pair of fp32 values may round one bf16 step apart (<= 2^-8 of
-// the element). Bound: 2^-8 + 2.3e-5 + 1e-3. It holds for the mma.sync GEMM on
-// f16 operands: exact products, summed in fp32.
+// the element). Bound: 2^-8 + 2.3e-5 + 1e-3. It holds for the CUDA-core GEMMs
+// and for the mma.sync GEMM on f16 operands: exact products, summed in fp32.
 constexpr double kVsCpuBound = 0.00390625 + 2.3e-5 + 1e-3;
 // Against the fp64 reference's fp8 emulation: the bf16 bound of test_cpu_fp8.cpp.
 constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2.3e-5 + 1e-3) + 2.3e-5 + 1e-3;
@@ -56,7 +59,8 @@ constexpr double kTensorCoreBound = 0.015 + 0.00390625;
 
 // The GEMM path each case is forced onto (config.kernel.sm90_fp8_gemm, and
 // sm80_fp8_mma for "mma_sync_f16"), so every path meets every shape whatever
-// the table picks. On cuda_sm80 "cutlass" falls back to the mma.sync GEMM.
+// the table picks. Where CUTLASS does not serve (cuda_sm80), "cutlass" runs the
+// CUDA-core GEMMs, whose fp32 sums meet the tighter bounds as well.
 constexpr const char* kPaths[] = {"streaming", "cutlass", "mma_sync", "mma_sync_f16"};
 
 struct Fp8Case {
@@ -250,6 +254,59 @@ TEST(CudaFp8, BatchInvariantRowsDoNotDependOnTheBatch) {
     ASSERT_TRUE(all.ok() && one.ok());
     EXPECT_EQ(std::memcmp(all->data<uint16_t>(), one->data<uint16_t>(), s.H * 2), 0)
         << testing::fp8_scheme_name(scheme) << ": token 0 alone differs from token 0 among " << s.M;
+  }
+}
+
+// The path table on the host (no device): streaming only where e4m3 mma.sync
+// exists, CUTLASS only on Hopper, the mma.sync GEMM only when forced and on
+// f16 operands before sm_89; the workspace holds its tile list.
+TEST(CudaFp8Table, PathsByTargetAndOverride) {
+  using cuda::CudaTarget;
+  const auto path = [](CudaTarget t, int64_t M, KernelOptions k = {}, bool invariant = false) {
+    cuda::ExpertsShape s;
+    s.num_experts = 64;
+    s.hidden = 256;
+    s.intermediate = 128;
+    s.top_k = 2;
+    s.target = t;
+    s.batch_invariant = invariant;
+    s.kernel = &k;
+    return std::string(cuda::fp8_gemm_path_name(s, M));
+  };
+  const std::string grouped_sm90 = cuda::fp8_cutlass_gemm_built() ? "cutlass" : "cuda_core";
+  EXPECT_EQ(path(CudaTarget::kSm90, 1), "streaming");
+  EXPECT_EQ(path(CudaTarget::kSm90, 64), grouped_sm90);
+  EXPECT_EQ(path(CudaTarget::kSm90, 1, {}, true), grouped_sm90) << "batch-invariant mode never streams";
+  EXPECT_EQ(path(CudaTarget::kSm89, 1), "streaming");
+  EXPECT_EQ(path(CudaTarget::kSm89, 64), "cuda_core");
+  EXPECT_EQ(path(CudaTarget::kSm80, 1), "cuda_core") << "no e4m3 mma.sync before sm_89";
+  KernelOptions mma;
+  mma.sm90_fp8_gemm = "mma_sync";
+  EXPECT_EQ(path(CudaTarget::kSm90, 1, mma), "mma_sync e4m3");
+  EXPECT_EQ(path(CudaTarget::kSm89, 4096, mma), "mma_sync e4m3");
+  EXPECT_EQ(path(CudaTarget::kSm80, 4096, mma), "mma_sync f16");
+  KernelOptions f16 = mma;
+  f16.sm80_fp8_mma = "f16";
+  EXPECT_EQ(path(CudaTarget::kSm90, 64, f16), "mma_sync f16");
+  KernelOptions e4m3 = mma;
+  e4m3.sm80_fp8_mma = "e4m3";
+  EXPECT_EQ(path(CudaTarget::kSm80, 64, e4m3), "mma_sync f16") << "e4m3 operands where the device has none";
+  KernelOptions bad = mma;
+  bad.sm80_fp8_mma = "bf16";
+  EXPECT_FALSE(bad.validate().ok());
+
+  for (CudaTarget t : {CudaTarget::kSm80, CudaTarget::kSm90}) {
+    for (int64_t M : {1, 37, 4096}) {
+      cuda::ExpertsShape s;
+      s.num_experts = 64;
+      s.hidden = 256;
+      s.intermediate = 128;
+      s.top_k = 8;
+      s.target = t;
+      const cuda::Fp8WorkspaceLayout l = cuda::fp8_workspace_layout(s, M);
+      EXPECT_GE(l.x_tokens - l.gemm_tables, cuda::fp8_mma_gemm_workspace_size(s.num_experts, M * s.top_k))
+          << "M=" << M;
+    }
   }
 }
 
