@@ -262,13 +262,17 @@ TEST(CudaFp8, BatchInvariantRowsDoNotDependOnTheBatch) {
 // f16 operands before sm_89; the workspace holds its tile list.
 TEST(CudaFp8Table, PathsByTargetAndOverride) {
   using cuda::CudaTarget;
-  const auto path = [](CudaTarget t, int64_t M, KernelOptions k = {}, bool invariant = false) {
+  const auto shape = [](CudaTarget t, int64_t top_k) {
     cuda::ExpertsShape s;
     s.num_experts = 64;
     s.hidden = 256;
     s.intermediate = 128;
-    s.top_k = 2;
+    s.top_k = top_k;
     s.target = t;
+    return s;
+  };
+  const auto path = [&](CudaTarget t, int64_t M, KernelOptions k = {}, bool invariant = false) {
+    cuda::ExpertsShape s = shape(t, 2);
     s.batch_invariant = invariant;
     s.kernel = &k;
     return std::string(cuda::fp8_gemm_path_name(s, M));
@@ -297,12 +301,7 @@ TEST(CudaFp8Table, PathsByTargetAndOverride) {
 
   for (CudaTarget t : {CudaTarget::kSm80, CudaTarget::kSm90}) {
     for (int64_t M : {1, 37, 4096}) {
-      cuda::ExpertsShape s;
-      s.num_experts = 64;
-      s.hidden = 256;
-      s.intermediate = 128;
-      s.top_k = 8;
-      s.target = t;
+      const cuda::ExpertsShape s = shape(t, 8);
       const cuda::Fp8WorkspaceLayout l = cuda::fp8_workspace_layout(s, M);
       EXPECT_GE(l.x_tokens - l.gemm_tables, cuda::fp8_mma_gemm_workspace_size(s.num_experts, M * s.top_k))
           << "M=" << M;
