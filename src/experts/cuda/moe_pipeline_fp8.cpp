@@ -108,22 +108,27 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.amax = take_workspace(&c, 2 * sizeof(float));
   l.active = take_workspace(&c, (E + 1) * sizeof(int32_t));
-  // The CUDA-core GEMMs' f32 buffers (x_quant, and act beside h) only where
-  // CUTLASS does not serve: the tensor-core paths never hold GEMM1's f32
-  // output and the activation at once (streaming writes act, the grouped GEMMs
-  // h), so act shares h's bytes.
+  // The stages run in turn on one stream, so buffers whose lives do not overlap
+  // share bytes: GEMM1 has read its input (x_q8, or x_tokens) before the second
+  // quantizer writes act_q8, so act_q8 lies in x_q8's bytes; GEMM2 writes y after
+  // that quantizer has read GEMM1's output (h, or the streaming GEMM1's act), so
+  // y lies in h's bytes. The CUDA-core GEMMs' f32 buffers (x_quant, and act
+  // beside h) are reserved only where CUTLASS does not serve.
   l.cuda_core_room = !fp8_cutlass_serves(s);
   l.x_quant = c;
-  size_t q = c;
+  size_t q = c, q_act = c;
   l.x_q8 = take_workspace(&q, pairs * H);
   l.x_scale = take_workspace(&q, pairs * scale_blocks(s.hidden) * sizeof(float));
-  l.act_q8 = take_workspace(&q, pairs * I);
-  l.act_scale = take_workspace(&q, pairs * scale_blocks(s.intermediate) * sizeof(float));
+  l.act_q8 = take_workspace(&q_act, pairs * I);
+  l.act_scale = take_workspace(&q_act, pairs * scale_blocks(s.intermediate) * sizeof(float));
   if (l.cuda_core_room) take_workspace(&c, pairs * H * sizeof(float));
-  c = std::max(c, q);
-  l.gemm1_out = take_workspace(&c, pairs * n1 * sizeof(float));
+  c = std::max({c, q, q_act});
+  size_t h_end = c;
+  l.gemm1_out = take_workspace(&h_end, pairs * n1 * sizeof(float));
+  size_t y_end = c;
+  l.expert_out = take_workspace(&y_end, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
+  c = std::max(h_end, y_end);
   l.act_quant = l.cuda_core_room ? take_workspace(&c, pairs * I * sizeof(float)) : l.gemm1_out;
-  l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
   l.gemm_tables = take_workspace(&c, std::max(fp8_cutlass_serves(s) ? fp8_cutlass_gemm_workspace_size(s.num_experts) : 0,
                                               fp8_mma_gemm_workspace_size(s.num_experts, static_cast<int64_t>(pairs))));
   l.x_tokens = take_workspace(&c, static_cast<size_t>(num_tokens) * H);

@@ -36,12 +36,12 @@ struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row (CUDA cores)
   size_t gemm1_out = 0;      // [M·k, n1] f32
   size_t act_quant = 0;      // [M·k, I] f32: activation output (streaming, CUDA cores); in h's bytes unless cuda_core_room
-  size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row
-  // The tensor-core path's GEMM inputs, in x_quant's bytes (sized for both uses):
+  size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row (or its K slices), in gemm1_out's bytes
+  // The tensor-core paths' GEMM inputs, in x_quant's bytes (sized for both uses):
   size_t x_q8 = 0;           // [M·k, H] e4m3
   size_t x_scale = 0;        // [M·k · ceil(H/128)] f32, Fp8GemmLaunch::a_scale layout
-  size_t act_q8 = 0;         // [M·k, I] e4m3
-  size_t act_scale = 0;      // [M·k · ceil(I/128)] f32
+  size_t act_q8 = 0;         // [M·k, I] e4m3, in x_q8's bytes (GEMM1 has read those)
+  size_t act_scale = 0;      // [M·k · ceil(I/128)] f32, in x_scale's bytes
   size_t gemm_tables = 0;    // the tensor-core GEMMs' problem tables (fp8_*_gemm_workspace_size)
   size_t x_tokens = 0;       // [M, H] e4m3: GEMM1's input quantized once per token (dynamic scales)
   size_t x_token_scale = 0;  // [M, ceil(H/128)] f32, by row
