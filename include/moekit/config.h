@@ -218,7 +218,7 @@ struct KernelOptions {
   std::string sm90_gemm;        // bf16 grouped GEMM path: reference | streaming | cutlass
   std::string sm90_stream;      // bf16 streaming instance (streaming_gemm.h names)
   std::string sm90_cutlass;     // bf16 CUTLASS tile: m128_n256 | m64_n256 | swap_n32 | swap_n64
-  std::string sm90_fp8_gemm;    // fp8 GEMM path: cuda_core | cutlass | streaming | mma_sync
+  std::string sm90_fp8_gemm;    // fp8 GEMM path: mma_sync | cutlass | streaming
   std::string sm90_fp8_stream;  // fp8 streaming instance, or off
   std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
   std::string sm80_fp8_mma;     // fp8 mma.sync GEMM operands: e4m3 (sm_89 on) | f16 (fp8_mma_gemm.h)

@@ -41,8 +41,8 @@ using testing::Fp8Shape;
 // of an e4m3 rounding midpoint may then round one step apart (allowance 1e-3,
 // as in test_cpu_fp8.cpp); each side rounds its output to bf16 once, so a
 // nearly equal pair of fp32 values may round one bf16 step apart (<= 2^-8 of
-// the element). Bound: 2^-8 + 2.3e-5 + 1e-3. It holds for the CUDA-core GEMMs
-// and for the mma.sync GEMM on f16 operands: exact products, summed in fp32.
+// the element). Bound: 2^-8 + 2.3e-5 + 1e-3. It holds for the mma.sync GEMM on
+// f16 operands: exact products, summed in fp32.
 constexpr double kVsCpuBound = 0.00390625 + 2.3e-5 + 1e-3;
 // Against the fp64 reference's fp8 emulation: the bf16 bound of test_cpu_fp8.cpp.
 constexpr double kVsReferenceBound = 0.00390625 * (1.0 + 2.3e-5 + 1e-3) + 2.3e-5 + 1e-3;
@@ -60,7 +60,7 @@ constexpr double kTensorCoreBound = 0.015 + 0.00390625;
 // The GEMM path each case is forced onto (config.kernel.sm90_fp8_gemm, and
 // sm80_fp8_mma for "mma_sync_f16"), so every path meets every shape whatever
 // the table picks. Where CUTLASS does not serve (cuda_sm80), "cutlass" runs the
-// CUDA-core GEMMs, whose fp32 sums meet the tighter bounds as well.
+// table's grouped GEMM (mma.sync).
 constexpr const char* kPaths[] = {"streaming", "cutlass", "mma_sync", "mma_sync_f16"};
 
 struct Fp8Case {
@@ -258,8 +258,8 @@ TEST(CudaFp8, BatchInvariantRowsDoNotDependOnTheBatch) {
 }
 
 // The path table on the host (no device): streaming only where e4m3 mma.sync
-// exists, CUTLASS only on Hopper, the mma.sync GEMM only when forced and on
-// f16 operands before sm_89; the workspace holds its tile list.
+// exists, CUTLASS only on Hopper, the mma.sync GEMM elsewhere and when
+// forced, on f16 operands before sm_89; the workspace holds its tile list.
 TEST(CudaFp8Table, PathsByTargetAndOverride) {
   using cuda::CudaTarget;
   const auto shape = [](CudaTarget t, int64_t top_k) {
@@ -277,13 +277,13 @@ TEST(CudaFp8Table, PathsByTargetAndOverride) {
     s.kernel = &k;
     return std::string(cuda::fp8_gemm_path_name(s, M));
   };
-  const std::string grouped_sm90 = cuda::fp8_cutlass_gemm_built() ? "cutlass" : "cuda_core";
+  const std::string grouped_sm90 = cuda::fp8_cutlass_gemm_built() ? "cutlass" : "mma_sync e4m3";
   EXPECT_EQ(path(CudaTarget::kSm90, 1), "streaming");
   EXPECT_EQ(path(CudaTarget::kSm90, 64), grouped_sm90);
   EXPECT_EQ(path(CudaTarget::kSm90, 1, {}, true), grouped_sm90) << "batch-invariant mode never streams";
   EXPECT_EQ(path(CudaTarget::kSm89, 1), "streaming");
-  EXPECT_EQ(path(CudaTarget::kSm89, 64), "cuda_core");
-  EXPECT_EQ(path(CudaTarget::kSm80, 1), "cuda_core") << "no e4m3 mma.sync before sm_89";
+  EXPECT_EQ(path(CudaTarget::kSm89, 64), "mma_sync e4m3");
+  EXPECT_EQ(path(CudaTarget::kSm80, 1), "mma_sync f16") << "no e4m3 mma.sync before sm_89";
   KernelOptions mma;
   mma.sm90_fp8_gemm = "mma_sync";
   EXPECT_EQ(path(CudaTarget::kSm90, 1, mma), "mma_sync e4m3");
@@ -298,6 +298,9 @@ TEST(CudaFp8Table, PathsByTargetAndOverride) {
   KernelOptions bad = mma;
   bad.sm80_fp8_mma = "bf16";
   EXPECT_FALSE(bad.validate().ok());
+  KernelOptions gone;
+  gone.sm90_fp8_gemm = "cuda_core";
+  EXPECT_FALSE(gone.validate().ok()) << "the CUDA-core GEMMs are gone";
 
   for (CudaTarget t : {CudaTarget::kSm80, CudaTarget::kSm90}) {
     for (int64_t M : {1, 37, 4096}) {
@@ -305,6 +308,54 @@ TEST(CudaFp8Table, PathsByTargetAndOverride) {
       const cuda::Fp8WorkspaceLayout l = cuda::fp8_workspace_layout(s, M);
       EXPECT_GE(l.x_tokens - l.gemm_tables, cuda::fp8_mma_gemm_workspace_size(s.num_experts, M * s.top_k))
           << "M=" << M;
+    }
+  }
+}
+
+// The workspace layout on the host: buffers that are live at the same time
+// never share bytes; only the pairs whose lives the stage order separates do
+// (GEMM1's input and GEMM2's, GEMM1's output and GEMM2's), and every buffer
+// ends within the total.
+TEST(CudaFp8Table, WorkspaceSharesOnlyBuffersThatAreNotLiveTogether) {
+  struct Buffer {
+    const char* name;
+    size_t offset, bytes;
+    int region;  // buffers of one nonzero region may overlap ...
+    int stage;   // ... when they belong to different stages (1: GEMM1, 2: GEMM2)
+  };
+  const auto blocks = [](int64_t cols) { return static_cast<size_t>((cols + 127) / 128); };
+  for (cuda::CudaTarget t : {cuda::CudaTarget::kSm80, cuda::CudaTarget::kSm90}) {
+    for (const Fp8Shape& sh : {Fp8Shape{1, 8, 2, 4096, 14336}, Fp8Shape{37, 128, 8, 2048, 768},
+                               Fp8Shape{4096, 256, 8, 7168, 2048}, Fp8Shape{300, 4, 2, 192, 144}}) {
+      cuda::ExpertsShape s;
+      s.num_experts = sh.E;
+      s.hidden = sh.H;
+      s.intermediate = sh.I;
+      s.top_k = sh.k;
+      s.target = t;
+      const cuda::Fp8WorkspaceLayout l = cuda::fp8_workspace_layout(s, sh.M);
+      const size_t P = static_cast<size_t>(sh.M * sh.k), H = sh.H, I = sh.I, n1 = 2 * I;
+      const std::vector<Buffer> b = {
+          {"amax", l.amax, 8, 0, 0},
+          {"x_q8", l.x_q8, P * H, 1, 1},
+          {"act_q8", l.act_q8, P * I, 1, 2},
+          {"x_scale", l.x_scale, P * blocks(sh.H) * 4, 1, 1},
+          {"act_scale", l.act_scale, P * blocks(sh.I) * 4, 1, 2},
+          {"gemm1_out", l.gemm1_out, P * n1 * 4, 2, 1},
+          {"expert_out", l.expert_out, P * H * 4, 2, 2},
+          {"gemm_tables", l.gemm_tables, cuda::fp8_mma_gemm_workspace_size(s.num_experts, P), 0, 0},
+          {"x_tokens", l.x_tokens, static_cast<size_t>(sh.M) * H, 0, 0},
+          {"x_token_scale", l.x_token_scale, static_cast<size_t>(sh.M) * blocks(sh.H) * 4, 0, 0},
+      };
+      for (size_t i = 0; i < b.size(); ++i) {
+        EXPECT_LE(b[i].offset + b[i].bytes, l.total) << b[i].name << " M=" << sh.M;
+        EXPECT_GE(b[i].offset, l.row_token + P * 4) << b[i].name << " overlaps the pair buffers";
+        for (size_t j = 0; j < i; ++j) {
+          const bool overlap = b[i].offset < b[j].offset + b[j].bytes && b[j].offset < b[i].offset + b[i].bytes;
+          if (b[i].region != 0 && b[i].region == b[j].region && b[i].stage != b[j].stage) continue;
+          EXPECT_FALSE(overlap) << b[i].name << " and " << b[j].name << " overlap, M=" << sh.M;
+        }
+      }
     }
   }
 }

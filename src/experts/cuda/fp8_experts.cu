@@ -25,9 +25,6 @@ constexpr int kWarps = 4;  // per CTA, every kernel here
 __device__ __forceinline__ float act_scale_of(float amax) {
   return __fdiv_rn(fmaxf(amax, kFp8ScaleFloor), kFp8E4M3Max);
 }
-__device__ __forceinline__ float e4m3_value(__nv_fp8_storage_t q) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
-}
 __device__ __forceinline__ __nv_fp8_storage_t quantize(float x, float scale) {
   return __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
 }
@@ -44,10 +41,6 @@ __device__ __forceinline__ float* scale_slot(const Fp8QuantizeArgs& a, int g, in
 }
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 // The group (expert) of permuted row r, or -1 when r lies in none. Starts
@@ -208,16 +201,10 @@ __global__ void quantize_kernel(Fp8QuantizeArgs a, Fp8ActQuant q, bool vector) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) b[i] = quantize(v[u][i], scale);
       const int64_t at = it.r * a.cols + c;
-      if (a.dst_q) {
-        *reinterpret_cast<uint32_t*>(a.dst_q + at) =
-            uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
-      } else {
-        *reinterpret_cast<float4*>(a.dst + at) =
-            make_float4(__fmul_rn(e4m3_value(b[0]), scale), __fmul_rn(e4m3_value(b[1]), scale),
-                        __fmul_rn(e4m3_value(b[2]), scale), __fmul_rn(e4m3_value(b[3]), scale));
-      }
+      *reinterpret_cast<uint32_t*>(a.dst_q + at) =
+          uint32_t(b[0]) | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 24);
     }
-    if (a.dst_q && threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, kb) = scale;
+    if (threadIdx.x % 32 == 0) *scale_slot(a, it.group, it.r, kb) = scale;
   }
 }
 
@@ -252,76 +239,6 @@ __global__ void expand_scales_kernel(QuantMethod method, const float* w_scale, i
                                                         : w_scale[g * parts + p];
     out[(g * k_blocks + kb) * n_blocks + nb] = s;
   }
-}
-
-// One warp per (group, weight row n). Each lane takes 16 consecutive K values
-// per step (one 16-byte weight load; 16 divides 128, so one scale per load),
-// the warp 512; the row's weights are read once per tile of kRowTile group
-// rows, whose sums are kept side by side. Deterministic: every output is one
-// lane-sequential fp32 FMA chain per lane, then a fixed xor-shuffle tree.
-constexpr int kRowTile = 8;
-constexpr int kLaneK = 16;
-
-__global__ void gemm_kernel(Fp8GemmArgs a) {
-  if (static_cast<int>(blockIdx.y) >= *a.num_active) return;
-  const int64_t g = a.active_groups[blockIdx.y];
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t rows = a.group_rows[g];
-  if (n >= a.n || rows == 0) return;
-  const int64_t r0 = a.group_start[g];
-  const int64_t part_rows = a.n / a.parts, part = n / part_rows;
-  const int64_t row_blocks = (part_rows + kBlock - 1) / kBlock, col_blocks = (a.k + kBlock - 1) / kBlock;
-  const uint8_t* w = a.w + (g * a.n + n) * a.k;
-  const bool block = a.method == QuantMethod::kFp8Block128;
-  const float* scale_row = block ? a.w_scale + ((g * a.parts + part) * row_blocks + (n % part_rows) / kBlock) * col_blocks
-                                 : a.w_scale + g * a.parts + part;
-  for (int64_t rt = 0; rt < rows; rt += kRowTile) {
-    const int nr = static_cast<int>(rows - rt < kRowTile ? rows - rt : kRowTile);
-    float acc[kRowTile];
-#pragma unroll
-    for (int i = 0; i < kRowTile; ++i) acc[i] = 0.0f;
-    // NOTE: K is a multiple of 16 (kSm90DimAlignment), so a lane's 16 values never cross K.
-    for (int64_t k0 = static_cast<int64_t>(lane) * kLaneK; k0 < a.k; k0 += 32 * kLaneK) {
-      const uint4 packed = *reinterpret_cast<const uint4*>(w + k0);
-      const uint8_t* q = reinterpret_cast<const uint8_t*>(&packed);
-      const float s = block ? scale_row[k0 / kBlock] : scale_row[0];
-      float wv[kLaneK];
-#pragma unroll
-      for (int i = 0; i < kLaneK; ++i) wv[i] = __fmul_rn(e4m3_value(q[i]), s);
-#pragma unroll
-      for (int rr = 0; rr < kRowTile; ++rr) {
-        if (rr >= nr) break;
-        const float4* x = reinterpret_cast<const float4*>(a.a + (r0 + rt + rr) * a.k + k0);
-#pragma unroll
-        for (int v = 0; v < kLaneK / 4; ++v) {
-          const float4 xv = x[v];
-          acc[rr] = fmaf(xv.x, wv[4 * v], acc[rr]);
-          acc[rr] = fmaf(xv.y, wv[4 * v + 1], acc[rr]);
-          acc[rr] = fmaf(xv.z, wv[4 * v + 2], acc[rr]);
-          acc[rr] = fmaf(xv.w, wv[4 * v + 3], acc[rr]);
-        }
-      }
-    }
-#pragma unroll
-    for (int rr = 0; rr < kRowTile; ++rr) {
-      const float sum = warp_sum(acc[rr]);  // every lane takes part, whatever nr is
-      if (lane == 0 && rr < nr) a.c[(r0 + rt + rr) * a.n + n] = sum;
-    }
-  }
-}
-
-__global__ void active_groups_kernel(const int32_t* rows, int64_t E, int32_t* active, int32_t* count) {
-  const int lane = threadIdx.x;
-  int total = 0;
-  for (int64_t g0 = 0; g0 < E; g0 += 32) {
-    const int64_t g = g0 + lane;
-    const bool has = g < E && rows[g] > 0;
-    const unsigned mask = __ballot_sync(0xffffffffu, has);
-    if (has) active[total + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(g);
-    total += __popc(mask);
-  }
-  if (lane == 0) *count = total;
 }
 
 // One thread per 4 consecutive columns of one token (H is a multiple of 16):
@@ -374,7 +291,8 @@ Status fp8_quantize_rows(const Fp8QuantizeArgs& a, const Fp8ActQuant& q, cudaStr
   if (q.method == QuantMethod::kFp8PerTensor && q.act_scale == ActScale::kStatic && a.group_start == nullptr) {
     return InvalidArgument("fp8_quantize_rows: static per-expert scales need the rows' groups");
   }
-  if (a.dst_q && !a.scales_by_row && a.group_start == nullptr) {
+  if (a.dst_q == nullptr || a.dst_scale == nullptr) return InvalidArgument("fp8_quantize_rows: no output");
+  if (!a.scales_by_row && a.group_start == nullptr) {
     return InvalidArgument("fp8_quantize_rows: the tensor-core scale layout needs the rows' groups");
   }
   if (dynamic_tensor) {
@@ -409,25 +327,6 @@ Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_
   expand_scales_kernel<<<static_cast<unsigned>(num_experts), kWarps * 32, 0, stream>>>(method, w_scale, n / parts, k,
                                                                                        parts, part, out);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8_expand_weight_scales");
-  return Status::Ok();
-}
-
-Status fp8_grouped_gemm(const Fp8GemmArgs& a, cudaStream_t stream) {
-  if (a.k % kLaneK != 0) {
-    return InvalidArgument("fp8_grouped_gemm: K = " + std::to_string(a.k) + " must be a multiple of " +
-                           std::to_string(kLaneK));
-  }
-  if (a.max_active <= 0) return Status::Ok();
-  const dim3 grid(static_cast<unsigned>((a.n + kWarps - 1) / kWarps), static_cast<unsigned>(a.max_active));
-  gemm_kernel<<<grid, kWarps * 32, 0, stream>>>(a);
-  MOEKIT_CUDA_CHECK_LAUNCH("fp8_grouped_gemm");
-  return Status::Ok();
-}
-
-Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
-                              cudaStream_t stream) {
-  active_groups_kernel<<<1, 32, 0, stream>>>(group_rows, num_experts, active, count);
-  MOEKIT_CUDA_CHECK_LAUNCH("fp8_active_groups");
   return Status::Ok();
 }
 

@@ -1,13 +1,8 @@
 // The fp8 W8A8 expert stages on the device (docs/fp8.md) around the GEMMs.
 // Activations are rounded through e4m3 exactly as the cpu backend rounds them
 // (fp8_emulation.h: same f32 scale, same f32 quotient, same e4m3 value). The
-// GEMM paths (moe_pipeline_fp8.h):
-//  - tensor cores (fp8_gemm_cutlass_sm90.h, fp8_streaming_gemm.h,
-//    fp8_mma_gemm.h): the quantizer writes e4m3 bytes and the scales the GEMM reads;
-//  - CUDA cores (fp8_grouped_gemm below): the quantizer writes each quantized
-//    value as f32; one warp per (expert, weight row) reads the e4m3 weights once
-//    per 8 rows and dequantizes them in registers. It serves the targets
-//    without the CUTLASS kernel; large M is slow there.
+// quantizer writes e4m3 bytes and the scales every GEMM path reads
+// (moe_pipeline_fp8.h: fp8_streaming_gemm.h, fp8_gemm_cutlass_sm90.h, fp8_mma_gemm.h).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -33,18 +28,16 @@ struct Fp8ActQuant {
 // r when null) of `src`, rounded through e4m3 with the scheme's scales. With
 // groups (group_start/group_rows) only the rows inside one are written; without,
 // every row (then no static per-expert scale). src: [*, cols] bf16 bits
-// (src_bf16) or f32, row stride ld. The output is either `dst` [rows, cols] f32
-// (the quantized values), or, with dst_q set, the e4m3 bytes [rows, cols] and
-// dst_scale in the layout of Fp8GemmLaunch::a_scale (needs the groups), or with
-// scales_by_row [rows, ceil(cols/128)] (per-tensor: its one scale repeated per
-// 128 columns).
+// (src_bf16) or f32, row stride ld. The output: the e4m3 bytes dst_q [rows,
+// cols] and dst_scale in the layout of Fp8GemmLaunch::a_scale (needs the
+// groups), or with scales_by_row [rows, ceil(cols/128)] (per-tensor: its one
+// scale repeated per 128 columns).
 struct Fp8QuantizeArgs {
   const void* src = nullptr;
   bool src_bf16 = true;
   int64_t ld = 0;
   const int32_t* row_index = nullptr;
   int64_t rows = 0, cols = 0;
-  float* dst = nullptr;
   uint8_t* dst_q = nullptr;
   float* dst_scale = nullptr;
   bool scales_by_row = false;
@@ -76,35 +69,12 @@ struct Fp8GatherArgs {
 };
 Status fp8_gather_rows(const Fp8GatherArgs& args, cudaStream_t stream);
 
-// C[r, n] = sum_k A[r, k] * (e4m3(W[g, n, k]) * scale), fp32, for every row r
-// of group g (K a multiple of 16). A [rows, K] f32 (already quantized); W [E, N, K] e4m3 bytes with
-// `parts` row parts (scales as MoeWeights, kernel.h); C [rows, N] f32.
-struct Fp8GemmArgs {
-  QuantMethod method = QuantMethod::kFp8Block128;
-  int64_t num_experts = 0, n = 0, k = 0, parts = 1;
-  int64_t max_active = 0;                  // bound on the groups with rows (min(E, routed rows)): the launch's width
-  const int32_t* active_groups = nullptr;  // [E] i32: the groups with rows, ascending (fp8_list_active_groups)
-  const int32_t* num_active = nullptr;     // [1] i32
-  const float* a = nullptr;
-  const uint8_t* w = nullptr;
-  const float* w_scale = nullptr;
-  float* c = nullptr;
-  const int32_t* group_start = nullptr;
-  const int32_t* group_rows = nullptr;
-};
-Status fp8_grouped_gemm(const Fp8GemmArgs& args, cudaStream_t stream);
-
 // The weight scales of MoeWeights (kernel.h) of one row part of W [E, N, K]
 // (`parts` parts of N/parts rows: gate, up) as Fp8GemmLaunch::b_scale reads
 // them: out [E, ceil(K/128), ceil(N/parts/128)]; part = -1: all parts as one
 // matrix, out [E, ceil(K/128), ceil(N/128)] (N/parts a multiple of 128 when parts > 1).
 Status fp8_expand_weight_scales(QuantMethod method, const float* w_scale, int64_t num_experts, int64_t n, int64_t k,
                                 int64_t parts, int64_t part, float* out, cudaStream_t stream);
-
-// active[0, *count) = the groups with group_rows > 0, ascending; one warp, so a
-// decode step launches GEMM work only for the few experts it touches.
-Status fp8_list_active_groups(const int32_t* group_rows, int64_t num_experts, int32_t* active, int32_t* count,
-                              cudaStream_t stream);
 
 // out[t, :] = bf16(sum_j w[t, j] * y[pair_row[t, j], :]), j ascending, fp32
 // (a pair without a row makes the token's row NaN, unless skip_negative_ids

@@ -15,7 +15,7 @@
 namespace moekit::cuda {
 
 #ifndef MOEKIT_HAVE_CUTLASS
-// A build without the CUTLASS kernels: the CUDA-core GEMMs serve every shape.
+// A build without the CUTLASS kernels: the mma.sync GEMM serves every target.
 bool fp8_cutlass_gemm_built() { return false; }
 size_t fp8_cutlass_gemm_workspace_size(int64_t) { return 0; }
 Status fp8_cutlass_gemm(const Fp8GemmLaunch&, cudaStream_t) {
@@ -27,10 +27,10 @@ namespace {
 
 int64_t scale_blocks(int64_t cols) { return (cols + kFp8BlockSize - 1) / kFp8BlockSize; }
 
-// The overrides (ExpertsShape::kernel): sm90_fp8_gemm = cuda_core | cutlass |
-// streaming | mma_sync forces a GEMM path, sm90_fp8_stream names the streaming
-// instance or turns it off, sm80_fp8_mma = e4m3 | f16 the mma.sync GEMM's
-// operands, for comparisons.
+// The overrides (ExpertsShape::kernel): sm90_fp8_gemm = mma_sync | cutlass |
+// streaming forces a GEMM path, sm90_fp8_stream names the streaming instance or
+// turns it off, sm80_fp8_mma = e4m3 | f16 the mma.sync GEMM's operands, for
+// comparisons.
 
 // GEMM2 may cut K into slices only up to this many routed rows, as the bf16
 // pipeline: the f32 partials need at most kMaxFp8StreamKSplits x this many rows of H.
@@ -78,17 +78,14 @@ Status tensor_core_gemm(const ExpertsShape& s, std::string_view path, const Fp8G
 
 }  // namespace
 
-// TODO: the mma.sync GEMM (fp8_mma_gemm.h) is taken only when forced until it
-// has run the gpu tests; then it replaces the CUDA-core GEMMs where CUTLASS
-// does not serve.
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens) {
   const KernelOptions& o = kernel_options_or_environment(s.kernel);
-  if (o.sm90_fp8_gemm == "cuda_core") return "cuda_core";
-  if (o.sm90_fp8_gemm == "mma_sync") {
+  const bool gemm_forced = o.sm90_fp8_gemm == "cutlass" || o.sm90_fp8_gemm == "mma_sync";
+  if (!gemm_forced && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
+  if (o.sm90_fp8_gemm == "mma_sync" || !fp8_cutlass_serves(s)) {
     return mma_operands(s) == Fp8MmaOperands::kE4m3 ? "mma_sync e4m3" : "mma_sync f16";
   }
-  if (o.sm90_fp8_gemm != "cutlass" && streaming_variant(s, o, num_tokens * s.top_k)) return "streaming";
-  return fp8_cutlass_serves(s) ? "cutlass" : "cuda_core";
+  return "cutlass";
 }
 
 bool fp8_gemm1_single_launch(const ExpertsShape& s) {
@@ -101,34 +98,28 @@ int64_t fp8_w13_gemm_scale_count(const ExpertsShape& s) {
 
 Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_tokens) {
   const size_t pairs = static_cast<size_t>(num_tokens * s.top_k);
-  const size_t E = static_cast<size_t>(s.num_experts), H = static_cast<size_t>(s.hidden);
-  const size_t I = static_cast<size_t>(s.intermediate), n1 = static_cast<size_t>(s.n1());
+  const size_t H = static_cast<size_t>(s.hidden), I = static_cast<size_t>(s.intermediate);
+  const size_t n1 = static_cast<size_t>(s.n1());
   Fp8WorkspaceLayout l;
   size_t c = 0;
   static_cast<PairWorkspaceLayout&>(l) = take_pair_workspace(&c, s, num_tokens);
   l.amax = take_workspace(&c, 2 * sizeof(float));
-  l.active = take_workspace(&c, (E + 1) * sizeof(int32_t));
   // The stages run in turn on one stream, so buffers whose lives do not overlap
   // share bytes: GEMM1 has read its input (x_q8, or x_tokens) before the second
   // quantizer writes act_q8, so act_q8 lies in x_q8's bytes; GEMM2 writes y after
-  // that quantizer has read GEMM1's output (h, or the streaming GEMM1's act), so
-  // y lies in h's bytes. The CUDA-core GEMMs' f32 buffers (x_quant, and act
-  // beside h) are reserved only where CUTLASS does not serve.
-  l.cuda_core_room = !fp8_cutlass_serves(s);
-  l.x_quant = c;
-  size_t q = c, q_act = c;
-  l.x_q8 = take_workspace(&q, pairs * H);
-  l.x_scale = take_workspace(&q, pairs * scale_blocks(s.hidden) * sizeof(float));
-  l.act_q8 = take_workspace(&q_act, pairs * I);
-  l.act_scale = take_workspace(&q_act, pairs * scale_blocks(s.intermediate) * sizeof(float));
-  if (l.cuda_core_room) take_workspace(&c, pairs * H * sizeof(float));
-  c = std::max({c, q, q_act});
+  // that quantizer has read GEMM1's output (h, or the streaming GEMM1's
+  // activation act), so y lies in h's bytes, as act does.
+  size_t x_end = c;
+  l.x_q8 = take_workspace(&x_end, pairs * H);
+  l.x_scale = take_workspace(&x_end, pairs * scale_blocks(s.hidden) * sizeof(float));
+  l.act_q8 = take_workspace(&c, pairs * I);
+  l.act_scale = take_workspace(&c, pairs * scale_blocks(s.intermediate) * sizeof(float));
+  c = std::max(c, x_end);
   size_t h_end = c;
   l.gemm1_out = take_workspace(&h_end, pairs * n1 * sizeof(float));
-  size_t y_end = c;
-  l.expert_out = take_workspace(&y_end, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
-  c = std::max(h_end, y_end);
-  l.act_quant = l.cuda_core_room ? take_workspace(&c, pairs * I * sizeof(float)) : l.gemm1_out;
+  l.act_quant = l.gemm1_out;
+  l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
+  c = std::max(c, h_end);
   l.gemm_tables = take_workspace(&c, std::max(fp8_cutlass_serves(s) ? fp8_cutlass_gemm_workspace_size(s.num_experts) : 0,
                                               fp8_mma_gemm_workspace_size(s.num_experts, static_cast<int64_t>(pairs))));
   l.x_tokens = take_workspace(&c, static_cast<size_t>(num_tokens) * H);
@@ -148,8 +139,6 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   auto* pair_row = reinterpret_cast<int32_t*>(ws + l.pair_row);        // [M·k]
   auto* row_token = reinterpret_cast<int32_t*>(ws + l.row_token);      // [M·k]
   auto* amax = reinterpret_cast<float*>(ws + l.amax);                  // [2]
-  auto* active = reinterpret_cast<int32_t*>(ws + l.active);            // [E + 1]
-  auto* x_q = reinterpret_cast<float*>(ws + l.x_quant);                // [M·k, H]
   auto* h = reinterpret_cast<float*>(ws + l.gemm1_out);                // [M·k, n1]
   auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
   auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H] (or its K slices)
@@ -190,11 +179,6 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   fa.topk_ids = run.topk_ids;
 
   const std::string_view path = fp8_gemm_path_name(s, M);
-  if (path == "cuda_core" && !l.cuda_core_room) {
-    return Unsupported(
-        "fp8 CUDA-core GEMMs (kernel.sm90_fp8_gemm=cuda_core): the CUTLASS GEMM serves this target, and its "
-        "workspace has no room for the CUDA-core path's f32 buffers");
-  }
   // GEMM1's input: with dynamic scales a token's quantized row is the same in
   // each of its k pairs, so the M token rows are quantized once (and the
   // tensor-core GEMMs get them copied to their permuted rows); static
@@ -203,43 +187,41 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   const bool streaming = path == "streaming";
   const uint8_t* gemm1_a = reinterpret_cast<uint8_t*>(ws + l.x_q8);
   const float* gemm1_a_scale = reinterpret_cast<float*>(ws + l.x_scale);
-  if (path != "cuda_core") {
-    Fp8QuantizeArgs qx = q1;
-    if (per_token) {
-      qx.row_index = nullptr;
-      qx.rows = M;
-      qx.group_start = qx.group_rows = nullptr;
-      qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_tokens);
-      qx.dst_scale = reinterpret_cast<float*>(ws + l.x_token_scale);
-      qx.scales_by_row = true;
-    } else {
-      qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
-      qx.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
-      qx.scales_by_row = streaming;
-    }
-    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(qx, quant1, stream));
-    if (per_token && !streaming) {
-      Fp8GatherArgs ga;
-      ga.src_q = qx.dst_q;
-      ga.src_scale = qx.dst_scale;
-      ga.row_index = row_token;
-      ga.rows = pairs;
-      ga.cols = H;
-      ga.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
-      ga.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
-      ga.group_start = group_start;
-      ga.group_rows = group_rows;
-      ga.num_experts = E;
-      MOEKIT_RETURN_IF_ERROR(fp8_gather_rows(ga, stream));
-    }
-    if (per_token && streaming) {  // the streaming GEMM gathers the token rows itself
-      gemm1_a = qx.dst_q;
-      gemm1_a_scale = qx.dst_scale;
-    }
-    q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
-    q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
-    q2.scales_by_row = streaming;
+  Fp8QuantizeArgs qx = q1;
+  if (per_token) {
+    qx.row_index = nullptr;
+    qx.rows = M;
+    qx.group_start = qx.group_rows = nullptr;
+    qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_tokens);
+    qx.dst_scale = reinterpret_cast<float*>(ws + l.x_token_scale);
+    qx.scales_by_row = true;
+  } else {
+    qx.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+    qx.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+    qx.scales_by_row = streaming;
   }
+  MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(qx, quant1, stream));
+  if (per_token && !streaming) {
+    Fp8GatherArgs ga;
+    ga.src_q = qx.dst_q;
+    ga.src_scale = qx.dst_scale;
+    ga.row_index = row_token;
+    ga.rows = pairs;
+    ga.cols = H;
+    ga.dst_q = reinterpret_cast<uint8_t*>(ws + l.x_q8);
+    ga.dst_scale = reinterpret_cast<float*>(ws + l.x_scale);
+    ga.group_start = group_start;
+    ga.group_rows = group_rows;
+    ga.num_experts = E;
+    MOEKIT_RETURN_IF_ERROR(fp8_gather_rows(ga, stream));
+  }
+  if (per_token && streaming) {  // the streaming GEMM gathers the token rows itself
+    gemm1_a = qx.dst_q;
+    gemm1_a_scale = qx.dst_scale;
+  }
+  q2.dst_q = reinterpret_cast<uint8_t*>(ws + l.act_q8);
+  q2.dst_scale = reinterpret_cast<float*>(ws + l.act_scale);
+  q2.scales_by_row = streaming;
   if (streaming) {
     const Fp8StreamVariant v = *streaming_variant(s, kernel_options_or_environment(s.kernel), pairs);
     Fp8StreamGemm g1;
@@ -284,78 +266,44 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
     fa.split_stride = g2.c_split_stride;
     return fp8_finalize(fa, stream);
   }
-  if (path != "cuda_core") {
-    // The tensor-core grouped GEMMs: GEMM1 once over all N1 rows where the parts
-    // are whole scale blocks; else per row part of W13 (gate, up), each with its
-    // own scales, so that no 128-row scale block straddles the two whatever I is.
-    const bool single = fp8_gemm1_single_launch(s);
-    const int64_t parts = single ? 1 : 2;
-    Fp8GemmLaunch g1;
-    g1.num_groups = static_cast<int>(E);
-    g1.n = static_cast<int>(n1 / parts);
-    g1.k = static_cast<int>(H);
-    g1.a = gemm1_a;
-    g1.a_scale = gemm1_a_scale;
-    g1.b_group_stride = n1 * H;
-    g1.ldd = static_cast<int>(n1);
-    g1.group_start = group_start;
-    g1.group_rows = group_rows;
-    g1.max_rows = pairs;
-    g1.workspace = ws + l.gemm_tables;
-    g1.mean_group_rows = pairs / E;
-    g1.batch_invariant = s.batch_invariant;
-    g1.kernel = s.kernel;
-    for (int64_t p = 0; p < parts; ++p) {
-      g1.b = w.w13 + p * I * H;
-      g1.b_scale = w.w13_gemm_scale + p * E * scale_blocks(H) * scale_blocks(I);
-      g1.d = h + p * I;
-      MOEKIT_RETURN_IF_ERROR(tensor_core_gemm(s, path, g1, stream));
-    }
-    MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
-    Fp8GemmLaunch g2 = g1;
-    g2.n = static_cast<int>(H);
-    g2.k = static_cast<int>(I);
-    g2.a = q2.dst_q;
-    g2.a_scale = q2.dst_scale;
-    g2.b = w.w2;
-    g2.b_group_stride = H * I;
-    g2.b_scale = w.w2_gemm_scale;
-    g2.d = y;
-    g2.ldd = static_cast<int>(H);
-    MOEKIT_RETURN_IF_ERROR(tensor_core_gemm(s, path, g2, stream));
-    return fp8_finalize(fa, stream);
-  }
-
-  q1.dst = x_q;
-  MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q1, quant1, stream));
-  MOEKIT_RETURN_IF_ERROR(fp8_list_active_groups(group_rows, E, active, active + E, stream));
-  Fp8GemmArgs g1;
-  g1.method = w.quant.method;
-  g1.max_active = std::min(E, pairs);
-  g1.active_groups = active;
-  g1.num_active = active + E;
-  g1.num_experts = E;
-  g1.n = n1;
-  g1.k = H;
-  g1.parts = s.activation.gated() ? 2 : 1;
-  g1.a = x_q;
-  g1.w = w.w13;
-  g1.w_scale = w.w13_scale;
-  g1.c = h;
+  // The tensor-core grouped GEMMs: GEMM1 once over all N1 rows where the parts
+  // are whole scale blocks; else per row part of W13 (gate, up), each with its
+  // own scales, so that no 128-row scale block straddles the two whatever I is.
+  const bool single = fp8_gemm1_single_launch(s);
+  const int64_t parts = single ? 1 : 2;
+  Fp8GemmLaunch g1;
+  g1.num_groups = static_cast<int>(E);
+  g1.n = static_cast<int>(n1 / parts);
+  g1.k = static_cast<int>(H);
+  g1.a = gemm1_a;
+  g1.a_scale = gemm1_a_scale;
+  g1.b_group_stride = n1 * H;
+  g1.ldd = static_cast<int>(n1);
   g1.group_start = group_start;
   g1.group_rows = group_rows;
-  MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g1, stream));
-  q2.dst = act;
+  g1.max_rows = pairs;
+  g1.workspace = ws + l.gemm_tables;
+  g1.mean_group_rows = pairs / E;
+  g1.batch_invariant = s.batch_invariant;
+  g1.kernel = s.kernel;
+  for (int64_t p = 0; p < parts; ++p) {
+    g1.b = w.w13 + p * I * H;
+    g1.b_scale = w.w13_gemm_scale + p * E * scale_blocks(H) * scale_blocks(I);
+    g1.d = h + p * I;
+    MOEKIT_RETURN_IF_ERROR(tensor_core_gemm(s, path, g1, stream));
+  }
   MOEKIT_RETURN_IF_ERROR(fp8_quantize_rows(q2, quant2, stream));
-  Fp8GemmArgs g2 = g1;
-  g2.n = H;
-  g2.k = I;
-  g2.parts = 1;
-  g2.a = act;
-  g2.w = w.w2;
-  g2.w_scale = w.w2_scale;
-  g2.c = y;
-  MOEKIT_RETURN_IF_ERROR(fp8_grouped_gemm(g2, stream));
+  Fp8GemmLaunch g2 = g1;
+  g2.n = static_cast<int>(H);
+  g2.k = static_cast<int>(I);
+  g2.a = q2.dst_q;
+  g2.a_scale = q2.dst_scale;
+  g2.b = w.w2;
+  g2.b_group_stride = H * I;
+  g2.b_scale = w.w2_gemm_scale;
+  g2.d = y;
+  g2.ldd = static_cast<int>(H);
+  MOEKIT_RETURN_IF_ERROR(tensor_core_gemm(s, path, g2, stream));
   return fp8_finalize(fa, stream);
 }
 

@@ -5,11 +5,10 @@
 // stream, the caller's workspace, no allocation, no host synchronization.
 //
 // The GEMMs stream the weights (fp8_streaming_gemm.h, sm_89 on) while experts
-// get few rows, else run on tensor cores (fp8_gemm_cutlass_sm90.h) where
-// CUTLASS is built and the target is Hopper, else on CUDA cores.
-// kernel.sm90_fp8_gemm = cuda_core|cutlass|streaming|mma_sync (MoeConfig::kernel,
-// or MOEKIT_SM90_FP8_GEMM) forces a path (for comparisons); mma_sync
-// (fp8_mma_gemm.h, every target) is taken only when forced, for now.
+// get few rows, else run a tensor-core grouped GEMM: CUTLASS's on Hopper
+// (fp8_gemm_cutlass_sm90.h), the mma.sync one elsewhere (fp8_mma_gemm.h).
+// kernel.sm90_fp8_gemm = mma_sync|cutlass|streaming (MoeConfig::kernel, or
+// MOEKIT_SM90_FP8_GEMM) forces a path (for comparisons).
 #pragma once
 
 #ifdef MOEKIT_WITH_CUDA
@@ -31,18 +30,15 @@ namespace moekit::cuda {
 // the same place whichever pipeline follows.
 struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
-  size_t active = 0;         // [E + 1] i32: experts with rows, ascending, then their count
-  bool cuda_core_room = false;  // the CUDA-core GEMMs' buffers are there (CUTLASS does not serve the target)
-  size_t x_quant = 0;        // [M·k, H] f32: GEMM1 input, quantized, per permuted row (CUDA cores)
   size_t gemm1_out = 0;      // [M·k, n1] f32
-  size_t act_quant = 0;      // [M·k, I] f32: activation output (streaming, CUDA cores); in h's bytes unless cuda_core_room
+  size_t act_quant = 0;      // [M·k, I] f32: the streaming GEMM1's activation output, in gemm1_out's bytes
   size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row (or its K slices), in gemm1_out's bytes
-  // The tensor-core paths' GEMM inputs, in x_quant's bytes (sized for both uses):
+  // The GEMM inputs:
   size_t x_q8 = 0;           // [M·k, H] e4m3
   size_t x_scale = 0;        // [M·k · ceil(H/128)] f32, Fp8GemmLaunch::a_scale layout
   size_t act_q8 = 0;         // [M·k, I] e4m3, in x_q8's bytes (GEMM1 has read those)
   size_t act_scale = 0;      // [M·k · ceil(I/128)] f32, in x_scale's bytes
-  size_t gemm_tables = 0;    // the tensor-core GEMMs' problem tables (fp8_*_gemm_workspace_size)
+  size_t gemm_tables = 0;    // the tensor-core GEMM's problem tables (fp8_*_gemm_workspace_size)
   size_t x_tokens = 0;       // [M, H] e4m3: GEMM1's input quantized once per token (dynamic scales)
   size_t x_token_scale = 0;  // [M, ceil(H/128)] f32, by row
   size_t total = 0;
@@ -84,8 +80,8 @@ struct Fp8ExpertsRun {
 };
 
 // The GEMM path a forward of M tokens takes: "streaming" (fp8_streaming_gemm.h,
-// few rows per expert), "cutlass" (fp8_gemm_cutlass_sm90.h), "cuda_core", or
-// "mma_sync e4m3" / "mma_sync f16" (fp8_mma_gemm.h with those operands).
+// few rows per expert), "cutlass" (fp8_gemm_cutlass_sm90.h), or "mma_sync e4m3"
+// / "mma_sync f16" (fp8_mma_gemm.h with those operands).
 const char* fp8_gemm_path_name(const ExpertsShape& s, int64_t num_tokens);
 
 Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const Fp8ExpertsRun& run,
