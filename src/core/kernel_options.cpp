@@ -29,7 +29,7 @@ constexpr std::array<Knob, 11> kKnobs = {{
     {&KernelOptions::sm90_cutlass, "sm90_cutlass", "MOEKIT_SM90_CUTLASS", {}},
     {&KernelOptions::sm90_fp8_gemm, "sm90_fp8_gemm", "MOEKIT_SM90_FP8_GEMM", {"mma_sync", "cutlass", "streaming"}},
     {&KernelOptions::sm90_fp8_stream, "sm90_fp8_stream", "MOEKIT_SM90_FP8_STREAM", {}},
-    {&KernelOptions::sm90_fp8_tile, "sm90_fp8_tile", "MOEKIT_SM90_FP8_TILE", {"m128n128", "m64n128"}},
+    {&KernelOptions::sm90_fp8_tile, "sm90_fp8_tile", "MOEKIT_SM90_FP8_TILE", {"m128n128", "m64n128", "m32n128"}},
     {&KernelOptions::sm80_fp8_mma, "sm80_fp8_mma", "MOEKIT_SM80_FP8_MMA", {"e4m3", "f16"}},
     {&KernelOptions::sm90_w4_gemm, "sm90_w4_gemm", "MOEKIT_SM90_W4_GEMM", {"streaming", "mixed", "dequant"}},
     {&KernelOptions::sm90_w4_stream, "sm90_w4_stream", "MOEKIT_SM90_W4_STREAM", {}},

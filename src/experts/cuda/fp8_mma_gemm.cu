@@ -11,43 +11,62 @@
 #include "core/cuda_check.h"
 #include "core/cuda_func_attr.h"
 #include "experts/cuda/streaming_gemm.cuh"
+#include "moekit/config.h"
 
 namespace moekit::cuda {
 namespace {
 
-constexpr int kTileM = 128, kTileN = 128;
+constexpr int kTileN = 128;
 constexpr int kTileK = static_cast<int>(kFp8BlockSize);  // one scale block per K step
 constexpr int kStages = 3;
-constexpr int kThreads = 256;   // 8 warps: 2 along M x 4 along N, 64 x 32 outputs each
+constexpr int kThreads = 256;      // 8 warps
 constexpr int kRowBytes = kTileK;  // e4m3: a byte per element
-constexpr int kOperandBytes = kTileM * kRowBytes;
-constexpr int kStageBytes = 2 * kOperandBytes + kTileM * static_cast<int>(sizeof(float));  // A, B, A's scales
-constexpr int kSmemBytes = kStages * kStageBytes;  // 99840: fits the 99 KB of sm_86 and sm_89
-static_assert(kTileM == kTileN, "A and B stages share one layout");
-static_assert(kOperandBytes / 16 % kThreads == 0, "each thread copies whole 16-byte chunks");
+constexpr int kOperandBytesB = kTileN * kRowBytes;
+
+// The two tiles: 128 x 128 (8 warps as 2 x 4, 64 x 32 outputs each) for
+// groups of many rows, 32 x 128 (8 warps along N, 32 x 16 each) for groups of
+// few, which the 128-row tile would pad with up to 4x the work.
+template <int kRows>
+struct MmaTile {
+  static_assert(kRows == 128 || kRows == 32);
+  static constexpr int kM = kRows;
+  static constexpr int kWarpsM = kRows == 128 ? 2 : 1, kWarpsN = 8 / kWarpsM;
+  static constexpr int kWarpRows = kM / kWarpsM, kWarpCols = kTileN / kWarpsN;
+  static constexpr int kMI = kWarpRows / 16, kNI = kWarpCols / 8;  // m16 and n8 fragments per warp
+  static constexpr int kOperandBytesA = kM * kRowBytes;
+  static constexpr int kStageBytes = kOperandBytesA + kOperandBytesB + kM * static_cast<int>(sizeof(float));
+  // 128 rows: 99840 bytes, within the 99 KB of sm_86 and sm_89.
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kOperandBytesA / 16 % kThreads == 0 && kOperandBytesB / 16 % kThreads == 0,
+                "each thread copies whole 16-byte chunks");
+  static_assert(kNI % 2 == 0, "B fragments come two n8 tiles per ldmatrix.x4");
+};
+
+// Mean rows per group up to which the 32-row tile is taken.
+constexpr int64_t kSmallTileMaxRows = 32;
 
 struct MTile {
-  int32_t group, row0;  // rows [row0, row0 + 128) of group `group`
+  int32_t group, row0;  // rows [row0, row0 + tile rows) of group `group`
 };
 constexpr size_t kTableHeader = 256;  // the tile count, then the tiles
 
-int64_t max_m_tiles(int64_t num_groups, int64_t max_rows) {
-  return max_rows / kTileM + std::min(num_groups, max_rows);  // each group with rows adds one partial tile at most
+int64_t max_m_tiles(int64_t num_groups, int64_t max_rows, int tile_rows) {
+  return max_rows / tile_rows + std::min(num_groups, max_rows);  // each group with rows adds one partial tile at most
 }
 
-// One block lists every group's 128-row tiles in group order.
-__global__ void __launch_bounds__(kThreads) list_m_tiles(const int32_t* group_rows, int num_groups, int max_tiles,
-                                                         int32_t* count, MTile* tiles) {
+// One block lists every group's tiles of `tile_rows` rows in group order.
+__global__ void __launch_bounds__(kThreads) list_m_tiles(const int32_t* group_rows, int num_groups, int tile_rows,
+                                                         int max_tiles, int32_t* count, MTile* tiles) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage temp;
   const int per = (num_groups + kThreads - 1) / kThreads;
   const int g_begin = min(num_groups, static_cast<int>(threadIdx.x) * per), g_end = min(num_groups, g_begin + per);
   int mine = 0;
-  for (int g = g_begin; g < g_end; ++g) mine += (max(group_rows[g], 0) + kTileM - 1) / kTileM;
+  for (int g = g_begin; g < g_end; ++g) mine += (max(group_rows[g], 0) + tile_rows - 1) / tile_rows;
   int next = 0, total = 0;
   Scan(temp).ExclusiveSum(mine, next, total);
   for (int g = g_begin; g < g_end; ++g) {
-    for (int r = 0; r < group_rows[g]; r += kTileM, ++next) {
+    for (int r = 0; r < group_rows[g]; r += tile_rows, ++next) {
       if (next < max_tiles) tiles[next] = MTile{g, r};
     }
   }
@@ -90,42 +109,44 @@ constexpr float kProductScale = kOps == Fp8MmaOperands::kF16 ? 65536.0f : 1.0f;
 // m16n8k32 A operand as it is); b[ni] = col g x {chunk 0, 1} of n8 tile ni.
 // The f16 MMA (k16) takes one chunk each: with lo/hi halves as its k pairs,
 // A and B permute K the same way, so the dot products are unchanged.
-template <Fp8MmaOperands kOps>
-__device__ __forceinline__ void mma_k32(float (&part)[4][4][4], const uint32_t (&a)[4][4], const uint32_t (&b)[4][2]) {
+template <Fp8MmaOperands kOps, int MI, int NI>
+__device__ __forceinline__ void mma_k32(float (&part)[MI][NI][4], const uint32_t (&a)[MI][4],
+                                        const uint32_t (&b)[NI][2]) {
   using namespace sm90::detail;
   if constexpr (kOps == Fp8MmaOperands::kE4m3) {
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
+    for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) mma_e4m3_16832(part[mi][ni], a[mi], b[ni]);
+      for (int ni = 0; ni < NI; ++ni) mma_e4m3_16832(part[mi][ni], a[mi], b[ni]);
     }
   } else {
 #pragma unroll
     for (int chunk = 0; chunk < 2; ++chunk) {
-      uint32_t af[4][4], bf[4][2];
+      uint32_t af[MI][4], bf[NI][2];
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
+      for (int mi = 0; mi < MI; ++mi) {
         e4m3x4_to_f16(a[mi][2 * chunk], af[mi][0], af[mi][2]);      // row g: k lo, k hi
         e4m3x4_to_f16(a[mi][2 * chunk + 1], af[mi][1], af[mi][3]);  // row g + 8
       }
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) e4m3x4_to_f16(b[ni][chunk], bf[ni][0], bf[ni][1]);
+      for (int ni = 0; ni < NI; ++ni) e4m3x4_to_f16(b[ni][chunk], bf[ni][0], bf[ni][1]);
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
+      for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_f16_16816(part[mi][ni], af[mi], bf[ni]);
+        for (int ni = 0; ni < NI; ++ni) mma_f16_16816(part[mi][ni], af[mi], bf[ni]);
       }
     }
   }
 }
 
-template <Fp8MmaOperands kOps>
-__global__ void __launch_bounds__(kThreads, 1) fp8_mma_gemm_kernel(const Params p) {
+template <Fp8MmaOperands kOps, int kRows>
+__global__ void __launch_bounds__(kThreads, kRows == 128 ? 1 : 2) fp8_mma_gemm_kernel(const Params p) {
   using namespace sm90::detail;
+  using T = MmaTile<kRows>;
   if (static_cast<int>(blockIdx.x) >= *p.tile_count) return;
   const MTile tile = p.tiles[blockIdx.x];
   const int g = tile.group, n0 = static_cast<int>(blockIdx.y) * kTileN;
-  const int group_rows = p.group_rows[g], rows = group_rows - tile.row0;  // rows of this tile: min(rows, 128)
+  const int group_rows = p.group_rows[g], rows = group_rows - tile.row0;  // rows of this tile: min(rows, kRows)
   const int K = p.k, k_blocks = (K + kTileK - 1) / kTileK, n_blocks = (p.n + kTileN - 1) / kTileN;
   const int64_t first_row = static_cast<int64_t>(p.group_start[g]) + tile.row0;
   const uint8_t* a = p.a + first_row * K;
@@ -135,28 +156,35 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mma_gemm_kernel(const Params 
 
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wm = warp >> 2, wn = warp & 3;
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
 
+  // A row of 128 bytes is 8 chunks of 16, stored at chunk c ^ (row & 7): ldmatrix reads conflict-free.
   const auto load_stage = [&](int stage, int kb) {
-    uint8_t* sa = smem + stage * kStageBytes;
-    uint8_t* sb = sa + kOperandBytes;
+    uint8_t* sa = smem + stage * T::kStageBytes;
+    uint8_t* sb = sa + T::kOperandBytesA;
     const int k0 = kb * kTileK;
 #pragma unroll
-    for (int i = 0; i < kOperandBytes / 16 / kThreads; ++i) {
+    for (int i = 0; i < T::kOperandBytesA / 16 / kThreads; ++i) {
       const int idx = tid + i * kThreads, r = idx >> 3, c = idx & 7, col = k0 + c * 16;
-      const int off = r * kRowBytes + ((c ^ (r & 7)) << 4);
-      const bool ra = col < K && r < rows, rb = col < K && n0 + r < p.n;
-      cp_async_16(smem_addr(sa + off), ra ? a + static_cast<int64_t>(r) * K + col : p.a, ra ? 16 : 0);
-      cp_async_16(smem_addr(sb + off), rb ? b + static_cast<int64_t>(r) * K + col : p.b, rb ? 16 : 0);
+      const bool ok = col < K && r < rows;
+      cp_async_16(smem_addr(sa + r * kRowBytes + ((c ^ (r & 7)) << 4)),
+                  ok ? a + static_cast<int64_t>(r) * K + col : p.a, ok ? 16 : 0);
     }
-    if (tid < kTileM) {
+#pragma unroll
+    for (int i = 0; i < kOperandBytesB / 16 / kThreads; ++i) {
+      const int idx = tid + i * kThreads, r = idx >> 3, c = idx & 7, col = k0 + c * 16;
+      const bool ok = col < K && n0 + r < p.n;
+      cp_async_16(smem_addr(sb + r * kRowBytes + ((c ^ (r & 7)) << 4)),
+                  ok ? b + static_cast<int64_t>(r) * K + col : p.b, ok ? 16 : 0);
+    }
+    if (tid < kRows) {
       const bool ok = tid < rows;
-      cp_async_4(smem_addr(sb + kOperandBytes + tid * 4),
+      cp_async_4(smem_addr(sb + kOperandBytesB + tid * 4),
                  ok ? a_scale + static_cast<int64_t>(kb) * group_rows + tid : p.a_scale, ok ? 4 : 0);
     }
   };
 
-  float acc[4][4][4] = {};
+  float acc[T::kMI][T::kNI][4] = {};
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_blocks) load_stage(s, s);
@@ -167,35 +195,35 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mma_gemm_kernel(const Params 
     __syncthreads();  // stage kb landed for every thread; stage kb - 1 is free
     if (kb + kStages - 1 < k_blocks) load_stage((kb + kStages - 1) % kStages, kb + kStages - 1);
     cp_async_commit();
-    const uint8_t* sa = smem + (kb % kStages) * kStageBytes;
-    const uint8_t* sb = sa + kOperandBytes;
-    const auto* ss = reinterpret_cast<const float*>(sb + kOperandBytes);
-    float part[4][4][4] = {};
+    const uint8_t* sa = smem + (kb % kStages) * T::kStageBytes;
+    const uint8_t* sb = sa + T::kOperandBytesA;
+    const auto* ss = reinterpret_cast<const float*>(sb + kOperandBytesB);
+    const float sb_k = b_scale[static_cast<int64_t>(kb) * n_blocks] * kProductScale<kOps>;
+    float part[T::kMI][T::kNI][4] = {};
 #pragma unroll 1  // unrolled, the fragments of later steps are hoisted and spill
     for (int step = 0; step < kTileK / 32; ++step) {
-      uint32_t af[4][4], bf[4][2];
+      uint32_t af[T::kMI][4], bf[T::kNI][2];
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
-        const int r = wm * 64 + mi * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * step + (lane >> 4);
+      for (int mi = 0; mi < T::kMI; ++mi) {
+        const int r = wm * T::kWarpRows + mi * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), c = 2 * step + (lane >> 4);
         ldmatrix_x4(smem_addr(sa + r * kRowBytes + ((c ^ (r & 7)) << 4)), af[mi][0], af[mi][1], af[mi][2],
                     af[mi][3]);
       }
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const int r = wn * 32 + nj * 16 + (lane >> 4) * 8 + (lane & 7), c = 2 * step + ((lane >> 3) & 1);
+      for (int nj = 0; nj < T::kNI / 2; ++nj) {
+        const int r = wn * T::kWarpCols + nj * 16 + (lane >> 4) * 8 + (lane & 7), c = 2 * step + ((lane >> 3) & 1);
         ldmatrix_x4(smem_addr(sb + r * kRowBytes + ((c ^ (r & 7)) << 4)), bf[2 * nj][0], bf[2 * nj][1],
                     bf[2 * nj + 1][0], bf[2 * nj + 1][1]);
       }
       mma_k32<kOps>(part, af, bf);
     }
-    const float sb_k = b_scale[static_cast<int64_t>(kb) * n_blocks] * kProductScale<kOps>;
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) {
+    for (int mi = 0; mi < T::kMI; ++mi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float f = ss[wm * 64 + mi * 16 + (lane >> 2) + 8 * h] * sb_k;
+        const float f = ss[wm * T::kWarpRows + mi * 16 + (lane >> 2) + 8 * h] * sb_k;
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
+        for (int ni = 0; ni < T::kNI; ++ni) {
           acc[mi][ni][2 * h] = fmaf(part[mi][ni][2 * h], f, acc[mi][ni][2 * h]);
           acc[mi][ni][2 * h + 1] = fmaf(part[mi][ni][2 * h + 1], f, acc[mi][ni][2 * h + 1]);
         }
@@ -205,15 +233,15 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mma_gemm_kernel(const Params 
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
+  for (int mi = 0; mi < T::kMI; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wm * 64 + mi * 16 + (lane >> 2) + 8 * h;
+      const int r = wm * T::kWarpRows + mi * 16 + (lane >> 2) + 8 * h;
       if (r >= rows) continue;
       float* d = p.d + (first_row + r) * p.ldd;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int col = n0 + wn * 32 + ni * 8 + 2 * (lane & 3);
+      for (int ni = 0; ni < T::kNI; ++ni) {
+        const int col = n0 + wn * T::kWarpCols + ni * 8 + 2 * (lane & 3);
         if (col + 1 < p.n) {
           *reinterpret_cast<float2*>(d + col) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
         } else if (col < p.n) {
@@ -224,10 +252,25 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mma_gemm_kernel(const Params 
   }
 }
 
+// The tile rows of a launch: sm90_fp8_tile when set (m128n128, else the small
+// tile), else 32 where groups average at most kSmallTileMaxRows rows; batch
+// invariance keeps 128 for every M.
+int tile_rows_of(const Fp8GemmLaunch& l) {
+  const std::string& forced = kernel_options_or_environment(l.kernel).sm90_fp8_tile;
+  if (!forced.empty()) return forced == "m128n128" ? 128 : 32;
+  return !l.batch_invariant && l.mean_group_rows <= kSmallTileMaxRows ? 32 : 128;
+}
+
+template <int kRows>
+void (*kernel_of(Fp8MmaOperands operands))(Params) {
+  return operands == Fp8MmaOperands::kE4m3 ? &fp8_mma_gemm_kernel<Fp8MmaOperands::kE4m3, kRows>
+                                           : &fp8_mma_gemm_kernel<Fp8MmaOperands::kF16, kRows>;
+}
+
 }  // namespace
 
 size_t fp8_mma_gemm_workspace_size(int64_t num_groups, int64_t max_rows) {
-  return kTableHeader + sizeof(MTile) * static_cast<size_t>(max_m_tiles(num_groups, max_rows));
+  return kTableHeader + sizeof(MTile) * static_cast<size_t>(max_m_tiles(num_groups, max_rows, 32));  // every tile
 }
 
 Status fp8_mma_gemm(const Fp8GemmLaunch& l, Fp8MmaOperands operands, cudaStream_t stream) {
@@ -239,7 +282,8 @@ Status fp8_mma_gemm(const Fp8GemmLaunch& l, Fp8MmaOperands operands, cudaStream_
   if (l.ldd < l.n || l.ldd % 2 != 0 || reinterpret_cast<uintptr_t>(l.d) % 8 != 0) {
     return InvalidArgument(what + "the output needs an even row stride >= N and 8-byte alignment");
   }
-  const int64_t tiles = max_m_tiles(l.num_groups, l.max_rows);
+  const int tile_rows = tile_rows_of(l);
+  const int64_t tiles = max_m_tiles(l.num_groups, l.max_rows, tile_rows);
   const int64_t n_tiles = (l.n + kTileN - 1) / kTileN;
   if (l.max_rows < 0 || tiles > INT32_MAX || n_tiles > 65535) {
     return InvalidArgument(what + std::to_string(l.max_rows) + " rows, N=" + std::to_string(l.n) +
@@ -248,14 +292,15 @@ Status fp8_mma_gemm(const Fp8GemmLaunch& l, Fp8MmaOperands operands, cudaStream_
   if (l.max_rows == 0) return Status::Ok();
   auto* count = static_cast<int32_t*>(l.workspace);
   auto* table = reinterpret_cast<MTile*>(static_cast<char*>(l.workspace) + kTableHeader);
-  list_m_tiles<<<1, kThreads, 0, stream>>>(l.group_rows, l.num_groups, static_cast<int>(tiles), count, table);
+  list_m_tiles<<<1, kThreads, 0, stream>>>(l.group_rows, l.num_groups, tile_rows, static_cast<int>(tiles), count,
+                                           table);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8 mma.sync GEMM: tile list");
   const Params p{l.a, l.a_scale, l.b, l.b_group_stride, l.b_scale, l.d, l.ldd, l.group_start, l.group_rows,
                  l.n, l.k, count, table};
-  void (*kernel)(Params) = operands == Fp8MmaOperands::kE4m3 ? &fp8_mma_gemm_kernel<Fp8MmaOperands::kE4m3>
-                                                              : &fp8_mma_gemm_kernel<Fp8MmaOperands::kF16>;
-  MOEKIT_CUDA_CHECK(ensure_kernel_smem(reinterpret_cast<const void*>(kernel), kSmemBytes));
-  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_tiles)), kThreads, kSmemBytes, stream>>>(p);
+  void (*kernel)(Params) = tile_rows == 128 ? kernel_of<128>(operands) : kernel_of<32>(operands);
+  const int smem = tile_rows == 128 ? MmaTile<128>::kSmemBytes : MmaTile<32>::kSmemBytes;
+  MOEKIT_CUDA_CHECK(ensure_kernel_smem(reinterpret_cast<const void*>(kernel), smem));
+  kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(n_tiles)), kThreads, smem, stream>>>(p);
   MOEKIT_CUDA_CHECK_LAUNCH("fp8 mma.sync GEMM");
   return Status::Ok();
 }
