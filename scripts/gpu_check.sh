@@ -122,8 +122,9 @@ if [ -n "$SANITIZER" ]; then
   TILES='Shapes/GroupedGemmSm90.CutlassTilesMatchFp64/11:Shapes/GroupedGemmSm90.CutlassTilesMatchFp64/12'
   san memcheck gemm_tiles ../experts/test_grouped_gemm_sm90 "$TILES"
   san racecheck gemm_tiles ../experts/test_grouped_gemm_sm90 "$TILES"
-  # The fp8 mma.sync GEMM (both operand kinds) on its multi-tile and partial-block shapes.
-  FP8MMA='Sm90/CudaFp8Grid.*/mma_sync_*_M300_*'
+  # The fp8 mma.sync GEMM (both operand kinds, both tiles: 128 rows at M = 300, 32 at M = 37)
+  # on its multi-tile and partial-block shapes.
+  FP8MMA='Sm90/CudaFp8Grid.*/mma_sync_*_M300_*:Sm90/CudaFp8Grid.*/mma_sync_*_M37_*'
   san memcheck fp8_mma test_fp8_cuda "$FP8MMA"
   san racecheck fp8_mma test_fp8_cuda "$FP8MMA"
 else

@@ -220,7 +220,7 @@ struct KernelOptions {
   std::string sm90_cutlass;     // bf16 CUTLASS tile: m128_n256 | m64_n256 | swap_n32 | swap_n64
   std::string sm90_fp8_gemm;    // fp8 GEMM path: mma_sync | cutlass | streaming
   std::string sm90_fp8_stream;  // fp8 streaming instance, or off
-  std::string sm90_fp8_tile;    // fp8 CUTLASS tile: m128n128 | m64n128
+  std::string sm90_fp8_tile;    // fp8 GEMM tile: m128n128 | m64n128 | m32n128 (small: CUTLASS 64 rows, mma.sync 32)
   std::string sm80_fp8_mma;     // fp8 mma.sync GEMM operands: e4m3 (sm_89 on) | f16 (fp8_mma_gemm.h)
   std::string sm90_w4_gemm;     // 4-bit GEMM path: streaming | mixed | dequant (moe_pipeline_weight4.h)
   std::string sm90_w4_stream;   // 4-bit streaming instance (weight4_streaming_gemm.h names)

@@ -25,7 +25,7 @@ constexpr int kOperandBytesB = kTileN * kRowBytes;
 
 // The two tiles: 128 x 128 (8 warps as 2 x 4, 64 x 32 outputs each) for
 // groups of many rows, 32 x 128 (8 warps along N, 32 x 16 each) for groups of
-// few, which the 128-row tile would pad with up to 4x the work.
+// few, which the 128-row tile would pad with many times the work.
 template <int kRows>
 struct MmaTile {
   static_assert(kRows == 128 || kRows == 32);
@@ -42,8 +42,12 @@ struct MmaTile {
   static_assert(kNI % 2 == 0, "B fragments come two n8 tiles per ldmatrix.x4");
 };
 
-// Mean rows per group up to which the 32-row tile is taken.
-constexpr int64_t kSmallTileMaxRows = 32;
+// Mean rows per group up to which the 32-row tile is taken. Measured on an H100
+// with each tile forced, interleaved in one process (bench/results/h100_v18):
+// at 64 rows the 32-row tile takes 0.86x the time (Mixtral-8x7B M = 256,
+// Qwen3-30B-A3B M = 1024), at 128 rows 1.00-1.05x (DeepSeek-V3 and
+// gpt-oss-120b-like M = 4096), at 256 and more 1.10-1.28x.
+constexpr int64_t kSmallTileMaxRows = 64;
 
 struct MTile {
   int32_t group, row0;  // rows [row0, row0 + tile rows) of group `group`

@@ -2,7 +2,8 @@
 // problem and the math of Fp8GemmLaunch (fp8_gemm_cutlass_sm90.h) on mma.sync,
 // for cuda_sm80 (and for Hopper in a build without the CUTLASS kernels).
 //
-// One CTA computes a 128 x 128 tile of one group's output, K in 128-deep steps
+// One CTA computes a 128 x 128 tile of one group's output (32 x 128 where
+// groups average few rows; batch-invariant launches keep 128), K in 128-deep steps
 // (one scale block each) through a 3-stage cp.async pipeline of e4m3 bytes.
 // Each K block's products are summed in a partial fp32 accumulator, which is
 // then scaled by the row's activation scale and the block's weight scale and
@@ -13,7 +14,7 @@
 //    operations in registers (e4m3 is a subset of f16 up to a power of two,
 //    folded into the scale) and multiplied by mma.sync m16n8k16 f16.
 // Rows are not gathered here: group g's rows are A's rows from group_start[g]
-// on (the pipeline's permuted copy). A setup kernel lists the 128-row tiles of
+// on (the pipeline's permuted copy). A setup kernel lists the row tiles of
 // the groups on the device, so nothing waits on the host and a graph replays.
 #pragma once
 
