@@ -43,11 +43,12 @@ struct Fp8GemmLaunch {
   const int32_t* group_rows = nullptr;   // [G] i32, may be 0
   int64_t max_rows = 0;                  // rows of all groups together, at most (the mma.sync GEMM's grid)
   void* workspace = nullptr;             // >= fp8_cutlass_gemm_workspace_size(G) bytes, 256-byte aligned
-  // The tile: 64-row ping-pong tiles when groups average few rows, else
-  // 128-row cooperative ones; batch_invariant keeps the 128-row tile for every M.
+  // The tile: CUTLASS's 64-row ping-pong tiles (the mma.sync GEMM's 32-row ones)
+  // when groups average few rows, else 128-row ones; batch_invariant keeps the
+  // 128-row tile for every M.
   int64_t mean_group_rows = 0;           // rows / G
   bool batch_invariant = false;
-  // sm90_fp8_tile = m128n128 | m64n128 overrides the choice (MoeConfig::kernel
+  // sm90_fp8_tile = m128n128 | m64n128 | m32n128 overrides the choice (MoeConfig::kernel
   // with the environment's applied; null: the environment's alone).
   const KernelOptions* kernel = nullptr;
 };
