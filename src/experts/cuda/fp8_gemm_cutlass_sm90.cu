@@ -30,13 +30,8 @@ size_t fp8_cutlass_gemm_workspace_size(int64_t num_groups) {
 }
 
 Status fp8_cutlass_gemm(const Fp8GemmLaunch& launch, cudaStream_t stream) {
-  // Batch-invariant: one tile for every M.
-  bool small = !launch.batch_invariant && launch.mean_group_rows <= kSmallGroupRows;
-  // NOTE: kernel.sm90_fp8_tile overrides the choice, for comparisons (validate() checked the name):
-  // m128n128 the large tile, m64n128 or m32n128 (the mma.sync GEMM's) the small one.
-  const std::string& tile = kernel_options_or_environment(launch.kernel).sm90_fp8_tile;
-  if (!tile.empty()) small = tile != "m128n128";
-  return small ? fp8_sm90::m64n128_gemm(launch, stream) : fp8_sm90::m128n128_gemm(launch, stream);
+  return fp8_small_tile(launch, kSmallGroupRows) ? fp8_sm90::m64n128_gemm(launch, stream)
+                                                 : fp8_sm90::m128n128_gemm(launch, stream);
 }
 
 }  // namespace moekit::cuda

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "moekit/config.h"
 #include "moekit/status.h"
@@ -52,6 +53,16 @@ struct Fp8GemmLaunch {
   // with the environment's applied; null: the environment's alone).
   const KernelOptions* kernel = nullptr;
 };
+
+// Whether a launch takes its GEMM's small tile (CUTLASS's 64 rows, the mma.sync
+// GEMM's 32): sm90_fp8_tile when set (m128n128 the large tile, m64n128 or
+// m32n128 the small one), else groups averaging at most `small_max_rows` rows,
+// never in batch-invariant mode (one tile for every M).
+inline bool fp8_small_tile(const Fp8GemmLaunch& launch, int64_t small_max_rows) {
+  const std::string& forced = kernel_options_or_environment(launch.kernel).sm90_fp8_tile;  // validate() checked it
+  if (!forced.empty()) return forced != "m128n128";
+  return !launch.batch_invariant && launch.mean_group_rows <= small_max_rows;
+}
 
 // Whether this build has the kernel (CUTLASS headers found, MOEKIT_CUTLASS_KERNELS on).
 bool fp8_cutlass_gemm_built();

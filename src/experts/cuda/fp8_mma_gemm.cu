@@ -11,7 +11,6 @@
 #include "core/cuda_check.h"
 #include "core/cuda_func_attr.h"
 #include "experts/cuda/streaming_gemm.cuh"
-#include "moekit/config.h"
 
 namespace moekit::cuda {
 namespace {
@@ -256,15 +255,6 @@ __global__ void __launch_bounds__(kThreads, kRows == 128 ? 1 : 2) fp8_mma_gemm_k
   }
 }
 
-// The tile rows of a launch: sm90_fp8_tile when set (m128n128, else the small
-// tile), else 32 where groups average at most kSmallTileMaxRows rows; batch
-// invariance keeps 128 for every M.
-int tile_rows_of(const Fp8GemmLaunch& l) {
-  const std::string& forced = kernel_options_or_environment(l.kernel).sm90_fp8_tile;
-  if (!forced.empty()) return forced == "m128n128" ? 128 : 32;
-  return !l.batch_invariant && l.mean_group_rows <= kSmallTileMaxRows ? 32 : 128;
-}
-
 template <int kRows>
 void (*kernel_of(Fp8MmaOperands operands))(Params) {
   return operands == Fp8MmaOperands::kE4m3 ? &fp8_mma_gemm_kernel<Fp8MmaOperands::kE4m3, kRows>
@@ -286,7 +276,7 @@ Status fp8_mma_gemm(const Fp8GemmLaunch& l, Fp8MmaOperands operands, cudaStream_
   if (l.ldd < l.n || l.ldd % 2 != 0 || reinterpret_cast<uintptr_t>(l.d) % 8 != 0) {
     return InvalidArgument(what + "the output needs an even row stride >= N and 8-byte alignment");
   }
-  const int tile_rows = tile_rows_of(l);
+  const int tile_rows = fp8_small_tile(l, kSmallTileMaxRows) ? 32 : 128;
   const int64_t tiles = max_m_tiles(l.num_groups, l.max_rows, tile_rows);
   const int64_t n_tiles = (l.n + kTileN - 1) / kTileN;
   if (l.max_rows < 0 || tiles > INT32_MAX || n_tiles > 65535) {

@@ -117,7 +117,6 @@ Fp8WorkspaceLayout fp8_workspace_layout(const ExpertsShape& s, int64_t num_token
   c = std::max(c, x_end);
   size_t h_end = c;
   l.gemm1_out = take_workspace(&h_end, pairs * n1 * sizeof(float));
-  l.act_quant = l.gemm1_out;
   l.expert_out = take_workspace(&c, expert_out_rows(static_cast<int64_t>(pairs)) * H * sizeof(float));
   c = std::max(c, h_end);
   l.gemm_tables = take_workspace(&c, std::max(fp8_cutlass_serves(s) ? fp8_cutlass_gemm_workspace_size(s.num_experts) : 0,
@@ -140,7 +139,7 @@ Status run_experts_fp8(const ExpertsShape& s, const Fp8ExpertWeights& w, const F
   auto* row_token = reinterpret_cast<int32_t*>(ws + l.row_token);      // [M·k]
   auto* amax = reinterpret_cast<float*>(ws + l.amax);                  // [2]
   auto* h = reinterpret_cast<float*>(ws + l.gemm1_out);                // [M·k, n1]
-  auto* act = reinterpret_cast<float*>(ws + l.act_quant);              // [M·k, I]
+  float* act = h;                                                      // [M·k, I]: the streaming GEMM1's output
   auto* y = reinterpret_cast<float*>(ws + l.expert_out);               // [M·k, H] (or its K slices)
 
   MOEKIT_RETURN_IF_ERROR(align_pairs(s, l, ws, M, run.topk_ids, run.expert_counts, stream));

@@ -30,14 +30,14 @@ namespace moekit::cuda {
 // the same place whichever pipeline follows.
 struct Fp8WorkspaceLayout : PairWorkspaceLayout {
   size_t amax = 0;           // [2] f32: dynamic per-tensor amax of GEMM1's and GEMM2's input
-  size_t gemm1_out = 0;      // [M·k, n1] f32
-  size_t act_quant = 0;      // [M·k, I] f32: the streaming GEMM1's activation output, in gemm1_out's bytes
+  // [M·k, n1] f32: GEMM1's output, or the streaming GEMM1's activation ([M·k, I] f32)
+  size_t gemm1_out = 0;
   size_t expert_out = 0;     // [M·k, H] f32: GEMM2 per permuted row (or its K slices), in gemm1_out's bytes
-  // The GEMM inputs:
+  // The GEMM inputs; GEMM2's lie in the bytes of GEMM1's (GEMM1 has read those):
   size_t x_q8 = 0;           // [M·k, H] e4m3
   size_t x_scale = 0;        // [M·k · ceil(H/128)] f32, Fp8GemmLaunch::a_scale layout
-  size_t act_q8 = 0;         // [M·k, I] e4m3, in x_q8's bytes (GEMM1 has read those)
-  size_t act_scale = 0;      // [M·k · ceil(I/128)] f32, in x_scale's bytes
+  size_t act_q8 = 0;         // [M·k, I] e4m3
+  size_t act_scale = 0;      // [M·k · ceil(I/128)] f32
   size_t gemm_tables = 0;    // the tensor-core GEMM's problem tables (fp8_*_gemm_workspace_size)
   size_t x_tokens = 0;       // [M, H] e4m3: GEMM1's input quantized once per token (dynamic scales)
   size_t x_token_scale = 0;  // [M, ceil(H/128)] f32, by row
